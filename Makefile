@@ -1,0 +1,43 @@
+# trainstack: every entry point a newcomer or CI needs. `make help` lists them.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+export JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION := 1
+export PYTHONDONTWRITEBYTECODE := 1
+
+.PHONY: help setup test demo lint bench clean
+
+help: ## list targets
+	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
+
+# Setup is stamped on its inputs: re-running it is instant unless a pin changed.
+$(VENV)/.stamp: pyproject.toml requirements.lock
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip==25.3
+	$(BIN)/pip install --quiet -c requirements.lock -e '.[cdk,trainer,plot,dev]'
+	touch $@
+
+node_modules/.stamp: package.json package-lock.json
+	npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+
+setup: $(VENV)/.stamp node_modules/.stamp ## create .venv, install Python deps and the pinned CDK CLI
+
+test: setup ## run every test (unit, CDK gates, trainer multi-process, emulator integration)
+	$(BIN)/pytest -n 2 --dist loadgroup tests
+
+lint: setup ## ruff, hadolint, actionlint
+	$(BIN)/ruff check .
+	$(BIN)/hadolint training_image/Dockerfile
+
+demo: setup ## deploy and launch 30b-fp8 into a local AWS emulator (no account needed)
+	$(BIN)/python scripts/demo.py --recipe 30b-fp8
+
+bench: setup ## planner accuracy and speed, CDK synth speed
+	$(BIN)/python bench/planner_accuracy.py
+	$(BIN)/python bench/planner_speed.py
+	$(BIN)/python bench/synth_speed.py
+
+clean: ## remove build outputs (keeps .venv and node_modules)
+	rm -rf cdk.out* .pytest_cache build *.egg-info

@@ -1,0 +1,66 @@
+"""Hardware catalog: the SageMaker instance types recipes can target.
+
+Figures and their sources are in ../shared/README.md section 2 and docs/design.md. Peak TFLOP/s are
+*dense* (the sparse marketing figures are twice these). Prices are on-demand estimates; a figure we
+could not verify says so in `price_source`, and the planner prints it next to every cost.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class GPU:
+    name: str
+    arch: str  # "blackwell" | "hopper"
+    usable_gib: float  # what the CUDA allocator can hand out per GPU
+    bf16_tflops: float  # dense peak
+    fp8_tflops: float  # dense peak
+    supports_mxfp8: bool  # MXFP8 / NVFP4 block scaling needs SM 10.0+ (Blackwell)
+    nvlink_gbps: float  # per-GPU NVLink bandwidth, GB/s
+
+
+@dataclass(frozen=True)
+class Instance:
+    instance_type: str
+    gpu: GPU
+    gpus: int
+    efa_gbps: float  # inter-node network, Gbit/s
+    usd_per_hour: float
+    price_source: str
+
+    def peak_tflops(self, dtype: str) -> float:
+        """Dense peak per GPU for a recipe precision ("bf16" or "fp8")."""
+        return self.gpu.fp8_tflops if dtype == "fp8" else self.gpu.bf16_tflops
+
+
+B200 = GPU("B200", "blackwell", usable_gib=179.0, bf16_tflops=2250.0, fp8_tflops=4500.0,
+           supports_mxfp8=True, nvlink_gbps=1800.0)
+H100 = GPU("H100", "hopper", usable_gib=79.6, bf16_tflops=989.0, fp8_tflops=1979.0,
+           supports_mxfp8=False, nvlink_gbps=900.0)
+H200 = GPU("H200", "hopper", usable_gib=139.8, bf16_tflops=989.0, fp8_tflops=1979.0,
+           supports_mxfp8=False, nvlink_gbps=900.0)
+
+INSTANCES: dict[str, Instance] = {
+    i.instance_type: i
+    for i in (
+        Instance("ml.p6-b200.48xlarge", B200, gpus=8, efa_gbps=3200.0, usd_per_hour=114.0,
+                 price_source="about 114 USD/h EC2 on-demand (unverified third-party figure; "
+                              "SageMaker price not published where we looked)"),
+        Instance("ml.p5.48xlarge", H100, gpus=8, efa_gbps=3200.0, usd_per_hour=55.04,
+                 price_source="EC2 on-demand us-east-1 after the June 2025 price cut (estimate)"),
+        Instance("ml.p5en.48xlarge", H200, gpus=8, efa_gbps=3200.0, usd_per_hour=63.30,
+                 price_source="EC2 on-demand us-east-1 (estimate)"),
+    )
+}
+
+
+def get_instance(instance_type: str) -> Instance:
+    """The catalog entry, or KeyError naming the supported types."""
+    try:
+        return INSTANCES[instance_type]
+    except KeyError:
+        raise KeyError(
+            f"unknown instance type {instance_type!r}; supported: {', '.join(sorted(INSTANCES))}"
+        ) from None

@@ -1,0 +1,250 @@
+"""Read recipe files and layer them: base (with `extends`), then team files, then `--set` overrides.
+
+    recipes/<name>.yaml                       base recipes
+    recipes/teams/<team>/defaults.yaml        a team's defaults, applied to every recipe it runs
+    recipes/teams/<team>/<name>.yaml          a team's override of one recipe, or a team-only
+                                              variant (`extends: <base>`) when no base has that name
+
+Every leaf value remembers which layer set it, so `trainstack show` can say where it came from and a
+validation error names the file the bad value was written in.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from trainstack.errors import RecipeError
+from trainstack.recipe import Recipe
+
+DEFAULT_RECIPES_DIR = Path(__file__).resolve().parent.parent / "recipes"
+TEAM_DEFAULTS = "defaults.yaml"
+DEFAULT_SOURCE = "default"
+SET_SOURCE = "--set"
+
+
+@dataclass(frozen=True)
+class ResolvedRecipe:
+    recipe: Recipe
+    team: str | None
+    sources: dict[str, str] = field(default_factory=dict)  # dotted leaf path -> file that set it
+    files: tuple[str, ...] = ()  # every file read, base first
+
+    def source_of(self, path: str) -> str:
+        return self.sources.get(path, DEFAULT_SOURCE)
+
+
+@dataclass
+class _Layer:
+    source: str
+    data: dict[str, Any]
+
+
+def recipes_dir_or_default(recipes_dir: Path | str | None) -> Path:
+    return Path(recipes_dir) if recipes_dir is not None else DEFAULT_RECIPES_DIR
+
+
+def base_recipe_names(recipes_dir: Path | str | None = None) -> list[str]:
+    return sorted(p.stem for p in recipes_dir_or_default(recipes_dir).glob("*.yaml"))
+
+
+def team_names(recipes_dir: Path | str | None = None) -> list[str]:
+    teams = recipes_dir_or_default(recipes_dir) / "teams"
+    return sorted(p.name for p in teams.iterdir() if p.is_dir()) if teams.is_dir() else []
+
+
+def team_recipe_names(team: str, recipes_dir: Path | str | None = None) -> list[str]:
+    """Recipes a team can run: every base recipe plus the team's own variants."""
+    root = recipes_dir_or_default(recipes_dir)
+    own = {p.stem for p in (root / "teams" / team).glob("*.yaml") if p.name != TEAM_DEFAULTS}
+    return sorted(set(base_recipe_names(root)) | own)
+
+
+def read_yaml(path: Path) -> dict[str, Any]:
+    """A YAML mapping from `path`, or a one-line RecipeError naming the file."""
+    source = _display(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise RecipeError(source, None, "file not found") from None
+    except OSError as exc:
+        raise RecipeError(source, None, f"cannot read: {exc.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise RecipeError(source, None, f"malformed YAML{where}: {problem}") from None
+    if data is None:
+        raise RecipeError(source, None, "file is empty")
+    if not isinstance(data, dict):
+        raise RecipeError(source, None, f"expected a mapping of sections, got {type(data).__name__}")
+    return data
+
+
+def parse_set(assignments: Iterable[str]) -> dict[str, Any]:
+    """`["training.micro_batch=4", ...]` -> nested dict. Values are parsed as YAML scalars."""
+    tree: dict[str, Any] = {}
+    for assignment in assignments:
+        key, sep, raw = assignment.partition("=")
+        key = key.strip()
+        if not sep or not key or any(not part for part in key.split(".")):
+            raise RecipeError(SET_SOURCE, None, f"{assignment!r} is not key.path=value")
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else None
+        except yaml.YAMLError:
+            value = raw
+        *parents, leaf = key.split(".")
+        node = tree
+        for part in parents:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise RecipeError(SET_SOURCE, key, f"conflicts with an earlier --set of {part}")
+            node = child
+        node[leaf] = value
+    return tree
+
+
+def resolve(
+    name_or_path: str,
+    team: str | None = None,
+    overrides: Sequence[str] = (),
+    recipes_dir: Path | str | None = None,
+) -> ResolvedRecipe:
+    """Load a recipe by name (from `recipes_dir`) or path, layer team files and overrides, validate."""
+    root = recipes_dir_or_default(recipes_dir)
+    layers: list[_Layer] = []
+    is_path = name_or_path.endswith((".yaml", ".yml")) or "/" in name_or_path
+    team_dir = root / "teams" / team if team else None
+    if team is not None and (team_dir is None or not team_dir.is_dir()):
+        known = ", ".join(team_names(root)) or "none"
+        raise RecipeError(_display(root / "teams"), "team", f"unknown team {team!r} (known: {known})")
+
+    if is_path:
+        layers += _extends_chain(Path(name_or_path), root)
+        name = layers[-1].data.get("name", Path(name_or_path).stem)
+    else:
+        name = name_or_path
+        base = root / f"{name}.yaml"
+        team_variant = team_dir / f"{name}.yaml" if team_dir else None
+        if base.is_file():
+            layers += _extends_chain(base, root)
+        elif team_variant is not None and team_variant.is_file():
+            layers += _extends_chain(team_variant, root)
+        else:
+            known = ", ".join(team_recipe_names(team, root) if team else base_recipe_names(root))
+            owner = f" for team {team!r}" if team else ""
+            raise RecipeError(_display(root), "recipe", f"unknown recipe {name!r}{owner} (known: {known})")
+
+    if team_dir is not None:
+        layers.append(_Layer(f"--team {team}", {"tags": {"team": team}}))
+        defaults = team_dir / TEAM_DEFAULTS
+        if defaults.is_file():
+            layers.append(_team_layer(defaults, name, may_extend=False))
+        overlay = team_dir / f"{name}.yaml"
+        if overlay.is_file() and overlay.resolve() not in {Path(l.source).resolve() for l in layers if "/" in l.source}:
+            layers.append(_team_layer(overlay, name, may_extend=False))
+
+    if overrides:
+        layers.append(_Layer(SET_SOURCE, parse_set(overrides)))
+
+    merged: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    for layer in layers:
+        _merge(merged, layer.data)
+        for path in _leaf_paths(layer.data):
+            sources[path] = layer.source
+    merged.pop("extends", None)
+    merged["name"] = name if not is_path else merged.get("name", name)
+    try:
+        recipe = Recipe.model_validate(merged)
+    except ValidationError as exc:
+        raise _first_error(exc, sources, layers[0].source) from None
+    files = tuple(l.source for l in layers if l.source not in (SET_SOURCE,) and not l.source.startswith("--"))
+    return ResolvedRecipe(recipe=recipe, team=team, sources=sources, files=files)
+
+
+def _extends_chain(path: Path, root: Path) -> list[_Layer]:
+    """Layers from the furthest ancestor down to `path`, following `extends` by base-recipe name."""
+    chain: list[_Layer] = []
+    seen: list[str] = []
+    current: Path | None = path
+    while current is not None:
+        key = str(current.resolve())
+        if key in seen:
+            cycle = " -> ".join([_display(Path(p)) for p in seen] + [_display(current)])
+            raise RecipeError(_display(path), "extends", f"cyclic extends: {cycle}")
+        seen.append(key)
+        data = read_yaml(current)
+        chain.append(_Layer(_display(current), data))
+        parent = data.get("extends")
+        if parent is None:
+            current = None
+        elif not isinstance(parent, str) or not parent:
+            raise RecipeError(_display(current), "extends", "must be the name of a base recipe")
+        else:
+            current = root / f"{parent}.yaml"
+            if not current.is_file():
+                known = ", ".join(base_recipe_names(root))
+                raise RecipeError(_display(Path(chain[-1].source)), "extends",
+                                  f"no base recipe named {parent!r} (known: {known})")
+    return list(reversed(chain))
+
+
+def _team_layer(path: Path, name: str, may_extend: bool) -> _Layer:
+    data = read_yaml(path)
+    for key in ("name", "extends"):
+        if key in data and not may_extend:
+            raise RecipeError(_display(path), key, "a team override cannot set this; it layers onto the base recipe")
+    return _Layer(_display(path), data)
+
+
+def _merge(into: dict[str, Any], overlay: dict[str, Any]) -> None:
+    for key, value in overlay.items():
+        if isinstance(value, dict) and isinstance(into.get(key), dict) and key != "extra":
+            _merge(into[key], value)
+        else:
+            into[key] = value
+
+
+def _leaf_paths(tree: dict[str, Any], prefix: str = "") -> list[str]:
+    paths = []
+    for key, value in tree.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, dict) and value and key != "extra":
+            paths += _leaf_paths(value, f"{path}.")
+        else:
+            paths.append(path)
+    return paths
+
+
+def _first_error(exc: ValidationError, sources: dict[str, str], base_source: str) -> RecipeError:
+    error = exc.errors()[0]
+    path = ".".join(str(part) for part in error["loc"])
+    message = error["msg"].removeprefix("Value error, ")
+    if not path and (named := re.match(r"^([a-z_]+(?:\.[a-z_0-9]+)+): (.*)$", message)):
+        path, message = named.groups()  # a cross-section check that names its own field
+    if error["type"] == "extra_forbidden":
+        message = "unknown key"
+    elif error["type"] == "missing":
+        message = "required field is missing"
+    # The file that wrote the offending value, else the deepest layer that wrote anything under it.
+    source = sources.get(path) or next(
+        (src for p, src in reversed(list(sources.items())) if path and p.startswith(path + ".")), base_source
+    )
+    return RecipeError(source, path or None, message)
+
+
+def _display(path: Path) -> str:
+    """Paths relative to the working directory when under it: short enough for one-line errors."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)

@@ -1,0 +1,84 @@
+"""The trainer's metric line: defined once, read by the trainer, the launcher and the dashboard.
+
+The trainer prints one line per log interval:
+
+    step=120 loss=2.4131 lr=0.0003 tokens_per_sec=245000.0 tflops_per_gpu=1510.2 mfu=0.3356 mem_gib=151.2
+
+SageMaker turns such lines into CloudWatch metrics through the training job's MetricDefinitions;
+`metric_definitions()` generates those regexes from the same table, so a renamed or added metric
+cannot drift between the trainer, the request and the dashboard. This module must stay free of
+third-party imports: the training image imports it.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+METRIC_PREFIX = "train:"  # SageMaker metric names shown in the console and in CloudWatch
+
+
+@dataclass(frozen=True)
+class MetricField:
+    key: str  # as printed in the line
+    kind: type  # int or float
+    unit: str
+    description: str
+
+    @property
+    def metric_name(self) -> str:
+        return f"{METRIC_PREFIX}{self.key}"
+
+    @property
+    def regex(self) -> str:
+        # Anchored on a space or line start so `loss=` never matches inside `val_loss=`, and capturing
+        # only the number (nan/inf included, so a diverged run is visible rather than silent).
+        number = r"[0-9]+" if self.kind is int else r"[-+]?(?:[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?|nan|inf)"
+        return rf"(?:^|\s){re.escape(self.key)}=({number})(?=\s|$)"
+
+
+FIELDS: tuple[MetricField, ...] = (
+    MetricField("step", int, "Count", "optimizer step just completed"),
+    MetricField("loss", float, "None", "mean training loss over the log interval"),
+    MetricField("lr", float, "None", "learning rate at this step"),
+    MetricField("tokens_per_sec", float, "Count/Second", "training tokens per second per GPU"),
+    MetricField("tflops_per_gpu", float, "None", "achieved model TFLOP/s per GPU"),
+    MetricField("mfu", float, "None", "model FLOPs utilization, 0..1, against the dense peak"),
+    MetricField("mem_gib", float, "Gigabytes", "peak GPU memory allocated on this rank, GiB"),
+    MetricField("step_time_s", float, "Seconds", "mean wall time of one optimizer step"),
+)
+FIELD_BY_KEY = {f.key: f for f in FIELDS}
+
+
+def format_line(**values: float) -> str:
+    """The metric line for `values`; every field must be given, in the table's order."""
+    missing = [f.key for f in FIELDS if f.key not in values]
+    extra = sorted(set(values) - set(FIELD_BY_KEY))
+    if missing or extra:
+        raise ValueError(f"metric line fields: missing {missing}, unknown {extra}")
+    parts = []
+    for f in FIELDS:
+        value = values[f.key]
+        if f.kind is int:
+            parts.append(f"{f.key}={int(value)}")
+        elif math.isfinite(value):
+            parts.append(f"{f.key}={value:.6g}")
+        else:
+            parts.append(f"{f.key}={'nan' if math.isnan(value) else 'inf'}")
+    return " ".join(parts)
+
+
+def parse_line(line: str) -> dict[str, float]:
+    """Values SageMaker would extract from one log line (fields absent from the line are left out)."""
+    out: dict[str, float] = {}
+    for f in FIELDS:
+        match = re.search(f.regex, line)
+        if match:
+            out[f.key] = f.kind(float(match.group(1)))
+    return out
+
+
+def metric_definitions() -> list[dict[str, str]]:
+    """CreateTrainingJob AlgorithmSpecification.MetricDefinitions (at most 40; we define 8)."""
+    return [{"Name": f.metric_name, "Regex": f.regex} for f in FIELDS]

@@ -1,0 +1,274 @@
+"""The recipe: one YAML file per model size and precision, validated by pydantic.
+
+A recipe is everything a training run needs to be planned, deployed and trained. Every section is a
+frozen model that rejects unknown keys, so a typo is an error and not a silently ignored setting.
+Loading and layering (base, `extends`, team files, `--set`) lives in `trainstack.loader`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from trainstack.hardware import INSTANCES, Instance, get_instance
+
+PosInt = Annotated[int, Field(gt=0)]
+NonNegInt = Annotated[int, Field(ge=0)]
+PosFloat = Annotated[float, Field(gt=0)]
+Fraction = Annotated[float, Field(gt=0, le=1)]
+Percent = Annotated[float, Field(gt=0, le=100)]
+S3Uri = Annotated[str, Field(pattern=r"^s3://[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9](/.*)?$")]
+RECIPE_NAME = r"^[a-z0-9][a-z0-9\-]{0,39}$"  # short: it appears in stack and job names
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelShape(Section):
+    """A Llama-style decoder: RMSNorm, RoPE, grouped-query attention, SwiGLU."""
+
+    layers: PosInt
+    hidden: PosInt
+    heads: PosInt
+    kv_heads: PosInt
+    ffn: PosInt
+    vocab: PosInt
+    tied_embeddings: bool = False
+    rope_theta: PosFloat = 500000.0
+
+    @model_validator(mode="after")
+    def _divisible(self) -> ModelShape:
+        if self.hidden % self.heads:
+            raise ValueError(f"hidden ({self.hidden}) must be divisible by heads ({self.heads})")
+        if self.heads % self.kv_heads:
+            raise ValueError(f"heads ({self.heads}) must be divisible by kv_heads ({self.kv_heads})")
+        return self
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    @property
+    def params_per_layer(self) -> int:
+        kv_dim = self.kv_heads * self.head_dim
+        attention = self.hidden * (self.hidden + 2 * kv_dim) + self.hidden * self.hidden
+        mlp = 3 * self.hidden * self.ffn
+        norms = 2 * self.hidden
+        return attention + mlp + norms
+
+    @property
+    def embedding_params(self) -> int:
+        """Token embedding plus output head (one matrix when tied)."""
+        return self.vocab * self.hidden * (1 if self.tied_embeddings else 2)
+
+    @property
+    def total_params(self) -> int:
+        return self.layers * self.params_per_layer + self.embedding_params + self.hidden
+
+    @property
+    def non_embedding_params(self) -> int:
+        return self.layers * self.params_per_layer + self.hidden
+
+
+class Training(Section):
+    seq_len: PosInt
+    micro_batch: PosInt  # sequences per GPU per forward/backward
+    global_batch: PosInt  # sequences per optimizer step, across all data-parallel ranks
+    steps: PosInt
+    lr: PosFloat = 3.0e-4
+    min_lr_ratio: Annotated[float, Field(ge=0, le=1)] = 0.1
+    warmup_steps: NonNegInt = 2000
+    weight_decay: Annotated[float, Field(ge=0)] = 0.1
+    grad_clip: PosFloat = 1.0
+    seed: NonNegInt = 1234
+    # Cross-entropy over chunks of this many tokens, so full FP32 logits never exist at once.
+    loss_chunk_tokens: PosInt = 8192
+    log_every: PosInt = 10
+
+
+class Precision(Section):
+    dtype: Literal["bf16", "fp8"]
+    # Transformer Engine scaling recipe; only meaningful with dtype fp8.
+    fp8_recipe: Literal["mxfp8", "current", "delayed", "block"] | None = None
+
+    @model_validator(mode="after")
+    def _recipe_matches_dtype(self) -> Precision:
+        if self.dtype == "fp8" and self.fp8_recipe is None:
+            raise ValueError("fp8_recipe is required when dtype is fp8 (mxfp8 | current | delayed | block)")
+        if self.dtype == "bf16" and self.fp8_recipe is not None:
+            raise ValueError("fp8_recipe must be unset when dtype is bf16")
+        return self
+
+
+class ActivationCheckpointing(Section):
+    mode: Literal["none", "selective", "full"]
+    every: PosInt = 2  # selective: checkpoint one block in every `every`
+
+    def checkpointed_fraction(self) -> float:
+        """Fraction of blocks whose activations are recomputed in backward."""
+        return {"none": 0.0, "full": 1.0}.get(self.mode, 1.0 / self.every)
+
+
+class Parallelism(Section):
+    shard_group: PosInt  # FSDP shard group in GPUs; replicated across groups (HSDP) if smaller than world
+    tp: PosInt = 1
+    cp: PosInt = 1
+
+
+class Compute(Section):
+    instance_type: str
+    instance_count: PosInt = 1
+    volume_size_gb: Annotated[int, Field(ge=1, le=16384)] = 500
+    max_runtime_hours: Annotated[float, Field(gt=0, le=28 * 24)] = 72.0
+    spot: bool = False
+    max_wait_hours: Annotated[float, Field(gt=0, le=28 * 24)] | None = None  # spot only
+    training_plan_arn: str | None = None
+    keep_alive_seconds: Annotated[int, Field(ge=0, le=3600)] = 0  # warm pool between short tuning runs
+    max_retry_attempts: Annotated[int, Field(ge=1, le=30)] = 3
+
+    @model_validator(mode="after")
+    def _known_instance(self) -> Compute:
+        if self.instance_type not in INSTANCES:
+            raise ValueError(
+                f"instance_type {self.instance_type!r} is not offered; supported: {', '.join(sorted(INSTANCES))}"
+            )
+        if self.max_wait_hours is not None and not self.spot:
+            raise ValueError("max_wait_hours only applies with spot: true")
+        if self.spot and self.max_wait_hours is not None and self.max_wait_hours < self.max_runtime_hours:
+            raise ValueError("max_wait_hours must be >= max_runtime_hours (SageMaker requires it for spot)")
+        return self
+
+
+class Image(Section):
+    uri: str | None = None  # a prebuilt image; otherwise built from training_image/
+    framework_version: str = "2.9"  # AWS Deep Learning Container PyTorch version for the base image
+
+
+class Data(Section):
+    train_s3_uri: S3Uri | None = None  # prefix holding token shards (see docs/data.md); None = synthetic
+
+
+class Checkpointing(Section):
+    interval_steps: PosInt = 500
+    keep: PosInt = 3
+
+
+class Monitoring(Section):
+    notification_email: Annotated[str, Field(pattern=r"^[^@\s]+@[^@\s]+\.[^@\s]+$")] | None = None
+    gpu_idle_util_pct: Percent = 30.0
+    gpu_idle_minutes: PosInt = 15
+    gpu_mem_high_pct: Percent = 97.0
+    slow_fraction: Fraction = 0.7  # alarm when tokens/s falls below this fraction of the plan
+    slow_minutes: PosInt = 20
+    stall_minutes: PosInt = 20
+    disk_high_pct: Percent = 85.0
+
+
+class Tags(Section):
+    team: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9\-]{0,29}$")] = "platform"
+    cost_center: str = "ml-training"
+    extra: dict[str, str] = Field(default_factory=dict)
+
+
+class Recipe(Section):
+    name: Annotated[str, Field(pattern=RECIPE_NAME)]
+    extends: str | None = None
+    description: str = ""
+    model: ModelShape
+    training: Training
+    precision: Precision
+    activation_checkpointing: ActivationCheckpointing
+    parallelism: Parallelism
+    compute: Compute
+    image: Image = Image()
+    data: Data = Data()
+    checkpointing: Checkpointing = Checkpointing()
+    monitoring: Monitoring = Monitoring()
+    tags: Tags = Tags()
+    launch_on_deploy: bool = False
+
+    @model_validator(mode="after")
+    def _layout(self) -> Recipe:
+        # Cross-section checks; each message starts with the field path so errors can name it.
+        par, tr = self.parallelism, self.training
+        world = self.world_size
+        if tr.seq_len % par.cp:
+            raise ValueError(f"training.seq_len: {tr.seq_len} is not divisible by parallelism.cp = {par.cp}")
+        model_parallel = par.shard_group * par.tp * par.cp
+        if model_parallel > world:
+            raise ValueError(f"parallelism.shard_group: shard_group x tp x cp = {model_parallel} exceeds the {world} GPUs available")
+        if world % model_parallel:
+            raise ValueError(f"parallelism.shard_group: {world} GPUs are not divisible by shard_group x tp x cp = {model_parallel}")
+        per_step = tr.micro_batch * self.data_parallel
+        if tr.global_batch % per_step:
+            raise ValueError(
+                f"training.global_batch: {tr.global_batch} is not a multiple of micro_batch x data-parallel "
+                f"ranks = {tr.micro_batch} x {self.data_parallel} = {per_step}"
+            )
+        if self.precision.fp8_recipe == "mxfp8" and not self.instance.gpu.supports_mxfp8:
+            raise ValueError(
+                f"precision.fp8_recipe: mxfp8 needs Blackwell; {self.compute.instance_type} has "
+                f"{self.instance.gpu.name} (use current or delayed)"
+            )
+        return self
+
+    @property
+    def instance(self) -> Instance:
+        return get_instance(self.compute.instance_type)
+
+    @property
+    def world_size(self) -> int:
+        return self.instance.gpus * self.compute.instance_count
+
+    @property
+    def data_parallel(self) -> int:
+        """Ranks that see different data: everything that is not tensor or context parallel."""
+        return self.world_size // (self.parallelism.tp * self.parallelism.cp)
+
+    @property
+    def grad_accum_steps(self) -> int:
+        return self.training.global_batch // (self.training.micro_batch * self.data_parallel)
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.training.global_batch * self.training.seq_len
+
+
+# --- Hyperparameters: the one encoding between the launcher and the trainer ---------------------
+# SageMaker hyperparameters are a flat string->string map (values up to 2500 characters). The resolved
+# recipe travels as dotted keys with JSON values, so the console shows each knob on its own line and
+# the trainer rebuilds exactly the recipe that was planned.
+
+HYPERPARAMETER_KEY = re.compile(r"^[a-z_]+(\.[a-z0-9_]+)*$")
+
+
+def to_hyperparameters(recipe: Recipe) -> dict[str, str]:
+    flat: dict[str, str] = {}
+
+    def walk(prefix: str, value: Any) -> None:
+        if isinstance(value, dict) and value and prefix != "tags.extra":
+            for key, child in value.items():
+                walk(f"{prefix}.{key}" if prefix else key, child)
+        else:
+            flat[prefix] = json.dumps(value, separators=(",", ":"))
+
+    walk("", recipe.model_dump(mode="json", exclude={"extends"}))
+    return flat
+
+
+def from_hyperparameters(hyperparameters: dict[str, str]) -> Recipe:
+    """Inverse of `to_hyperparameters`; ignores keys SageMaker adds itself (sagemaker_*)."""
+    tree: dict[str, Any] = {}
+    for key, raw in hyperparameters.items():
+        if key.startswith("sagemaker_") or not HYPERPARAMETER_KEY.match(key):
+            continue
+        *parents, leaf = key.split(".")
+        node = tree
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = json.loads(raw)
+    return Recipe.model_validate(tree)
