@@ -6,7 +6,15 @@ gaps and our workarounds (../shared/README.md section 7):
 
 - the endpoint must be `localhost` (moto parses CDK's TemplateURL by host name);
 - Step Functions executions only run after `POST /moto-api/config` enables them;
-- it cannot run containers or Lambda: training jobs go straight to Completed, nothing trains.
+- it cannot run containers or Lambda: training jobs go straight to Completed, nothing trains;
+- resource types its CloudFormation does not implement (CloudWatch alarms, dashboards' alarm
+  references, bucket/topic policies, ...) become placeholders: `serve()` below gives them a physical
+  id and answers `Fn::GetAtt` with a made-up ARN, so templates that reference them deploy. They
+  are never created, so template assertions (tests/cdk), not the emulator, check them;
+- it does not publish CloudFormation stack status events to EventBridge (launch_on_deploy):
+  `deliver_stack_status()` plays EventBridge from the deployed rule's own pattern and target.
+
+`python -m trainstack.emulator [--port N]` runs one in the foreground (for `trainstack launch --local`).
 """
 
 from __future__ import annotations
@@ -68,8 +76,10 @@ class Emulator:
         if server is None:
             raise TrainstackError("moto_server not found: run `make setup` (it installs moto[server])")
         log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
+        del server  # moto_server is run through serve() below, which adds the placeholder patch
         self._process = subprocess.Popen(
-            [server, "-H", "127.0.0.1", "-p", str(self.port)], stdout=log, stderr=subprocess.STDOUT
+            [sys.executable, "-m", "trainstack.emulator", "--serve", "--port", str(self.port)],
+            stdout=log, stderr=subprocess.STDOUT,
         )
         deadline = time.monotonic() + timeout_s
         while True:
@@ -106,3 +116,158 @@ class Emulator:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+# --- state file: lets `trainstack ... --local` find a running emulator ---------------------------
+STATE_FILE = Path(".emulator") / "endpoint.json"
+
+
+def write_state(endpoint: str, pid: int, path: Path = STATE_FILE) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"endpoint": endpoint, "pid": pid}))
+
+
+def local_env(path: Path = STATE_FILE) -> dict[str, str]:
+    """Environment for the emulator recorded in `path`, or a one-line error when none is running."""
+    try:
+        state = json.loads(path.read_text())
+        urllib.request.urlopen(f"{state['endpoint']}/moto-api/data.json", timeout=2).close()
+    except (OSError, ValueError, KeyError):
+        raise TrainstackError(
+            "no local emulator is running (start one with `python -m trainstack.emulator`, or run `make demo`)"
+        ) from None
+    emulator = Emulator(port=int(state["endpoint"].rsplit(":", 1)[1]))
+    return emulator.env()
+
+
+# --- EventBridge for CloudFormation stack status events (moto does not publish them) -------------
+
+def deliver_stack_status(env: dict[str, str], stack_name: str, status: str = "UPDATE_COMPLETE") -> list[str]:
+    """Do what EventBridge does on real AWS when `stack_name` reaches `status`: start every Step
+    Functions target of every rule whose pattern matches that event, with the target's Input.
+    Returns the execution ARNs started. Only the pattern fields our rules use are matched."""
+    import boto3
+
+    session = boto3.session.Session(region_name=env["AWS_REGION"], aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
+                                    aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"])
+    endpoint = env["AWS_ENDPOINT_URL"]
+    cfn = session.client("cloudformation", endpoint_url=endpoint)
+    events = session.client("events", endpoint_url=endpoint)
+    sfn = session.client("stepfunctions", endpoint_url=endpoint)
+    stack_id = cfn.describe_stacks(StackName=stack_name)["Stacks"][0]["StackId"]
+    event = {"source": "aws.cloudformation", "detail-type": "CloudFormation Stack Status Change",
+             "detail": {"stack-id": stack_id, "status-details": {"status": status}}}
+    started = []
+    for rule in events.list_rules()["Rules"]:
+        pattern = json.loads(rule.get("EventPattern") or "{}")
+        if rule.get("State") != "ENABLED" or not _matches(pattern, event):
+            continue
+        for target in events.list_targets_by_rule(Rule=rule["Name"])["Targets"]:
+            if ":states:" in target["Arn"]:
+                run = sfn.start_execution(stateMachineArn=target["Arn"], input=target.get("Input", "{}"))
+                started.append(run["executionArn"])
+    return started
+
+
+def _matches(pattern: object, value: object) -> bool:
+    if isinstance(pattern, dict):
+        return isinstance(value, dict) and all(k in value and _matches(v, value[k]) for k, v in pattern.items())
+    if isinstance(pattern, list):
+        return value in pattern
+    return pattern == value
+
+
+# --- the server: moto, plus placeholders for resource types its CloudFormation lacks -------------
+
+def _placeholder_model() -> type:
+    from moto.core.common_models import CloudFormationModel
+
+    class Placeholder(CloudFormationModel):
+        """An unimplemented resource type: never created, but has an id and answers GetAtt."""
+
+        __module__ = "moto.cloudformation.placeholder"  # moto's model registry keys models by module
+
+        def __init__(self, name: str, resource_type: str, region: str, account: str) -> None:
+            self.name, self.resource_type, self.region, self.account = name, resource_type, region, account
+
+        @property
+        def physical_resource_id(self) -> str:
+            return self.name
+
+        @staticmethod
+        def cloudformation_name_type() -> str:
+            return ""
+
+        @staticmethod
+        def cloudformation_type() -> str:
+            return "Placeholder"
+
+        @classmethod
+        def has_cfn_attr(cls, attr: str) -> bool:
+            return True
+
+        def get_cfn_attribute(self, attribute_name: str) -> str:
+            service = self.resource_type.split("::")[1].lower()
+            return f"arn:aws:{service}:{self.region}:{self.account}:placeholder/{self.name}"
+
+        @classmethod
+        def create_from_cloudformation_json(cls, resource_name, cloudformation_json, account_id, region_name,
+                                            **kwargs):
+            return cls(resource_name, kwargs.get("ResourceType", "AWS::Unknown::Unknown"), region_name, account_id)
+
+        @classmethod
+        def update_from_cloudformation_json(cls, original_resource, new_resource_name, cloudformation_json,
+                                            account_id, region_name):
+            return original_resource
+
+        @classmethod
+        def delete_from_cloudformation_json(cls, resource_name, cloudformation_json, account_id, region_name):
+            return None
+
+    return Placeholder
+
+
+def serve(argv: list[str]) -> None:
+    from moto import server
+    from moto.cloudformation import parsing
+
+    placeholder = _placeholder_model()
+    original = parsing.resource_class_from_type
+
+    def resource_class_from_type(resource_type: str):
+        found = original(resource_type)
+        if found is None and resource_type not in parsing.NULL_MODELS:
+            return placeholder
+        return found
+
+    parsing.resource_class_from_type = resource_class_from_type
+    server.main(argv)
+
+
+def _main() -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m trainstack.emulator",
+                                     description="run the local AWS emulator in the foreground")
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve:
+        serve(["-H", "127.0.0.1", "-p", str(args.port)])
+        return
+    emulator = Emulator(port=args.port or free_port())
+    with emulator:
+        write_state(emulator.endpoint, os.getpid())
+        print(f"local AWS emulator on {emulator.endpoint} (state in {STATE_FILE}); Ctrl-C stops it", flush=True)
+        print("export " + " ".join(f"{k}={v}" for k, v in emulator.env().items()), flush=True)
+        try:
+            while emulator._process is not None and emulator._process.poll() is None:
+                time.sleep(1)
+        except KeyboardInterrupt:
+            pass
+        finally:
+            STATE_FILE.unlink(missing_ok=True)
+
+
+if __name__ == "__main__":
+    _main()

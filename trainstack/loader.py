@@ -138,6 +138,7 @@ def resolve(
             layers += _extends_chain(base, root)
         elif team_variant is not None and team_variant.is_file():
             layers += _extends_chain(team_variant, root)
+            _refuse_gates(layers[-1])  # the team's own file; its bases are not team-owned
         else:
             known = ", ".join(team_recipe_names(team, root) if team else base_recipe_names(root))
             owner = f" for team {team!r}" if team else ""
@@ -198,12 +199,50 @@ def _extends_chain(path: Path, root: Path) -> list[_Layer]:
     return list(reversed(chain))
 
 
+# Team files are owned by teams (see docs/gitops.md); the security gates are not. A team file may not
+# touch encryption, retention/removal or cdk-nag handling, whatever the recipe schema grows to hold:
+# whole sections by top-level name, and any key with one of these names at any depth.
+GATE_SECTIONS = frozenset({
+    "security", "storage", "encryption", "kms", "bucket", "repository", "nag", "cdk_nag",
+})
+GATE_KEYS = frozenset({
+    "encryption", "encrypted", "encrypt", "kms", "kms_key", "kms_key_id", "kms_key_arn",
+    "sse", "sse_algorithm", "enforce_ssl", "ssl", "versioned", "versioning",
+    "block_public_access", "public_access",
+    "removal_policy", "retain", "retention", "retention_days", "termination_protection",
+    "deletion_protection", "auto_delete_objects", "nag", "cdk_nag", "nag_suppressions", "suppressions",
+    "suppress", "acknowledgments", "acknowledge", "skip_nag",
+})
+GATES_MESSAGE = (
+    "a team file cannot change a security gate (encryption, retention, nag findings); "
+    "they are fixed for every team"
+)
+
+
 def _team_layer(path: Path, name: str, may_extend: bool) -> _Layer:
     data = read_yaml(path)
     for key in ("name", "extends"):
         if key in data and not may_extend:
             raise RecipeError(_display(path), key, "a team override cannot set this; it layers onto the base recipe")
-    return _Layer(_display(path), data)
+    return _refuse_gates(_Layer(_display(path), data))
+
+
+def _refuse_gates(layer: _Layer) -> _Layer:
+    if gate := _gate_key(layer.data):
+        raise RecipeError(layer.source, gate, GATES_MESSAGE)
+    return layer
+
+
+def _gate_key(tree: dict[str, Any], prefix: str = "") -> str | None:
+    """The dotted path of the first key that touches a security gate (free-form tags aside), else None."""
+    for key, value in tree.items():
+        norm = str(key).lower().replace("-", "_")
+        path = f"{prefix}{key}"
+        if norm in GATE_KEYS or (not prefix and norm in GATE_SECTIONS):
+            return path
+        if isinstance(value, dict) and key != "extra" and (found := _gate_key(value, f"{path}.")):
+            return found
+    return None
 
 
 def _merge(into: dict[str, Any], overlay: dict[str, Any]) -> None:
@@ -231,13 +270,19 @@ def _first_error(exc: ValidationError, sources: dict[str, str], base_source: str
     message = error["msg"].removeprefix("Value error, ")
     if not path and (named := re.match(r"^([a-z_]+(?:\.[a-z_0-9]+)+): (.*)$", message)):
         path, message = named.groups()  # a cross-section check that names its own field
+    elif error["type"] == "value_error" and (named := re.match(r"^([a-z_][a-z_0-9]*): (.*)$", message)):
+        path, message = f"{path}.{named.group(1)}" if path else named.group(1), named.group(2)  # a section check
     if error["type"] == "extra_forbidden":
         message = "unknown key"
     elif error["type"] == "missing":
         message = "required field is missing"
     # The file that wrote the offending value, else the deepest layer that wrote anything under it.
+    # Else the last layer that wrote a sibling in the same section (a section check or missing field).
+    parent = path.rpartition(".")[0]
     source = sources.get(path) or next(
-        (src for p, src in reversed(list(sources.items())) if path and p.startswith(path + ".")), base_source
+        (src for p, src in reversed(list(sources.items())) if path and p.startswith(path + ".")), None
+    ) or next(
+        (src for p, src in reversed(list(sources.items())) if parent and p.startswith(parent + ".")), base_source
     )
     return RecipeError(source, path or None, message)
 

@@ -42,10 +42,11 @@ class ModelShape(Section):
 
     @model_validator(mode="after")
     def _divisible(self) -> ModelShape:
+        # Messages start with the field they blame (relative to this section); the loader prefixes the section.
         if self.hidden % self.heads:
-            raise ValueError(f"hidden ({self.hidden}) must be divisible by heads ({self.heads})")
+            raise ValueError(f"hidden: {self.hidden} must be divisible by heads ({self.heads})")
         if self.heads % self.kv_heads:
-            raise ValueError(f"heads ({self.heads}) must be divisible by kv_heads ({self.kv_heads})")
+            raise ValueError(f"kv_heads: heads ({self.heads}) must be divisible by kv_heads ({self.kv_heads})")
         return self
 
     @property
@@ -98,9 +99,9 @@ class Precision(Section):
     @model_validator(mode="after")
     def _recipe_matches_dtype(self) -> Precision:
         if self.dtype == "fp8" and self.fp8_recipe is None:
-            raise ValueError("fp8_recipe is required when dtype is fp8 (mxfp8 | current | delayed | block)")
+            raise ValueError("fp8_recipe: required when dtype is fp8 (mxfp8 | current | delayed | block)")
         if self.dtype == "bf16" and self.fp8_recipe is not None:
-            raise ValueError("fp8_recipe must be unset when dtype is bf16")
+            raise ValueError("fp8_recipe: must be unset when dtype is bf16")
         return self
 
 
@@ -134,12 +135,12 @@ class Compute(Section):
     def _known_instance(self) -> Compute:
         if self.instance_type not in INSTANCES:
             raise ValueError(
-                f"instance_type {self.instance_type!r} is not offered; supported: {', '.join(sorted(INSTANCES))}"
+                f"instance_type: {self.instance_type!r} is not offered; supported: {', '.join(sorted(INSTANCES))}"
             )
         if self.max_wait_hours is not None and not self.spot:
-            raise ValueError("max_wait_hours only applies with spot: true")
+            raise ValueError("max_wait_hours: only applies with spot: true")
         if self.spot and self.max_wait_hours is not None and self.max_wait_hours < self.max_runtime_hours:
-            raise ValueError("max_wait_hours must be >= max_runtime_hours (SageMaker requires it for spot)")
+            raise ValueError("max_wait_hours: must be >= max_runtime_hours (SageMaker requires it for spot)")
         return self
 
 
@@ -174,6 +175,21 @@ class Tags(Section):
     extra: dict[str, str] = Field(default_factory=dict)
 
 
+class Budget(Section):
+    """A team's guard rails, usually set in recipes/teams/<team>/defaults.yaml (see trainstack.budget)."""
+
+    max_instance_count: PosInt | None = None  # refuse recipes asking for more nodes than this
+    max_run_usd: PosFloat | None = None  # refuse recipes whose planned run costs more than this
+    approval_usd: Annotated[float, Field(ge=0)] = 5000.0  # planned runs above this need a human approval
+
+
+class Deploy(Section):
+    """Where a team's stacks go; None means the CLI's / pipeline's own account and region."""
+
+    account: Annotated[str, Field(pattern=r"^[0-9]{12}$")] | None = None
+    region: Annotated[str, Field(pattern=r"^[a-z]{2}(-gov)?-[a-z]+-[0-9]$")] | None = None
+
+
 class Recipe(Section):
     name: Annotated[str, Field(pattern=RECIPE_NAME)]
     extends: str | None = None
@@ -189,6 +205,8 @@ class Recipe(Section):
     checkpointing: Checkpointing = Checkpointing()
     monitoring: Monitoring = Monitoring()
     tags: Tags = Tags()
+    budget: Budget = Budget()
+    deploy: Deploy = Deploy()
     launch_on_deploy: bool = False
 
     @model_validator(mode="after")

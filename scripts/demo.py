@@ -1,0 +1,140 @@
+#!/usr/bin/env python3
+"""`make demo`: deploy and launch a recipe into a local AWS emulator; no AWS account needed.
+
+1. start moto in server mode on localhost (trainstack.emulator)
+2. `npx cdk bootstrap`, then the real `npx cdk deploy --all -c recipe=RECIPE` against it
+3. `trainstack launch RECIPE --local` (a real state machine execution, interpreted by the emulator)
+4. `trainstack status RECIPE --local`
+5. show the CreateTrainingJob request the emulator received, then stop the emulator
+
+The emulator does not run containers: its training jobs go straight to Completed and nothing trains.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from trainstack.emulator import ACCOUNT, REGION, Emulator, write_state  # noqa: E402
+from trainstack.errors import TrainstackError  # noqa: E402
+
+NODE_NOISE = ("NodeVersionSupportWarning", "versions published after", "will require node", "To continue receiving",
+              "and security updates", "More information can be found", "node --trace-warnings", "Node 20")
+
+
+class DemoError(Exception):
+    pass
+
+
+def step(n: int, total: int, text: str) -> float:
+    print(f"\n[{n}/{total}] {text}", flush=True)
+    return time.monotonic()
+
+
+def run(cmd: list[str], env: dict[str, str], *, quiet: bool = False, timeout: float = 600) -> str:
+    started = time.monotonic()
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    out = "\n".join(line for line in (proc.stdout + proc.stderr).splitlines()
+                    if line.strip() and not any(noise in line for noise in NODE_NOISE))
+    if proc.returncode != 0:
+        raise DemoError(f"`{' '.join(cmd)}` failed (exit {proc.returncode}):\n{out[-4000:]}")
+    if not quiet:
+        print("    " + out.replace("\n", "\n    "), flush=True)
+    print(f"    ({time.monotonic() - started:.1f} s)", flush=True)
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--recipe", default="30b-fp8")
+    parser.add_argument("--team", default=None)
+    parser.add_argument("--keep", action="store_true", help="leave the emulator running at the end")
+    args = parser.parse_args()
+
+    npx = shutil.which("npx")
+    if npx is None:
+        print("error: npx not found: install Node.js 20+ and run `make setup`", file=sys.stderr)
+        return 2
+    trainstack = str(Path(sys.executable).parent / "trainstack")
+    context = ["-c", f"recipe={args.recipe}"] + (["-c", f"team={args.team}"] if args.team else [])
+    team = ["--team", args.team] if args.team else []
+    log = ROOT / ".emulator" / "moto.log"
+    log.parent.mkdir(exist_ok=True)
+    total = 6
+    t0 = time.monotonic()
+    emulator = Emulator(log_path=log)
+    try:
+        step(1, total, f"starting the local AWS emulator (moto server; log: {log.relative_to(ROOT)})")
+        emulator.start()
+        write_state(emulator.endpoint, os.getpid())
+        print(f"    listening on {emulator.endpoint}", flush=True)
+        env = {**os.environ, **emulator.env(), "JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION": "1",
+               "JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION": "20", "CDK_DISABLE_CLI_TELEMETRY": "true"}
+
+        step(2, total, f"npx cdk bootstrap aws://{ACCOUNT}/{REGION}")
+        run([npx, "cdk", "bootstrap", f"aws://{ACCOUNT}/{REGION}", *context, "-o", "cdk.out.demo"], env, quiet=True)
+
+        step(3, total, f"npx cdk deploy --all {' '.join(context)} --method=direct   "
+                       "(direct: the emulator loses exports on the change-set path)")
+        out = run([npx, "cdk", "deploy", "--all", *context, "--method=direct", "--require-approval=never",
+                   "-o", "cdk.out.demo"], env, quiet=True)
+        for line in out.splitlines():
+            if "✅" in line or " = " in line:
+                print("    " + line.strip(), flush=True)
+
+        step(4, total, f"trainstack launch {args.recipe} --local")
+        launched = run([trainstack, "launch", args.recipe, *team, "--local", "--wait"], env)
+        job_name = launched.splitlines()[0].split()[1]
+
+        step(5, total, f"trainstack status {args.recipe} --local")
+        run([trainstack, "status", args.recipe, *team, "--local"], env)
+
+        step(6, total, f"the training job the emulator received: {job_name}")
+        show_job(emulator.env(), job_name)
+    except (DemoError, TrainstackError, subprocess.TimeoutExpired) as exc:
+        print(f"\nerror: {exc}", file=sys.stderr)
+        print(f"(emulator log: {log})", file=sys.stderr)
+        return 1
+    finally:
+        if not args.keep:
+            emulator.stop()
+            (ROOT / ".emulator" / "endpoint.json").unlink(missing_ok=True)
+    print(f"\ndone in {time.monotonic() - t0:.0f} s. The emulator does not run containers: the job went straight "
+          "to Completed; nothing trained.", flush=True)
+    return 0
+
+
+def show_job(env: dict[str, str], job_name: str) -> None:
+    import boto3
+
+    sagemaker = boto3.client("sagemaker", endpoint_url=env["AWS_ENDPOINT_URL"], region_name=env["AWS_REGION"],
+                             aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
+                             aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"])
+    job = sagemaker.describe_training_job(TrainingJobName=job_name)
+    resources = job["ResourceConfig"]
+    hyper = job.get("HyperParameters", {})
+    print(f"    status:            {job['TrainingJobStatus']}")
+    print(f"    instance:          {resources['InstanceCount']} x {resources['InstanceType']}, "
+          f"{resources.get('VolumeSizeInGB')} GB volume")
+    print(f"    checkpoints:       {json.dumps(job.get('CheckpointConfig'))}")
+    print(f"    image:             {job['AlgorithmSpecification']['TrainingImage']}")
+    print(f"    metrics:           {', '.join(m['Name'] for m in job['AlgorithmSpecification'].get('MetricDefinitions', []))}")
+    print(f"    stopping:          {json.dumps(job.get('StoppingCondition'))}")
+    print(f"    hyperparameters:   {len(hyper)} keys, e.g.")
+    for key in ("model.layers", "model.hidden", "precision.dtype", "precision.fp8_recipe", "training.steps",
+                "training.global_batch", "parallelism.shard_group", "compute.instance_count"):
+        if key in hyper:
+            print(f"        {key} = {hyper[key]}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

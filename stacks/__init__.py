@@ -1,0 +1,1 @@
+"""CDK stacks and constructs for trainstack. `stacks.app.build(app, config)` composes them."""

@@ -1,0 +1,326 @@
+"""The GitOps pipeline for teams that stay inside AWS: `npx cdk deploy -c pipeline=true -c recipe=all
+-c connection_arn=ARN -c repository=OWNER/NAME [-c branch=main]`.
+
+A CDK Pipelines `CodePipeline` fed by a CodeConnections source. Its synth step runs the same gates as
+the pull-request workflow (validate with budget caps, tests, synth with cdk-nag, cfn-lint) before it
+synthesizes the pipeline's own app; then one stage per team deploys that team's recipe stacks
+(stacks.app.build), behind a manual approval when any of its runs is planned above the team's
+`budget.approval_usd`. The pipeline updates itself first (self-mutation), so a merged change to
+recipes, teams or this file takes effect on the same run.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from aws_cdk import App, Duration, Environment, RemovalPolicy, Stack, Stage, Token, pipelines
+from aws_cdk import aws_codebuild as codebuild
+from aws_cdk import aws_codepipeline as codepipeline
+from aws_cdk import aws_kms as kms
+from aws_cdk import aws_s3 as s3
+from constructs import Construct
+
+from stacks import nag
+from trainstack import budget
+from trainstack.config import CONTEXT, Deployment, DeploymentConfig
+from trainstack.errors import TrainstackError
+
+PIPELINE_STACK = "Trainstack-Pipeline"
+CONNECTION_ARN = re.compile(
+    r"^arn:aws[a-z\-]*:(codeconnections|codestar-connections):[a-z0-9\-]+:[0-9]{12}:connection/[0-9a-f\-]{36}$"
+)
+REPOSITORY = re.compile(r"^[A-Za-z0-9_.\-]+/[A-Za-z0-9_.\-]+$")
+BRANCH = re.compile(r"^[A-Za-z0-9_./\-]{1,200}$")
+# Context the synth step passes on to the pipeline's own synthesis, so it rebuilds the same app.
+FORWARDED_CONTEXT = (
+    "recipe",
+    "team",
+    "set",
+    "image_uri",
+    "image_tag",
+    "vpc",
+    "inter_container_encryption",
+    "connection_arn",
+    "repository",
+    "branch",
+)
+ARTIFACT_EXPIRY_DAYS = 90
+SYNTH_TIMEOUT = Duration.minutes(120)  # `make test` runs the whole suite (about an hour on 2 cores)
+
+
+@dataclass(frozen=True)
+class PipelineSettings:
+    connection_arn: str
+    repository: str  # owner/name, as CodeConnections names it
+    branch: str = "main"
+
+    @classmethod
+    def from_context(cls, context: Mapping[str, str]) -> PipelineSettings:
+        """Validated pipeline context; one TrainstackError line naming the key otherwise."""
+        arn = (context.get("connection_arn") or "").strip()
+        repository = (context.get("repository") or "").strip()
+        branch = (context.get("branch") or "main").strip()
+        if not CONNECTION_ARN.match(arn):
+            problem = "required, as" if not arn else f"{arn!r} is not"
+            raise TrainstackError(
+                f"{CONTEXT}: connection_arn: {problem} a CodeConnections connection ARN "
+                "(arn:aws:codeconnections:REGION:ACCOUNT:connection/ID) with -c pipeline=true"
+            )
+        if not REPOSITORY.match(repository):
+            raise TrainstackError(
+                f"{CONTEXT}: repository: expected OWNER/NAME with -c pipeline=true, got {repository!r}"
+            )
+        if not BRANCH.match(branch):
+            raise TrainstackError(f"{CONTEXT}: branch: {branch!r} is not a branch name")
+        return cls(connection_arn=arn, repository=repository, branch=branch)
+
+
+@dataclass(frozen=True)
+class TeamRollout:
+    """One pipeline stage: every deployment of one team, where it goes, and which runs need approval."""
+
+    team: str
+    deployments: tuple[Deployment, ...]
+    account: str | None
+    region: str | None
+    approvals: tuple[tuple[str, float, float], ...]  # (recipe, planned run USD, approval threshold USD)
+
+    @property
+    def stage_id(self) -> str:
+        return "".join(part.capitalize() for part in re.split(r"[^a-z0-9]+", self.team) if part)
+
+
+def rollouts(config: DeploymentConfig) -> list[TeamRollout]:
+    """Group the app's deployments into one rollout per team (pure; the stage order is sorted by team)."""
+    by_team: dict[str, list[Deployment]] = {}
+    for d in config.deployments:
+        by_team.setdefault(d.team or d.recipe.tags.team, []).append(d)
+    out = []
+    for team, deployments in sorted(by_team.items()):
+        targets = {(d.recipe.deploy.account, d.recipe.deploy.region) for d in deployments}
+        if len(targets) > 1:
+            raise TrainstackError(
+                f"{CONTEXT}: team {team!r} deploys to more than one account/region "
+                f"{sorted(map(str, targets))}; set deploy.account and deploy.region once, in defaults.yaml"
+            )
+        account, region = targets.pop()
+        approvals = []
+        for d in deployments:
+            check = budget.check(d.recipe, d.plan)
+            if check.needs_approval:
+                approvals.append((d.recipe.name, check.run_usd, check.approval_usd))
+        out.append(
+            TeamRollout(
+                team, tuple(deployments), account or config.account, region or config.region, tuple(approvals)
+            )
+        )
+    return out
+
+
+def synth_commands(config: DeploymentConfig) -> list[str]:
+    """The gates of the pull-request workflow, then the synthesis of this same app (with the pipeline)."""
+    forwarded = " ".join(
+        f"-c {key}={shlex.quote(config.context[key])}" for key in FORWARDED_CONTEXT if config.context.get(key)
+    )
+    return [
+        ".venv/bin/trainstack validate --quiet",
+        "make test",
+        "npx cdk synth -c recipe=all --quiet --output cdk.out.gates",
+        ".venv/bin/cfn-lint cdk.out.gates/*.template.json",
+        f"npx cdk synth -c pipeline=true {forwarded} --quiet --output cdk.out",
+    ]
+
+
+class ArtifactStore(Construct):
+    """The pipeline's artifact bucket: KMS (rotating key), SSL only, versioned, access-logged, retained."""
+
+    def __init__(self, scope: Construct, id: str) -> None:
+        super().__init__(scope, id)
+        self.key = kms.Key(
+            self,
+            "Key",
+            description="trainstack pipeline artifacts",
+            enable_key_rotation=True,
+            removal_policy=RemovalPolicy.RETAIN,
+        )
+        # S3 delivers server access logs only to SSE-S3 buckets.
+        self.access_logs = s3.Bucket(
+            self,
+            "AccessLogs",
+            encryption=s3.BucketEncryption.S3_MANAGED,
+            block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
+            enforce_ssl=True,
+            versioned=True,
+            object_ownership=s3.ObjectOwnership.BUCKET_OWNER_PREFERRED,
+            lifecycle_rules=[
+                s3.LifecycleRule(
+                    expiration=Duration.days(365),
+                    noncurrent_version_expiration=Duration.days(1),
+                    abort_incomplete_multipart_upload_after=Duration.days(1),
+                )
+            ],
+            removal_policy=RemovalPolicy.RETAIN,
+        )
+        nag.acknowledge(self.access_logs, "AwsSolutions-S1:pipeline-access-logs")
+        self.bucket = s3.Bucket(
+            self,
+            "Bucket",
+            encryption=s3.BucketEncryption.KMS,
+            encryption_key=self.key,
+            bucket_key_enabled=True,
+            block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
+            enforce_ssl=True,
+            versioned=True,
+            server_access_logs_bucket=self.access_logs,
+            server_access_logs_prefix="artifacts/",
+            lifecycle_rules=[
+                s3.LifecycleRule(
+                    expiration=Duration.days(ARTIFACT_EXPIRY_DAYS),
+                    noncurrent_version_expiration=Duration.days(1),
+                    abort_incomplete_multipart_upload_after=Duration.days(1),
+                )
+            ],
+            removal_policy=RemovalPolicy.RETAIN,
+        )
+
+
+class TeamStage(Stage):
+    """One team's recipe stacks, exactly as `cdk deploy -c team=<team>` builds them."""
+
+    def __init__(
+        self, scope: Construct, id: str, *, rollout: TeamRollout, config: DeploymentConfig, **kwargs: Any
+    ) -> None:
+        env = Environment(account=rollout.account, region=rollout.region) if rollout.account else None
+        super().__init__(scope, id, env=env, **kwargs)
+        from stacks.app import build
+
+        build(
+            self, replace(config, deployments=rollout.deployments, account=None, region=None, pipeline=False)
+        )
+
+
+class PipelineStack(Stack):
+    def __init__(
+        self,
+        scope: Construct,
+        id: str,
+        *,
+        config: DeploymentConfig,
+        settings: PipelineSettings,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(
+            scope, id, description="trainstack GitOps pipeline: validate, price and deploy recipes", **kwargs
+        )
+        # Grant log delivery by bucket policy, not the legacy LogDeliveryWrite ACL (cfn-lint W3045).
+        self.node.set_context("@aws-cdk/aws-s3:serverAccessLogsUseBucketPolicy", True)
+        store = ArtifactStore(self, "Artifacts")
+        source = pipelines.CodePipelineSource.connection(
+            settings.repository,
+            settings.branch,
+            connection_arn=settings.connection_arn,
+        )
+        synth = pipelines.CodeBuildStep(
+            "Synth",
+            input=source,
+            install_commands=["make setup"],
+            commands=synth_commands(config),
+            primary_output_directory="cdk.out",
+            timeout=SYNTH_TIMEOUT,
+            env={"JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION": "1"},
+        )
+        self.pipeline = pipelines.CodePipeline(
+            self,
+            "Pipeline",
+            synth=synth,
+            artifact_bucket=store.bucket,
+            pipeline_type=codepipeline.PipelineType.V2,
+            publish_assets_in_parallel=False,
+            code_build_defaults=pipelines.CodeBuildOptions(
+                build_environment=codebuild.BuildEnvironment(
+                    build_image=codebuild.LinuxBuildImage.STANDARD_7_0,
+                    compute_type=codebuild.ComputeType.LARGE,
+                ),
+                partial_build_spec=codebuild.BuildSpec.from_object(
+                    {"phases": {"install": {"runtime-versions": {"python": "3.11", "nodejs": "20"}}}}
+                ),
+            ),
+        )
+        for rollout in rollouts(config):
+            stage = TeamStage(scope, f"{id}-{rollout.stage_id}", rollout=rollout, config=config)
+            pre = []
+            if rollout.approvals:
+                runs = ", ".join(
+                    f"{name} {budget.usd(cost)} (threshold {budget.usd(limit)})"
+                    for name, cost, limit in rollout.approvals
+                )
+                pre.append(
+                    pipelines.ManualApprovalStep(
+                        "ApproveCost",
+                        comment=f"Team {rollout.team}: planned runs above the approval threshold: {runs}",
+                    )
+                )
+            self.pipeline.add_stage(stage, pre=pre)
+        self.pipeline.build_pipeline()  # materialize the generated roles and projects for cdk-nag below
+        self._acknowledge_generated(store)
+        # The pipeline reaches its role through GetAtt already; CodePipeline adds a DependsOn on it too
+        # (cfn-lint W3005). Keep only the DependsOn on the role's policy, which GetAtt does not imply.
+        policy = self.pipeline.pipeline.role.node.find_child("DefaultPolicy").node.default_child
+        cfn_pipeline = self.pipeline.pipeline.node.default_child
+        cfn_pipeline.add_override("DependsOn", [policy.logical_id])  # type: ignore[union-attr]
+
+    def _acknowledge_generated(self, store: ArtifactStore) -> None:
+        """Acknowledge, finding by finding, the wildcards CDK Pipelines writes into its own roles."""
+
+        def ref(construct: Construct) -> str:
+            return str(self.resolve(construct.node.default_child.logical_id))  # type: ignore[union-attr]
+
+        nag.acknowledge(
+            self.pipeline,
+            "AwsSolutions-IAM5:pipeline-artifacts",
+            [
+                *(
+                    f"Action::{a}"
+                    for a in (
+                        "s3:GetObject*",
+                        "s3:GetBucket*",
+                        "s3:List*",
+                        "s3:DeleteObject*",
+                        "s3:Abort*",
+                        "kms:ReEncrypt*",
+                        "kms:GenerateDataKey*",
+                    )
+                ),
+                f"Resource::<{ref(store.bucket)}.Arn>/*",
+            ],
+        )
+        for project in (self.pipeline.synth_project, self.pipeline.self_mutation_project):
+            nag.acknowledge(
+                project,
+                "AwsSolutions-IAM5:pipeline-build-logs",
+                [
+                    nag.arn_finding(self, "logs", f"log-group:/aws/codebuild/<{ref(project)}>:*"),
+                    nag.arn_finding(self, "codebuild", f"report-group/<{ref(project)}>-*"),
+                ],
+            )
+        account = "<AWS::AccountId>" if Token.is_unresolved(self.account) else self.account
+        nag.acknowledge(
+            self.pipeline.self_mutation_project,
+            "AwsSolutions-IAM5:pipeline-self-mutation",
+            [f"Resource::arn:*:iam::{account}:role/*", "Resource::*"],
+        )
+
+
+def build_pipeline(app: App, config: DeploymentConfig) -> PipelineStack:
+    """The `-c pipeline=true` app: the pipeline stack, whose stages hold every team's recipe stacks."""
+    settings = PipelineSettings.from_context(config.context)
+    env = (
+        Environment(account=config.account, region=config.region) if config.account or config.region else None
+    )
+    stack = PipelineStack(app, PIPELINE_STACK, config=config, settings=settings, env=env)
+    nag.enable(app)
+    return stack

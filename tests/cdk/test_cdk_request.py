@@ -1,0 +1,138 @@
+"""The recipe -> CreateTrainingJob request function: complete, valid for the SageMaker API, faithful."""
+
+from __future__ import annotations
+
+import botocore.session
+import pytest
+from botocore.validate import ParamValidator
+
+from trainstack import naming
+from trainstack.loader import base_recipe_names, resolve, team_names, team_recipe_names
+from trainstack.metrics import metric_definitions
+from trainstack.recipe import Recipe, from_hyperparameters, to_hyperparameters
+from trainstack.request import (
+    Runtime,
+    create_training_job_request,
+    execution_input,
+    hyperparameter_overrides,
+    job_name,
+)
+
+ARGS = dict(role_arn="arn:aws:iam::123456789012:role/exec", image_uri="123.dkr.ecr.us-west-2.amazonaws.com/t:1",
+            bucket_name="ckpt-bucket", kms_key_arn="arn:aws:kms:us-west-2:123456789012:key/abc")
+ALL = [(n, None) for n in base_recipe_names()] + [(n, t) for t in team_names() for n in team_recipe_names(t)]
+
+
+def recipe(name: str = "30b-fp8", team: str | None = None, *overrides: str) -> Recipe:
+    return resolve(name, team, overrides).recipe
+
+
+def validate_api(request: dict) -> None:
+    """The request against botocore's model of CreateTrainingJob: names, types, required fields."""
+    model = botocore.session.get_session().get_service_model("sagemaker")
+    report = ParamValidator().validate(request, model.operation_model("CreateTrainingJob").input_shape)
+    assert not report.has_errors(), report.generate_report()
+
+
+@pytest.mark.parametrize(("name", "team"), ALL)
+def test_every_recipe_gives_a_valid_api_request_carrying_the_recipe(name: str, team: str | None) -> None:
+    r = recipe(name, team)
+    request = create_training_job_request(r, team, job_name=job_name(r, team, "r1"), **ARGS)
+    validate_api(request)
+    assert request["ResourceConfig"]["InstanceType"] == r.compute.instance_type
+    assert request["ResourceConfig"]["InstanceCount"] == r.compute.instance_count
+    assert request["ResourceConfig"]["VolumeSizeInGB"] == r.compute.volume_size_gb
+    assert from_hyperparameters(request["HyperParameters"]) == r
+    assert len(request["TrainingJobName"]) <= 63
+
+
+def test_checkpoints_go_to_the_team_recipe_prefix_under_the_job_name() -> None:
+    r = recipe()
+    name = job_name(r, None, "r1")
+    request = create_training_job_request(r, None, job_name=name, **ARGS)
+    assert request["CheckpointConfig"] == {
+        "LocalPath": "/opt/ml/checkpoints",
+        "S3Uri": f"s3://ckpt-bucket/{naming.checkpoint_prefix(r, None)}/{name}",
+    }
+    assert request["CheckpointConfig"]["S3Uri"].startswith("s3://ckpt-bucket/checkpoints/platform/30b-fp8/")
+    assert request["OutputDataConfig"] == {"S3OutputPath": "s3://ckpt-bucket/output/platform/30b-fp8",
+                                           "KmsKeyId": ARGS["kms_key_arn"]}
+    assert request["ResourceConfig"]["VolumeKmsKeyId"] == ARGS["kms_key_arn"]
+
+
+def test_metrics_retries_infra_checks_environment_and_tags() -> None:
+    r = recipe()
+    request = create_training_job_request(r, "nlp", job_name="j", **ARGS)
+    assert request["AlgorithmSpecification"]["MetricDefinitions"] == metric_definitions()
+    assert request["RetryStrategy"] == {"MaximumRetryAttempts": r.compute.max_retry_attempts}
+    assert request["InfraCheckConfig"] == {"EnableInfraCheck": True}
+    assert request["StoppingCondition"] == {"MaxRuntimeInSeconds": int(r.compute.max_runtime_hours * 3600)}
+    assert request["EnableManagedSpotTraining"] is False
+    env = request["Environment"]
+    assert env["FI_EFA_USE_HUGE_PAGE"] == "0"
+    assert env["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
+    tags = {t["Key"]: t["Value"] for t in request["Tags"]}
+    assert tags["team"] == "nlp" and tags["recipe"] == "30b-fp8" and tags["cost-center"] == r.tags.cost_center
+    assert "InputDataConfig" not in request and "VpcConfig" not in request
+    assert "TrainingPlanArn" not in request["ResourceConfig"]
+
+
+def test_fp8_recipes_carry_fp8_hyperparameters() -> None:
+    hp = create_training_job_request(recipe("30b-fp8"), None, job_name="j", **ARGS)["HyperParameters"]
+    assert hp["precision.dtype"] == '"fp8"' and hp["precision.fp8_recipe"] == '"mxfp8"'
+
+
+def test_spot_sets_max_wait_and_a_training_plan_its_arn() -> None:
+    plan_arn = "arn:aws:sagemaker:us-west-2:123456789012:training-plan/p6"
+    r = recipe("30b-fp8", None, "compute.spot=true", "compute.max_wait_hours=100",
+               f"compute.training_plan_arn={plan_arn}")
+    request = create_training_job_request(r, None, job_name="j", **ARGS)
+    validate_api(request)
+    assert request["EnableManagedSpotTraining"] is True
+    assert request["StoppingCondition"]["MaxWaitTimeInSeconds"] == 100 * 3600
+    assert request["ResourceConfig"]["TrainingPlanArn"] == plan_arn
+    default_wait = create_training_job_request(recipe("30b-fp8", None, "compute.spot=true"), None,
+                                               job_name="j", **ARGS)["StoppingCondition"]
+    assert default_wait["MaxWaitTimeInSeconds"] >= default_wait["MaxRuntimeInSeconds"]
+
+
+def test_data_channel_and_vpc_mode() -> None:
+    r = recipe("30b-fp8", None, "data.train_s3_uri=s3://corpus/tokens/v1")
+    request = create_training_job_request(r, None, job_name="j", subnet_ids=["subnet-1", "subnet-2"],
+                                          security_group_ids=["sg-1"], network_isolation=True,
+                                          inter_container_encryption=True, **ARGS)
+    validate_api(request)
+    (channel,) = request["InputDataConfig"]
+    assert channel["DataSource"]["S3DataSource"]["S3Uri"] == "s3://corpus/tokens/v1"
+    assert request["AlgorithmSpecification"]["TrainingInputMode"] == "FastFile"
+    assert request["VpcConfig"] == {"SecurityGroupIds": ["sg-1"], "Subnets": ["subnet-1", "subnet-2"]}
+    assert request["EnableNetworkIsolation"] is True and request["EnableInterContainerTrafficEncryption"] is True
+
+
+def test_runtime_values_become_step_functions_paths() -> None:
+    r = recipe()
+    request = create_training_job_request(
+        r, None, job_name=Runtime("$.JobName"), hyperparameters=Runtime("States.JsonMerge($.a, $.b, false)"),
+        keep_alive_seconds=Runtime("$.KeepAlivePeriodInSeconds"), **ARGS)
+    assert request["TrainingJobName.$"] == "$.JobName" and "TrainingJobName" not in request
+    assert request["HyperParameters.$"] == "States.JsonMerge($.a, $.b, false)"
+    assert request["ResourceConfig"]["KeepAlivePeriodInSeconds.$"] == "$.KeepAlivePeriodInSeconds"
+    assert request["CheckpointConfig"]["S3Uri.$"] == (
+        "States.Format('s3://ckpt-bucket/checkpoints/platform/30b-fp8/{}', $.JobName)")
+
+
+def test_a_short_run_overrides_only_the_steps_and_gets_its_own_hash() -> None:
+    base = recipe()
+    short = recipe("30b-fp8", None, "training.steps=50")
+    assert hyperparameter_overrides(base, short) == {"training.steps": "50"}
+    assert job_name(short, None, "t1") != job_name(base, None, "t1")
+    merged = {**to_hyperparameters(base), **hyperparameter_overrides(base, short)}
+    assert from_hyperparameters(merged) == short
+    assert execution_input("j", {"training.steps": "50"}, 1800) == {
+        "JobName": "j", "HyperParameterOverrides": {"training.steps": "50"}, "KeepAlivePeriodInSeconds": 1800}
+
+
+@pytest.mark.parametrize("suffix", ["", "x" * 11, "bad_suffix", "a.b"])
+def test_job_name_suffix_is_checked(suffix: str) -> None:
+    with pytest.raises(ValueError, match="suffix"):
+        job_name(recipe(), None, suffix)

@@ -1,0 +1,234 @@
+"""The trainer's pieces, one behaviour each (fast; no torchrun)."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import typing
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from trainer.activation_checkpointing import apply_activation_checkpointing, checkpointed_blocks
+from trainer.checkpoint import MARKER, completeness_problem, newest_complete
+from trainer.config import recipe_from_json, resolve_layout
+from trainer.data import ShardedTokens, SyntheticTokens, micro_batch_indices
+from trainer.loss import chunked_cross_entropy
+from trainer.make_shards import write_shards
+from trainer.model import build_model, pytorch_backend
+from trainer.optim import lr_factor
+from trainer.precision import TE_RECIPE_CLASS, check_precision
+from trainer_helpers import REPO, TINY, trainer_env
+
+from trainstack.errors import RecipeError, TrainstackError
+from trainstack.loader import resolve
+from trainstack.recipe import ActivationCheckpointing, Precision, to_hyperparameters
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return resolve(str(TINY)).recipe
+
+
+def materialised(recipe, ac: str = "none"):
+    torch.manual_seed(0)
+    tr = recipe.training
+    model = build_model(recipe.model, tr.seq_len, pytorch_backend(), tr.loss_chunk_tokens)
+    apply_activation_checkpointing(model, ActivationCheckpointing(mode=ac))
+    model.to_empty(device="cpu")
+    model.init_weights()
+    return model
+
+
+# --- model and loss ---------------------------------------------------------------------------------
+def test_model_has_the_recipe_parameter_count(tiny):
+    model = materialised(tiny)
+    assert sum(p.numel() for p in model.parameters()) == tiny.model.total_params
+    tied = tiny.model.model_copy(update={"tied_embeddings": True})
+    model = build_model(tied, 32, pytorch_backend(), 64)
+    assert sum(p.numel() for p in model.parameters()) == tied.total_params
+
+
+def test_grouped_query_attention_shapes(tiny):
+    model = materialised(tiny)
+    head_dim = tiny.model.hidden // tiny.model.heads
+    assert model.layers[0].attention.wq.weight.shape == (tiny.model.heads * head_dim, tiny.model.hidden)
+    assert model.layers[0].attention.wk.weight.shape == (tiny.model.kv_heads * head_dim, tiny.model.hidden)
+    assert model.layers[0].feed_forward.w1.weight.shape == (tiny.model.ffn, tiny.model.hidden)
+
+
+def test_chunked_cross_entropy_equals_the_full_loss_and_gradient():
+    torch.manual_seed(0)
+    hidden = torch.randn(3, 10, 16, requires_grad=True)
+    head = torch.nn.Linear(16, 50, bias=False)
+    targets = torch.randint(0, 50, (3, 10))
+    chunked = chunked_cross_entropy(hidden, targets, head, chunk_tokens=7)  # 30 tokens: 7,7,7,7,2
+    (grad_chunked,) = torch.autograd.grad(chunked, hidden)
+    full = F.cross_entropy(head(hidden).reshape(-1, 50).float(), targets.reshape(-1))
+    (grad_full,) = torch.autograd.grad(full, hidden)
+    assert torch.allclose(chunked, full, atol=1e-6)
+    assert torch.allclose(grad_chunked, grad_full, atol=1e-6)
+
+
+def test_activation_checkpointing_changes_memory_not_math(tiny):
+    tokens = torch.from_numpy(np.stack([SyntheticTokens(256, 32, 1).sample(i) for i in range(2)]))
+    grads = []
+    for mode in ("none", "full"):
+        model = materialised(tiny, mode)
+        model(tokens[:, :-1], tokens[:, 1:]).backward()
+        grads.append(model.layers[0].attention.wq.weight.grad)
+    assert torch.allclose(grads[0], grads[1], atol=1e-6)
+
+
+@pytest.mark.parametrize("mode, every, expected", [
+    ("none", 2, []), ("full", 2, [0, 1, 2, 3, 4]), ("selective", 2, [0, 2, 4]), ("selective", 3, [0, 3]),
+])
+def test_checkpointed_blocks_follow_the_recipe(mode, every, expected):
+    assert checkpointed_blocks(ActivationCheckpointing(mode=mode, every=every), 5) == expected
+
+
+# --- optimizer schedule -----------------------------------------------------------------------------
+def test_warmup_then_cosine_to_min_ratio(tiny):
+    tr = tiny.training  # steps 60, warmup 5, min_lr_ratio 0.1
+    assert [lr_factor(s, tr) for s in (1, 5)] == [0.2, 1.0]
+    decay = [lr_factor(s, tr) for s in range(5, 61)]
+    assert all(a >= b for a, b in zip(decay, decay[1:], strict=False))
+    assert lr_factor(60, tr) == pytest.approx(0.1) and lr_factor(1000, tr) == pytest.approx(0.1)
+
+
+# --- layout -------------------------------------------------------------------------------------------
+def test_layout_on_the_ranks_running(tiny):
+    layout = resolve_layout(tiny, 2, "r.yaml")  # shard_group 8 > 2 ranks: FSDP over all 2
+    assert (layout.shard, layout.replicas, layout.grad_accum) == (2, 1, 4)
+    hsdp = tiny.model_copy(update={"parallelism": tiny.parallelism.model_copy(update={"shard_group": 2})})
+    assert (resolve_layout(hsdp, 4, "r.yaml").shard, resolve_layout(hsdp, 4, "r.yaml").replicas) == (2, 2)
+
+
+@pytest.mark.parametrize("update, world, field", [
+    ({"parallelism": {"shard_group": 4, "tp": 2}}, 2, "parallelism.tp"),
+    ({"parallelism": {"shard_group": 4, "cp": 2}}, 2, "parallelism.cp"),
+    ({"parallelism": {"shard_group": 4}}, 6, "parallelism.shard_group"),
+    ({}, 3, "training.global_batch"),
+])
+def test_layout_refusals_name_the_field(tiny, update, world, field):
+    data = tiny.model_dump()
+    for section, values in update.items():
+        data[section].update(values)
+    recipe = type(tiny).model_validate(data)
+    with pytest.raises(RecipeError, match=rf"^r\.yaml: {re.escape(field)}: "):
+        resolve_layout(recipe, world, "r.yaml")
+
+
+# --- precision ------------------------------------------------------------------------------------
+def test_every_fp8_recipe_maps_to_a_transformer_engine_recipe():
+    options = typing.get_args(Precision.model_fields["fp8_recipe"].annotation)[0]
+    assert set(typing.get_args(options)) == set(TE_RECIPE_CLASS)
+    assert TE_RECIPE_CLASS["mxfp8"] == "MXFP8BlockScaling" and TE_RECIPE_CLASS["delayed"] == "DelayedScaling"
+
+
+def test_fp8_without_a_gpu_is_refused_not_downgraded():
+    with pytest.raises(TrainstackError, match="^precision.dtype: fp8 needs an NVIDIA GPU"):
+        check_precision(Precision(dtype="fp8", fp8_recipe="mxfp8"), "cpu", "pytorch")
+    check_precision(Precision(dtype="bf16"), "cpu", "pytorch")
+
+
+# --- data -----------------------------------------------------------------------------------------
+def test_each_step_takes_exactly_the_next_global_batch_of_samples():
+    world, accum, micro, position = 4, 3, 2, 48
+    taken = [i for m in range(accum) for r in range(world)
+             for i in micro_batch_indices(position, m, r, world, micro)]
+    assert sorted(taken) == list(range(position, position + world * accum * micro))
+
+
+def test_synthetic_set_is_fixed_and_learnable():
+    a, b = SyntheticTokens(256, 32, seed=7), SyntheticTokens(256, 32, seed=7)
+    assert np.array_equal(a.sample(5), b.sample(5)) and not np.array_equal(a.sample(5), a.sample(6))
+    window = a.sample(3)
+    successor = {int(x): int(y) for x, y in zip(a.cycle, np.roll(a.cycle, -1), strict=True)}
+    assert all(successor[int(x)] == int(y) for x, y in zip(window[:-1], window[1:], strict=True))
+
+
+def test_shards_round_trip_through_make_shards(tmp_path):
+    docs = []
+    for i, text in enumerate(["hello world", "ünïcode text", "x" * 50]):
+        (tmp_path / f"{i}.txt").write_text(text)
+        docs.append(tmp_path / f"{i}.txt")
+    index = write_shards(docs, tmp_path / "out", "bytes", shard_tokens=20, seed=0)
+    assert index["vocab_size"] == 257 and index["dtype"] == "uint16"
+    stream = np.concatenate([np.fromfile(tmp_path / "out" / s["file"], dtype=np.uint16)
+                             for s in index["shards"]])
+    assert (stream == 256).sum() == 3  # one end-of-document per file
+    assert sorted(bytes(stream[stream != 256].astype(np.uint8)).decode().replace("x" * 50, "X")) == sorted(
+        "hello world" + "ünïcode text" + "X")
+    source = ShardedTokens(tmp_path / "out", seq_len=8, model_vocab=257)
+    first = source.sample(0)
+    assert len(first) == 9 and np.array_equal(first, np.fromfile(tmp_path / "out" / "shard-00000.bin",
+                                                                  dtype=np.uint16)[:9])
+    assert np.array_equal(source.sample(source.total_windows), first)  # next epoch wraps
+
+
+def test_shard_problems_are_one_line_naming_the_file(tmp_path):
+    (tmp_path / "a.txt").write_text("some text " * 20)
+    write_shards([tmp_path / "a.txt"], tmp_path / "out", "bytes")
+    with pytest.raises(TrainstackError, match="vocab_size: the shards use 257"):
+        ShardedTokens(tmp_path / "out", 8, model_vocab=256)
+    shard = tmp_path / "out" / "shard-00000.bin"
+    shard.write_bytes(shard.read_bytes()[:-10])
+    with pytest.raises(TrainstackError, match="shard-00000.bin: holds .* tokens, index.json says"):
+        ShardedTokens(tmp_path / "out", 8, model_vocab=257)
+    with pytest.raises(TrainstackError, match="index.json: no token-shard index"):
+        ShardedTokens(tmp_path, 8, model_vocab=257)
+
+
+# --- recipe input ------------------------------------------------------------------------------------
+def test_hyperparameters_json_rebuilds_the_planned_recipe(tiny, tmp_path):
+    path = tmp_path / "hyperparameters.json"
+    path.write_text(json.dumps({**to_hyperparameters(tiny), "sagemaker_region": '"us-west-2"'}))
+    assert recipe_from_json(path) == tiny
+    full = tmp_path / "recipe.json"
+    full.write_text(tiny.model_dump_json())
+    assert recipe_from_json(full) == tiny
+
+
+def test_bad_hyperparameters_name_file_and_field(tiny, tmp_path):
+    path = tmp_path / "hyperparameters.json"
+    path.write_text(json.dumps({**to_hyperparameters(tiny), "training.micro_batch": "0"}))
+    with pytest.raises(RecipeError, match=r"hyperparameters.json: training.micro_batch: "):
+        recipe_from_json(path)
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["--recipe", "does/not/exist.yaml"], "does/not/exist.yaml: file not found"),
+    (["--recipe", str(TINY), "--set", "parallelism.tp=2", "--set", "parallelism.shard_group=4"],
+     "parallelism.tp: 2: tensor parallelism is not implemented"),
+    (["--recipe", str(TINY), "--set", "precision.dtype=fp8", "--set", "precision.fp8_recipe=current"],
+     "precision.dtype: fp8 needs an NVIDIA GPU"),
+])
+def test_cli_mistakes_exit_2_with_one_line(args, expected, tmp_path):
+    result = subprocess.run([sys.executable, "-m", "trainer", "--device", "cpu",
+                             "--checkpoint-dir", str(tmp_path), *args],
+                            cwd=REPO, env=trainer_env(), capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2, result.stderr[-2000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and expected in errors[0], result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+
+
+# --- checkpoint completeness --------------------------------------------------------------------------
+def test_completeness_marker_and_sizes(tmp_path):
+    step = tmp_path / "step-000000005"
+    step.mkdir()
+    (step / "__0_0.distcp").write_bytes(b"x" * 100)
+    assert "no COMPLETE.json" in completeness_problem(step)
+    (step / MARKER).write_text(json.dumps({"files": {"__0_0.distcp": 100, ".metadata": 3}}))
+    assert ".metadata is missing" in completeness_problem(step)
+    (step / ".metadata").write_bytes(b"abc")
+    assert completeness_problem(step) is None
+    assert newest_complete(tmp_path) == step
+    newer = tmp_path / "step-000000010"
+    newer.mkdir()
+    (newer / "__0_0.distcp").write_bytes(b"partial")
+    assert newest_complete(tmp_path) == step

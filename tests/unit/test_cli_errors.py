@@ -1,0 +1,174 @@
+"""Every kind of bad input the issue lists: one line on stderr naming the file and the field path,
+exit status 2, no traceback, for `plan` and for the `validate` gate."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+from trainstack.cli import app
+
+
+def variant(replace: str = "", by: str = "", extra: str = "") -> tuple[str, str, str]:
+    """An edit of the valid `small` recipe (conftest.SMALL): replace one text, append another."""
+    return (replace, by, extra)
+
+
+# (case id, file name, file text, field path the error must name, words the message must contain)
+BAD_FILES = [
+    ("unknown key", "bad.yaml", variant(extra="optimiser: adamw\n"), "optimiser", "unknown key"),
+    ("unknown nested key", "bad.yaml", variant("ffn: 128", "ffn: 128, fnn: 3"), "model.fnn", "unknown key"),
+    ("wrong type", "bad.yaml", variant("layers: 2", "layers: two"), "model.layers", "integer"),
+    ("negative size", "bad.yaml", variant("hidden: 64", "hidden: -64"), "model.hidden", "greater than 0"),
+    (
+        "zero size",
+        "bad.yaml",
+        variant("micro_batch: 1", "micro_batch: 0"),
+        "training.micro_batch",
+        "greater than 0",
+    ),
+    (
+        "heads not divisible by kv_heads",
+        "bad.yaml",
+        variant("kv_heads: 2", "kv_heads: 3"),
+        "model.kv_heads",
+        "divisible",
+    ),
+    (
+        "hidden not divisible by heads",
+        "bad.yaml",
+        variant("heads: 4,", "heads: 5,"),
+        "model.hidden",
+        "divisible",
+    ),
+    (
+        "seq_len not divisible by cp",
+        "bad.yaml",
+        variant("shard_group: 8", "shard_group: 2, cp: 3"),
+        "training.seq_len",
+        "not divisible by parallelism.cp",
+    ),
+    (
+        "gpus not divisible by shard_group x tp x cp",
+        "bad.yaml",
+        variant("shard_group: 8", "shard_group: 3"),
+        "parallelism.shard_group",
+        "not divisible",
+    ),
+    (
+        "unknown instance type",
+        "bad.yaml",
+        variant("ml.p6-b200.48xlarge", "ml.p4d.24xlarge"),
+        "compute.instance_type",
+        "not offered",
+    ),
+    (
+        "missing extends",
+        "bad.yaml",
+        "extends: nonexistent\n",
+        "extends",
+        "no base recipe named 'nonexistent'",
+    ),
+    ("malformed yaml", "bad.yaml", "model: {layers: 2\n  hidden: [\n", None, "malformed YAML at line"),
+    ("empty file", "bad.yaml", "", None, "file is empty"),
+]
+
+
+def file_text(text: str | tuple[str, str, str], small: str) -> str:
+    if isinstance(text, str):
+        return text
+    replace, by, extra = text
+    assert replace in small
+    return small.replace(replace, by, 1) + extra
+
+
+def assert_one_line_error(result, file_name: str, field: str | None, words: str) -> None:
+    assert result.exit_code == 2, result.output
+    assert not isinstance(result.exception, Exception) or isinstance(result.exception, SystemExit), (
+        result.exception
+    )
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    assert "Traceback" not in result.output
+    line = lines[0]
+    assert file_name in line
+    if field is not None:
+        assert f": {field}: " in line
+    assert words in line
+
+
+@pytest.mark.parametrize("case, name, text, field, words", BAD_FILES, ids=[c[0] for c in BAD_FILES])
+def test_plan_rejects_bad_recipe_file(recipes_dir, small_text, case, name, text, field, words):
+    path = recipes_dir.parent / name
+    path.write_text(file_text(text, small_text))
+    result = CliRunner().invoke(app, ["plan", str(path), "--recipes-dir", str(recipes_dir)])
+    assert_one_line_error(result, name, field, words)
+
+
+@pytest.mark.parametrize("case, name, text, field, words", BAD_FILES, ids=[c[0] for c in BAD_FILES])
+def test_validate_rejects_bad_base_recipe(recipes_dir, small_text, case, name, text, field, words):
+    path = recipes_dir / name
+    path.write_text(file_text(text, small_text))
+    result = CliRunner().invoke(app, ["validate", "--quiet", "--recipes-dir", str(recipes_dir)])
+    assert result.exit_code == 2
+    errors = [line for line in result.stderr.splitlines() if line.startswith("invalid ")]
+    assert len(errors) == 1, result.stderr
+    assert name in errors[0] and words in errors[0]
+    if field is not None:
+        assert f": {field}: " in errors[0]
+
+
+def test_cyclic_extends(recipes_dir):
+    (recipes_dir / "a.yaml").write_text("name: a\nextends: b\n")
+    (recipes_dir / "b.yaml").write_text("name: b\nextends: a\n")
+    result = CliRunner().invoke(app, ["plan", "a", "--recipes-dir", str(recipes_dir)])
+    assert_one_line_error(result, "a.yaml", "extends", "cyclic extends")
+    assert "b.yaml" in result.stderr
+
+
+def test_unknown_team(recipes_dir):
+    result = CliRunner().invoke(app, ["plan", "small", "--team", "nope", "--recipes-dir", str(recipes_dir)])
+    assert_one_line_error(result, "teams", "team", "unknown team 'nope' (known: nlp)")
+
+
+def test_unknown_recipe_name(recipes_dir):
+    result = CliRunner().invoke(app, ["plan", "huge", "--recipes-dir", str(recipes_dir)])
+    assert_one_line_error(result, str(recipes_dir.name), "recipe", "unknown recipe 'huge' (known: small)")
+
+
+def test_bad_value_in_a_team_file_names_the_team_file(recipes_dir):
+    team_file = recipes_dir / "teams" / "nlp" / "small.yaml"
+    team_file.write_text("parallelism: {shard_group: 3}\n")
+    result = CliRunner().invoke(app, ["plan", "small", "--team", "nlp", "--recipes-dir", str(recipes_dir)])
+    assert_one_line_error(result, "teams/nlp/small.yaml", "parallelism.shard_group", "not divisible")
+    gate = CliRunner().invoke(app, ["validate", str(team_file)])
+    assert gate.exit_code == 2 and "teams/nlp/small.yaml: parallelism.shard_group" in gate.stderr
+
+
+def test_team_defaults_are_validated_against_every_recipe(recipes_dir):
+    (recipes_dir / "teams" / "nlp" / "defaults.yaml").write_text("monitoring: {notification_email: nope}\n")
+    result = CliRunner().invoke(app, ["validate", str(recipes_dir / "teams" / "nlp" / "defaults.yaml")])
+    assert result.exit_code == 2
+    assert "defaults.yaml: monitoring.notification_email: String should match pattern" in result.stderr
+
+
+def test_bad_set_override_names_set_and_the_field(recipes_dir):
+    result = CliRunner().invoke(
+        app, ["plan", "small", "--set", "training.micro_batch=-1", "--recipes-dir", str(recipes_dir)]
+    )
+    assert_one_line_error(result, "--set", "training.micro_batch", "greater than 0")
+
+
+def test_console_script_prints_one_line_and_exits_2(tmp_path):
+    """The installed entry point (trainstack.cli:main), not only the test runner, stays traceback-free."""
+    bad = tmp_path / "empty.yaml"
+    bad.write_text("")
+    proc = subprocess.run(
+        [sys.executable, "-m", "trainstack.cli", "plan", str(bad)], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip().count("\n") == 0 and "empty.yaml: file is empty" in proc.stderr
+    assert "Traceback" not in proc.stderr + proc.stdout

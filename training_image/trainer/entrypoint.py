@@ -1,0 +1,171 @@
+"""SageMaker container entrypoint: start torchrun on this node for every GPU, across all hosts.
+
+SageMaker starts the container as `<ENTRYPOINT> train` on every host and writes
+/opt/ml/input/config/resourceconfig.json ({"current_host": "algo-2", "hosts": ["algo-1", ...],
+"network_interface_name": "eth0"}). This builds one torchrun command per node: nnodes = hosts,
+8 processes per node (one per GPU), node rank = position of current_host, rendezvous on the first
+host (algo-1); a single host runs --standalone. Then it runs the trainer under it, which reads the
+recipe from /opt/ml/input/config/hyperparameters.json.
+
+Environment added (not overriding what the job sets): FI_EFA_USE_HUGE_PAGE=0 (EFA with current
+libfabric/aws-ofi-nccl needs only this), PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (allocator
+fragmentation OOMs seen on B200), NCCL_SOCKET_IFNAME from resourceconfig (bootstrap interface), and
+TORCH_ELASTIC_SHUTDOWN_TIMEOUT=110 so torchrun, if signalled, gives workers time to save.
+
+SIGTERM (stop, spot reclaim, max runtime; SageMaker kills 120 s later) is forwarded straight to the
+trainer processes rather than to torchrun: they save a checkpoint and exit 0, torchrun then sees a
+clean finish and exits 0, and so does the container. Signalling torchrun itself would make it report
+the run as failed even after a good save.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+RESOURCE_CONFIG = Path("/opt/ml/input/config/resourceconfig.json")
+RENDEZVOUS_PORT = 29500
+GPUS_PER_NODE_DEFAULT = 8
+
+
+@dataclass(frozen=True)
+class ResourceConfig:
+    current_host: str
+    hosts: tuple[str, ...]
+    network_interface_name: str | None = None
+
+    @property
+    def node_rank(self) -> int:
+        return self.hosts.index(self.current_host)
+
+
+class EntrypointError(Exception):
+    pass
+
+
+def read_resource_config(path: Path) -> ResourceConfig:
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise EntrypointError(f"{path}: not found (is this running in a SageMaker training job?)") from None
+    except json.JSONDecodeError as exc:
+        raise EntrypointError(f"{path}: not valid JSON ({exc.msg})") from None
+    hosts = data.get("hosts")
+    current = data.get("current_host")
+    if not isinstance(hosts, list) or not hosts or not all(isinstance(h, str) for h in hosts):
+        raise EntrypointError(f"{path}: hosts: expected a non-empty list of host names")
+    if current not in hosts:
+        raise EntrypointError(f"{path}: current_host: {current!r} is not one of hosts {hosts}")
+    # SageMaker lists algo-1..algo-N; sort so every node agrees on the order whatever the file says.
+    ordered = tuple(sorted(hosts, key=lambda h: (len(h), h)))
+    return ResourceConfig(current, ordered, data.get("network_interface_name"))
+
+
+def gpus_per_node() -> int:
+    try:
+        import torch
+
+        count = torch.cuda.device_count()
+    except ImportError:
+        count = 0
+    return count or GPUS_PER_NODE_DEFAULT
+
+
+def build_command(config: ResourceConfig, nproc_per_node: int, trainer_args: list[str],
+                  python: str = sys.executable, port: int = RENDEZVOUS_PORT) -> list[str]:
+    command = [python, "-m", "torch.distributed.run", f"--nproc-per-node={nproc_per_node}"]
+    if len(config.hosts) == 1:
+        command.append("--standalone")
+    else:
+        command += [f"--nnodes={len(config.hosts)}", f"--node-rank={config.node_rank}",
+                    f"--master-addr={config.hosts[0]}", f"--master-port={port}"]
+    return command + ["-m", "trainer", *trainer_args]
+
+
+def build_environment(config: ResourceConfig, base: dict[str, str]) -> dict[str, str]:
+    env = dict(base)
+    env.setdefault("FI_EFA_USE_HUGE_PAGE", "0")
+    env.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+    env.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "110")
+    if config.network_interface_name:
+        env.setdefault("NCCL_SOCKET_IFNAME", config.network_interface_name)
+    return env
+
+
+def child_pids(parent: int) -> list[int]:
+    """Direct children of `parent`, from /proc (torchrun starts its workers as direct children)."""
+    children = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        # Field 4 (ppid) follows the parenthesised command name, which may itself contain spaces.
+        fields = stat[stat.rindex(")") + 2 :].split()
+        if int(fields[1]) == parent:
+            children.append(int(entry.name))
+    return children
+
+
+def run(command: list[str], env: dict[str, str]) -> int:
+    process = subprocess.Popen(command, env=env)
+
+    def forward(signum: int, frame: object) -> None:
+        workers = child_pids(process.pid)
+        targets = workers or [process.pid]  # before workers exist, torchrun itself
+        print(f"entrypoint: signal {signum}: forwarding SIGTERM to {targets}", file=sys.stderr, flush=True)
+        for pid in targets:
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    while True:
+        try:
+            return process.wait()
+        except InterruptedError:  # pragma: no cover - PEP 475 retries, kept for clarity
+            time.sleep(0.1)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["train"]:  # SageMaker runs the image as `<entrypoint> train`
+        argv = argv[1:]
+    trainer_args: list[str] = []
+    if "--" in argv:
+        split = argv.index("--")
+        argv, trainer_args = argv[:split], argv[split + 1 :]
+    parser = argparse.ArgumentParser(prog="python -m trainer.entrypoint")
+    parser.add_argument("--resource-config", type=Path, default=RESOURCE_CONFIG)
+    parser.add_argument("--nproc-per-node", type=int, default=None, help="default: CUDA device count, else 8")
+    parser.add_argument("--dry-run", action="store_true", help="print the command, run nothing")
+    args = parser.parse_args(argv)
+    try:
+        config = read_resource_config(args.resource_config)
+    except EntrypointError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    command = build_command(config, args.nproc_per_node or gpus_per_node(), trainer_args)
+    env = build_environment(config, dict(os.environ))
+    print(f"entrypoint: host {config.current_host} (node {config.node_rank} of {len(config.hosts)}): "
+          f"{' '.join(command)}", file=sys.stderr, flush=True)
+    if args.dry_run:
+        added = {k: env[k] for k in sorted(env) if k not in os.environ}
+        print(json.dumps({"command": command, "env": added}))
+        return 0
+    return run(command, env)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

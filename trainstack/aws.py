@@ -1,0 +1,71 @@
+"""boto3 access for the CLI: real AWS through the usual credential chain, or the local emulator.
+
+`local=True` talks only to the emulator: AWS_ENDPOINT_URL (as `make demo` sets it) or the one
+`python -m trainstack.emulator` recorded in .emulator/endpoint.json, always with dummy credentials,
+so a real profile is never sent to it. Errors a user can fix become one-line TrainstackErrors.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from trainstack.errors import TrainstackError
+
+
+def environment(local: bool, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ if environ is None else environ)
+    if not local:
+        return env
+    from trainstack import emulator
+
+    endpoint = env.get("AWS_ENDPOINT_URL", "")
+    if endpoint:
+        if not endpoint.startswith(("http://localhost", "http://127.0.0.1")):
+            raise TrainstackError(f"--local needs a local emulator, but AWS_ENDPOINT_URL is {endpoint}")
+        port = int(endpoint.rstrip("/").rsplit(":", 1)[1])
+        return {**env, **emulator.Emulator(port=port).env()}
+    return {**env, **emulator.local_env()}
+
+
+class Aws:
+    """boto3 clients for one target (an account/region, or the emulator)."""
+
+    def __init__(self, local: bool = False, environ: Mapping[str, str] | None = None) -> None:
+        import boto3
+        from botocore.config import Config
+
+        self.local = local
+        env = environment(local, environ)
+        self._endpoint = env.get("AWS_ENDPOINT_URL") if local else None
+        self._config = Config(retries={"max_attempts": 3, "mode": "standard"}, connect_timeout=5, read_timeout=60)
+        if local:
+            self._session = boto3.session.Session(
+                aws_access_key_id=env["AWS_ACCESS_KEY_ID"], aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
+                aws_session_token=env.get("AWS_SESSION_TOKEN"), region_name=env["AWS_REGION"])
+        else:
+            self._session = boto3.session.Session()
+        if not self._session.region_name:
+            raise TrainstackError("no AWS region configured: set AWS_REGION or a profile region (or use --local)")
+
+    @property
+    def where(self) -> str:
+        return f"the local emulator ({self._endpoint})" if self.local else f"region {self._session.region_name}"
+
+    def client(self, service: str) -> Any:
+        return self._session.client(service, endpoint_url=self._endpoint, config=self._config)
+
+    def stack_outputs(self, stack_name: str, deploy_hint: str) -> dict[str, str]:
+        """A deployed stack's outputs, or one line saying it is not deployed and how to deploy it."""
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            stacks = self.client("cloudformation").describe_stacks(StackName=stack_name)["Stacks"]
+        except ClientError as exc:
+            if "does not exist" in str(exc):
+                raise TrainstackError(f"stack {stack_name} is not deployed in {self.where}: run {deploy_hint}") from None
+            raise TrainstackError(f"cannot read stack {stack_name}: {exc}") from None
+        except BotoCoreError as exc:
+            raise TrainstackError(f"cannot reach AWS ({self.where}): {exc}") from None
+        return {o["OutputKey"]: o["OutputValue"] for o in stacks[0].get("Outputs", [])}

@@ -1,0 +1,105 @@
+"""`trainstack recipes`: every base recipe and team variant with its size, layout and verdict."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from trainstack.commands.plan_options import RecipesDirOpt, console
+
+
+def register(app: typer.Typer) -> None:
+    app.command("recipes")(recipes)
+
+
+def recipes(
+    team: Annotated[
+        str | None, typer.Option("--team", "-t", help="Only this team's view of the recipes.")
+    ] = None,
+    recipes_dir: RecipesDirOpt = None,
+) -> None:
+    """List base recipes (and each team's overrides and variants) with size, precision, nodes and verdict.
+
+    Exit status 2 if any recipe is invalid (it is listed with its error).
+    """
+    from rich.table import Table
+
+    from trainstack.errors import TrainstackError
+    from trainstack.loader import (
+        TEAM_DEFAULTS,
+        base_recipe_names,
+        recipes_dir_or_default,
+        resolve,
+        team_names,
+    )
+    from trainstack.planner import plan
+
+    root = recipes_dir_or_default(recipes_dir)
+    if team is not None and team not in team_names(root):
+        raise TrainstackError(
+            f"{root / 'teams'}: team: unknown team {team!r} (known: {', '.join(team_names(root))})"
+        )
+    entries: list[tuple[str, str | None]] = [(name, None) for name in base_recipe_names(root)]
+    for t in [team] if team else team_names(root):
+        own = sorted(p.stem for p in (root / "teams" / t).glob("*.yaml") if p.name != TEAM_DEFAULTS)
+        # Without --team, list only what a team changed per recipe; with it, everything the team can run.
+        names = base_recipe_names(root) if team else []
+        entries += [(name, t) for name in sorted({*names, *own})]
+
+    table = Table(title=f"recipes in {root}", title_justify="left")
+    for column, justify in (
+        ("recipe", "left"),
+        ("team", "left"),
+        ("params", "right"),
+        ("precision", "left"),
+        ("nodes", "right"),
+        ("micro", "right"),
+        ("ckpt", "left"),
+        ("shard", "right"),
+        ("peak GiB", "right"),
+        ("tok/s/GPU", "right"),
+        ("verdict", "left"),
+    ):
+        table.add_column(column, justify=justify, no_wrap=column not in ("verdict",))  # type: ignore[arg-type]
+    invalid = 0
+    rows = []
+    for name, t in entries:
+        try:
+            r = resolve(name, team=t, recipes_dir=root).recipe
+        except TrainstackError as error:
+            invalid += 1
+            rows.append(
+                (float("inf"), (name, t or "", "", "", "", "", "", "", "", "", f"invalid: {error}"), "red")
+            )
+            continue
+        p = plan(r)
+        rows.append(
+            (
+                r.model.total_params,
+                (
+                    name,
+                    t or "",
+                    f"{r.model.total_params / 1e9:.1f}B",
+                    r.precision.fp8_recipe or r.precision.dtype,
+                    f"{r.compute.instance_count}x{r.instance.gpus}",
+                    str(r.training.micro_batch),
+                    activation_label(r),
+                    str(r.parallelism.shard_group),
+                    f"{p.memory.peak_gib:.1f}",
+                    f"{p.throughput.tokens_per_sec_per_gpu:,.0f}",
+                    "fits" if p.fits else "DOES NOT FIT",
+                ),
+                None if p.fits else "red",
+            )
+        )
+    for _, cells, style in sorted(rows, key=lambda row: (row[1][1], row[0], row[1][0])):
+        table.add_row(*cells, style=style)
+    console().print(table)
+    if invalid:
+        raise typer.Exit(2)
+
+
+def activation_label(recipe) -> str:
+    ac = recipe.activation_checkpointing
+    return f"selective 1/{ac.every}" if ac.mode == "selective" else ac.mode
