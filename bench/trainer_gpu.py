@@ -10,11 +10,14 @@ autocast. BF16 first, then every FP8 recipe this GPU supports (mxfp8 on Blackwel
 prints tokens/s per GPU, TFLOP/s (PaLM FLOPs, trainstack.planner.flops_per_token), MFU against the
 GPU's dense peak (trainstack.hardware), peak memory (allocated and reserved), and the planner's peak
 for the same per-GPU configuration (a one-node recipe with shard_group 1: every GPU holds what this
-one does) with the error against the measured reserved peak.
+one does) with the error against the measured reserved peak. One known modelling difference: the
+planner treats shard_group 1 as unsharded (BF16 copies of every block resident), while FSDP2 over a
+world of one gathers about two blocks at a time; the JSON output carries the planner's breakdown.
 
 Where Transformer Engine does not import, it tries `pip install --only-binary=:all:
-transformer_engine[pytorch]` (wheels only, bounded time); failing that it runs the pure-PyTorch path
-in BF16 only and says so. Record results in docs/benchmarks.md (## Trainer).
+transformer_engine[pytorch,core_cu1X]` (wheels only, bounded time: TE's PyTorch extension is often
+published only as a source distribution, too slow to compile here); failing that it runs the
+pure-PyTorch path in BF16 only and says so. Record results in docs/benchmarks.md (## Trainer).
 """
 
 from __future__ import annotations
@@ -27,7 +30,6 @@ import platform
 import subprocess
 import sys
 import time
-import warnings
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -80,8 +82,11 @@ def ensure_transformer_engine(allow_install: bool) -> tuple[object | None, str]:
         return backend, f"transformer_engine {transformer_engine.__version__}"
     if not allow_install:
         return None, "transformer_engine not installed (install skipped)"
+    # TE ships its core as wheels (per CUDA major) but its PyTorch extension as a source distribution
+    # (TE install docs); compiling it takes far longer than this benchmark's budget, so wheels only.
+    core = "core_cu13" if (torch.version.cuda or "").startswith("13") else "core_cu12"
     command = [sys.executable, "-m", "pip", "install", "--only-binary=:all:",
-               f"transformer_engine[pytorch]=={TE_VERSION}"]
+               f"transformer_engine[pytorch,{core}]=={TE_VERSION}"]
     print(f"# transformer_engine missing: {' '.join(command)}", flush=True)
     try:
         result = subprocess.run(command, capture_output=True, text=True, timeout=240)
@@ -151,7 +156,7 @@ def planned(recipe: Recipe) -> dict:
     p = plan(recipe)
     return {"planned_peak_gib": p.memory.allocator_peak_gib, "planned_total_gib": p.memory.peak_gib,
             "planned_tokens_per_sec_per_gpu": p.throughput.tokens_per_sec_per_gpu,
-            "planned_mfu": p.throughput.mfu}
+            "planned_mfu": p.throughput.mfu, "planned_breakdown_gib": p.memory.breakdown}
 
 
 def format_row(row: dict, device_type: str) -> str:
@@ -190,7 +195,6 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         shape, layers, seq_len, device_type = SLICE_8B, args.layers, args.seq_len, "cuda"
     os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
-    warnings.filterwarnings("ignore", message="DTensor random operators may not have complete support")
     _, _, device = init_distributed(device_type)
     try:
         gpu = detected_gpu(device)
@@ -218,6 +222,8 @@ def main(argv: list[str] | None = None) -> int:
             "activation_checkpointing": args.checkpointing, "planner_instance": instance_type,
         }
         print(json.dumps(header), flush=True)
+        if te_backend is None and device_type == "cuda":
+            print(f"# {te_note}: running the pure-PyTorch path in BF16 only", flush=True)
         for name, reason in skipped:
             print(f"# fp8 {name}: skipped ({reason})", flush=True)
         results = []

@@ -94,12 +94,13 @@ def main() -> int:
         step(4, total, f"trainstack launch {args.recipe} --local")
         launched = run([trainstack, "launch", args.recipe, *team, "--local", "--wait"], env)
         job_name = launched.splitlines()[0].split()[1]
+        execution_arn = launched.splitlines()[1].split()[-1]
 
         step(5, total, f"trainstack status {args.recipe} --local")
         run([trainstack, "status", args.recipe, *team, "--local"], env)
 
         step(6, total, f"the training job the emulator received: {job_name}")
-        show_job(emulator.env(), job_name)
+        show_job(emulator.env(), job_name, execution_arn)
     except (DemoError, TrainstackError, subprocess.TimeoutExpired) as exc:
         print(f"\nerror: {exc}", file=sys.stderr)
         print(f"(emulator log: {log})", file=sys.stderr)
@@ -113,27 +114,40 @@ def main() -> int:
     return 0
 
 
-def show_job(env: dict[str, str], job_name: str) -> None:
+def show_job(env: dict[str, str], job_name: str, execution_arn: str) -> None:
     import boto3
 
-    sagemaker = boto3.client("sagemaker", endpoint_url=env["AWS_ENDPOINT_URL"], region_name=env["AWS_REGION"],
-                             aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
-                             aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"])
-    job = sagemaker.describe_training_job(TrainingJobName=job_name)
+    from trainstack.aws import training_job_request_sent
+
+    kw = dict(endpoint_url=env["AWS_ENDPOINT_URL"], region_name=env["AWS_REGION"],
+              aws_access_key_id=env["AWS_ACCESS_KEY_ID"], aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"])
+    job = boto3.client("sagemaker", **kw).describe_training_job(TrainingJobName=job_name)
+    sent = training_job_request_sent(boto3.client("stepfunctions", **kw), execution_arn) or {}
     resources = job["ResourceConfig"]
     hyper = job.get("HyperParameters", {})
-    print(f"    status:            {job['TrainingJobStatus']}")
-    print(f"    instance:          {resources['InstanceCount']} x {resources['InstanceType']}, "
+    print("    as SageMaker (the emulator) stored it:")
+    print(f"      status           {job['TrainingJobStatus']}")
+    print(f"      instances        {resources['InstanceCount']} x {resources['InstanceType']}, "
           f"{resources.get('VolumeSizeInGB')} GB volume")
-    print(f"    checkpoints:       {json.dumps(job.get('CheckpointConfig'))}")
-    print(f"    image:             {job['AlgorithmSpecification']['TrainingImage']}")
-    print(f"    metrics:           {', '.join(m['Name'] for m in job['AlgorithmSpecification'].get('MetricDefinitions', []))}")
-    print(f"    stopping:          {json.dumps(job.get('StoppingCondition'))}")
-    print(f"    hyperparameters:   {len(hyper)} keys, e.g.")
+    print(f"      checkpoints      {job['CheckpointConfig']['S3Uri']} <- {job['CheckpointConfig']['LocalPath']}")
+    print(f"      image            {job['AlgorithmSpecification']['TrainingImage']}")
+    print(f"      hyperparameters  {len(hyper)} keys (the resolved recipe), e.g.")
     for key in ("model.layers", "model.hidden", "precision.dtype", "precision.fp8_recipe", "training.steps",
                 "training.global_batch", "parallelism.shard_group", "compute.instance_count"):
         if key in hyper:
             print(f"        {key} = {hyper[key]}")
+    if sent:
+        print("    the rest of the request the state machine sent (from the execution history):")
+        print(f"      metrics          {len(sent['AlgorithmSpecification']['MetricDefinitions'])} definitions "
+              f"({', '.join(m['Name'] for m in sent['AlgorithmSpecification']['MetricDefinitions'][:3])}, ...)")
+        for field in ("StoppingCondition", "RetryStrategy", "InfraCheckConfig", "OutputDataConfig"):
+            print(f"      {field:<16} {json.dumps(sent.get(field))}")
+        print(f"      warm pool        KeepAlivePeriodInSeconds={sent['ResourceConfig'].get('KeepAlivePeriodInSeconds')}")
+        environment = sent["Environment"]
+        shown = ", ".join(f"{k}={environment[k]}" for k in ("FI_EFA_USE_HUGE_PAGE", "PYTORCH_CUDA_ALLOC_CONF"))
+        tags = ", ".join(f"{t['Key']}={t['Value']}" for t in sent.get("Tags", []))
+        print(f"      environment      {shown}, ...")
+        print(f"      tags             {tags}")
 
 
 if __name__ == "__main__":

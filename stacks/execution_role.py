@@ -70,9 +70,10 @@ class ExecutionRole(Construct):
             return
         bucket_name, _, prefix = train_s3_uri.removeprefix("s3://").partition("/")
         prefix = prefix.rstrip("/")
+        objects = f"arn:aws:s3:::{bucket_name}/{prefix + '/' if prefix else ''}*"
+        nag.acknowledge(self, "AwsSolutions-IAM5:training-data", [f"Resource::{objects}"])
         self.policy.add_statements(
-            iam.PolicyStatement(actions=["s3:GetObject"],
-                                resources=[f"arn:aws:s3:::{bucket_name}/{prefix + '/' if prefix else ''}*"]),
+            iam.PolicyStatement(actions=["s3:GetObject"], resources=[objects]),
             iam.PolicyStatement(actions=["s3:ListBucket"], resources=[f"arn:aws:s3:::{bucket_name}"],
                                 conditions={"StringLike": {"s3:prefix": [f"{prefix}*" if prefix else "*"]}}),
         )

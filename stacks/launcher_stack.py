@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from aws_cdk import CfnOutput, Duration, Stack
+from aws_cdk import CfnOutput, Duration, Fn, Stack
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_s3 as s3
 from constructs import Construct
@@ -87,6 +87,12 @@ class LauncherStack(Stack):
         CfnOutput(self, "JobNamePrefix", value=prefix)
         CfnOutput(self, "RecipeHash", value=deployment.recipe_hash)
         CfnOutput(self, "ExecutionRoleArn", value=self.execution_role.role_arn)
+
+    @property
+    def availability_zones(self) -> list[str]:
+        # The region's first two AZs resolved by CloudFormation (Fn::GetAZs), so VPC mode needs no
+        # account lookup at synthesis and no hard-coded zone names (cfn-lint W3010).
+        return [Fn.select(0, Fn.get_azs()), Fn.select(1, Fn.get_azs())]
 
     def _compose_monitoring(self, deployment: Deployment, key: kms.IKey, bucket: s3.IBucket) -> Any:
         """Composition point for stacks/monitoring.py (dashboard, alarms, notifications)."""

@@ -20,6 +20,10 @@ REASONS: dict[str, str] = {
         "This is the server-access-log bucket of the checkpoint bucket; logging it into itself "
         "would loop, and S3 delivers access logs only to SSE-S3 buckets."
     ),
+    "AwsSolutions-EC23:endpoint-ingress": (
+        "VPC mode: the endpoints' only ingress is HTTPS from the training nodes' security group (a "
+        "reference cdk-nag cannot evaluate, so the rule errors); nothing is open to 0.0.0.0/0."
+    ),
     "AwsSolutions-IAM5:training-jobs": (
         "Training job names exist only at run time; the resource is narrowed to this recipe's "
         "job-name prefix (training-job/<prefix>-*), never all jobs."
@@ -27,6 +31,10 @@ REASONS: dict[str, str] = {
     "AwsSolutions-IAM5:checkpoint-prefix": (
         "The execution role reads and writes objects under this team/recipe's own prefixes of the "
         "checkpoint bucket only; object keys below the prefix are per run and unknown in advance."
+    ),
+    "AwsSolutions-IAM5:training-data": (
+        "Read-only (s3:GetObject) on the recipe's data.train_s3_uri prefix: the token shards below it "
+        "are many and named by the data pipeline, not known when the stack is deployed."
     ),
     "AwsSolutions-IAM5:training-logs": (
         "SageMaker writes to the /aws/sagemaker/TrainingJobs log group with one stream per job and "
@@ -57,6 +65,11 @@ REASONS: dict[str, str] = {
     "AwsSolutions-IAM5:pipeline-build-logs": (
         "Each CodeBuild project of the pipeline writes only its own log group /aws/codebuild/<project> and "
         "report groups <project>-*; log streams and reports are named per build."
+    ),
+    "AwsSolutions-IAM5:github-bootstrap-roles": (
+        "The GitHub Actions deploy role may only assume CDK bootstrap roles (names cdk-*, and the "
+        "aws-cdk:bootstrap-role tag must be deploy, file-/image-publishing or lookup), in this account or a "
+        "team's account named in its defaults.yaml (deploy.account) that was bootstrapped with --trust."
     ),
     "AwsSolutions-IAM5:pipeline-self-mutation": (
         "The self-mutation step assumes only the CDK bootstrap roles (sts:AssumeRole on role/* in this "

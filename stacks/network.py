@@ -13,6 +13,8 @@ from aws_cdk import aws_kms as kms
 from aws_cdk import aws_logs as logs
 from constructs import Construct
 
+from stacks import nag
+
 INTERFACE_ENDPOINTS = {
     "EcrApi": ec2.InterfaceVpcEndpointAwsService.ECR,
     "EcrDocker": ec2.InterfaceVpcEndpointAwsService.ECR_DOCKER,
@@ -47,6 +49,7 @@ class TrainingNetwork(Construct):
         endpoints_sg = ec2.SecurityGroup(self, "Endpoints", vpc=self.vpc, allow_all_outbound=False,
                                          description="VPC endpoints: HTTPS from training nodes")
         endpoints_sg.add_ingress_rule(self.security_group, ec2.Port.tcp(443), "HTTPS from training nodes")
+        nag.acknowledge(endpoints_sg, "AwsSolutions-EC23:endpoint-ingress")
         self.vpc.add_gateway_endpoint("S3", service=ec2.GatewayVpcEndpointAwsService.S3,
                                       subnets=[ec2.SubnetSelection(subnet_type=ec2.SubnetType.PRIVATE_ISOLATED)])
         for name, service in INTERFACE_ENDPOINTS.items():

@@ -7,19 +7,25 @@ synthesizes the pipeline's own app; then one stage per team deploys that team's 
 (stacks.app.build), behind a manual approval when any of its runs is planned above the team's
 `budget.approval_usd`. The pipeline updates itself first (self-mutation), so a merged change to
 recipes, teams or this file takes effect on the same run.
+
+Also here, the AWS side of the GitHub Actions pipeline: the role its deploy jobs assume through GitHub
+OIDC (`GitHubDeployStack`, its own app: `python -m stacks.pipeline`; see docs/gitops.md).
 """
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
-from aws_cdk import App, Duration, Environment, RemovalPolicy, Stack, Stage, Token, pipelines
+from aws_cdk import App, CfnOutput, Duration, Environment, RemovalPolicy, Stack, Stage, Token, pipelines
 from aws_cdk import aws_codebuild as codebuild
 from aws_cdk import aws_codepipeline as codepipeline
+from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_s3 as s3
 from constructs import Construct
@@ -49,6 +55,9 @@ FORWARDED_CONTEXT = (
     "branch",
 )
 ARTIFACT_EXPIRY_DAYS = 90
+PACKAGE_JSON = Path(__file__).resolve().parent.parent / "package.json"
+# The CDK CLI pinned in package.json, also for the pipeline's self-mutation (else it installs latest 2.x).
+CDK_CLI_VERSION = json.loads(PACKAGE_JSON.read_text())["devDependencies"]["aws-cdk"]
 SYNTH_TIMEOUT = Duration.minutes(120)  # `make test` runs the whole suite (about an hour on 2 cores)
 
 
@@ -240,13 +249,14 @@ class PipelineStack(Stack):
             artifact_bucket=store.bucket,
             pipeline_type=codepipeline.PipelineType.V2,
             publish_assets_in_parallel=False,
+            cli_version=CDK_CLI_VERSION,
             code_build_defaults=pipelines.CodeBuildOptions(
                 build_environment=codebuild.BuildEnvironment(
                     build_image=codebuild.LinuxBuildImage.STANDARD_7_0,
                     compute_type=codebuild.ComputeType.LARGE,
                 ),
                 partial_build_spec=codebuild.BuildSpec.from_object(
-                    {"phases": {"install": {"runtime-versions": {"python": "3.11", "nodejs": "20"}}}}
+                    {"phases": {"install": {"runtime-versions": {"python": "3.11", "nodejs": "22"}}}}
                 ),
             ),
         )
@@ -272,6 +282,23 @@ class PipelineStack(Stack):
         policy = self.pipeline.pipeline.role.node.find_child("DefaultPolicy").node.default_child
         cfn_pipeline = self.pipeline.pipeline.node.default_child
         cfn_pipeline.add_override("DependsOn", [policy.logical_id])  # type: ignore[union-attr]
+        self._role_arns_as_sub(cfn_pipeline)
+
+    def _role_arns_as_sub(self, cfn_pipeline: Any) -> None:
+        """Write the deploy actions' role ARNs as Fn::Sub: cfn-lint (E3703) rejects the Fn::Join with an
+        empty delimiter CDK Pipelines renders for them. Same ARN, different spelling."""
+        stages = self.resolve(cfn_pipeline.stages)
+        for i, stage in enumerate(stages):
+            for j, action in enumerate(stage.get("actions") or stage.get("Actions") or []):
+                config = action.get("configuration") or action.get("Configuration") or {}
+                arn = config.get("RoleArn")
+                joined = arn.get("Fn::Join") if isinstance(arn, dict) else None
+                parts = joined[1] if joined and joined[0] == "" else None
+                if parts and all(isinstance(part, str) or set(part) == {"Ref"} for part in parts):
+                    text = "".join(p if isinstance(p, str) else "${" + p["Ref"] + "}" for p in parts)
+                    cfn_pipeline.add_property_override(
+                        f"Stages.{i}.Actions.{j}.Configuration.RoleArn", {"Fn::Sub": text}
+                    )
 
     def _acknowledge_generated(self, store: ArtifactStore) -> None:
         """Acknowledge, finding by finding, the wildcards CDK Pipelines writes into its own roles."""
@@ -324,3 +351,115 @@ def build_pipeline(app: App, config: DeploymentConfig) -> PipelineStack:
     stack = PipelineStack(app, PIPELINE_STACK, config=config, settings=settings, env=env)
     nag.enable(app)
     return stack
+
+
+# --- GitHub Actions: the role the deploy workflow assumes ------------------------------------------
+# Its own small app, so it needs no recipe context:
+#   npx cdk deploy -a ".venv/bin/python -m stacks.pipeline" -c repository=OWNER/NAME \
+#       [-c oidc_provider_arn=ARN]    # when the account already has the GitHub OIDC provider
+
+GITHUB_OIDC_HOST = "token.actions.githubusercontent.com"
+GITHUB_DEPLOY_STACK = "Trainstack-GitHubDeploy"
+GITHUB_ENVIRONMENTS = "training*"  # `training` and `training-approval` (.github/workflows/deploy.yml)
+BOOTSTRAP_ROLES = ("deploy", "file-publishing", "image-publishing", "lookup")
+OIDC_PROVIDER_ARN = re.compile(
+    r"^arn:aws[a-z\-]*:iam::[0-9]{12}:oidc-provider/token\.actions\.githubusercontent\.com$"
+)
+
+
+class GitHubDeployRole(Construct):
+    """A role only this repository's deploy environments can assume (GitHub OIDC, no stored keys), whose
+    only permission is to assume the CDK bootstrap roles: the CDK CLI does everything else through them."""
+
+    def __init__(self, scope: Construct, id: str, *, repository: str, provider_arn: str | None) -> None:
+        super().__init__(scope, id)
+        if provider_arn is None:
+            # The L1 resource: CDK's OpenIdConnectProvider is a Lambda-backed custom resource.
+            provider = iam.CfnOIDCProvider(
+                self, "GitHubOidc", url=f"https://{GITHUB_OIDC_HOST}", client_id_list=["sts.amazonaws.com"]
+            )
+            provider_arn = provider.attr_arn
+        self.role = iam.Role(
+            self,
+            "Role",
+            description=f"GitHub Actions deploys of {repository} (environments {GITHUB_ENVIRONMENTS})",
+            max_session_duration=Duration.hours(1),
+            assumed_by=iam.WebIdentityPrincipal(
+                provider_arn,
+                conditions={
+                    "StringEquals": {f"{GITHUB_OIDC_HOST}:aud": "sts.amazonaws.com"},
+                    "StringLike": {
+                        f"{GITHUB_OIDC_HOST}:sub": f"repo:{repository}:environment:{GITHUB_ENVIRONMENTS}"
+                    },
+                },
+            ),
+        )
+        self.role.add_to_policy(
+            iam.PolicyStatement(
+                actions=["sts:AssumeRole"],
+                resources=[f"arn:{Stack.of(self).partition}:iam::*:role/cdk-*"],
+                conditions={
+                    "StringEquals": {"iam:ResourceTag/aws-cdk:bootstrap-role": list(BOOTSTRAP_ROLES)}
+                },
+            )
+        )
+        nag.acknowledge(
+            self.role,
+            "AwsSolutions-IAM5:github-bootstrap-roles",
+            ["Resource::arn:<AWS::Partition>:iam::*:role/cdk-*"],
+        )
+
+
+class GitHubDeployStack(Stack):
+    def __init__(
+        self, scope: Construct, id: str, *, repository: str, provider_arn: str | None, **kwargs: Any
+    ) -> None:
+        super().__init__(
+            scope, id, description="trainstack: the role GitHub Actions deploys recipes with", **kwargs
+        )
+        self.role = GitHubDeployRole(self, "Deploy", repository=repository, provider_arn=provider_arn).role
+        CfnOutput(
+            self,
+            "RoleArn",
+            value=self.role.role_arn,
+            description="secret AWS_DEPLOY_ROLE_ARN of the training and training-approval environments",
+        )
+
+
+def build_github_deploy(app: App, context: Mapping[str, Any]) -> GitHubDeployStack:
+    repository = str(context.get("repository") or "").strip()
+    provider_arn = str(context.get("oidc_provider_arn") or "").strip() or None
+    if not REPOSITORY.match(repository):
+        raise TrainstackError(
+            f"{CONTEXT}: repository: expected OWNER/NAME of the GitHub repository, got {repository!r}"
+        )
+    if provider_arn is not None and not OIDC_PROVIDER_ARN.match(provider_arn):
+        raise TrainstackError(
+            f"{CONTEXT}: oidc_provider_arn: {provider_arn!r} is not the GitHub OIDC provider's ARN"
+        )
+    stack = GitHubDeployStack(app, GITHUB_DEPLOY_STACK, repository=repository, provider_arn=provider_arn)
+    nag.enable(app)
+    return stack
+
+
+def main() -> int:
+    import sys
+
+    app = App()
+    try:
+        build_github_deploy(
+            app, {k: app.node.try_get_context(k) for k in ("repository", "oidc_provider_arn")}
+        )
+    except TrainstackError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    try:
+        app.synth()
+    except RuntimeError as exc:  # cdk-nag findings: the report is above
+        print(f"error: synthesis failed: {str(exc).splitlines()[0]}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

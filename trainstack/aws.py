@@ -69,3 +69,16 @@ class Aws:
         except BotoCoreError as exc:
             raise TrainstackError(f"cannot reach AWS ({self.where}): {exc}") from None
         return {o["OutputKey"]: o["OutputValue"] for o in stacks[0].get("Outputs", [])}
+
+
+def training_job_request_sent(stepfunctions: Any, execution_arn: str) -> dict[str, Any] | None:
+    """The CreateTrainingJob request an execution sent, as its history records it (None if not yet)."""
+    import json
+
+    pages = stepfunctions.get_paginator("get_execution_history").paginate(executionArn=execution_arn)
+    for page in pages:
+        for event in page["events"]:
+            details = event.get("taskScheduledEventDetails", {})
+            if details.get("resource") == "createTrainingJob":
+                return json.loads(details["parameters"])
+    return None

@@ -144,13 +144,16 @@ def load(
                 reason = f"does not fit: {reason}"
             raise RecipeError(resolved.files[-1] if resolved.files else recipe_name, None, reason)
         budget.enforce(resolved, plan)  # a team's caps on nodes and planned cost (trainstack.budget)
-        image = _image_source(context, recipe, emulator, region, resolve_base)
+        image = _image_source(context, recipe, emulator, _target(recipe, emulator)[1] or region, resolve_base)
         deployments.append(Deployment(recipe, recipe_team, plan, image, resolved.files))
     _check_unique(deployments)
+    # A team's defaults may name where its stacks go (recipe `deploy`); used when every recipe agrees.
+    targets = {_target(d.recipe, emulator) for d in deployments}
+    account, team_region = targets.pop() if len(targets) == 1 else (None, None)
     return DeploymentConfig(
         deployments=tuple(deployments),
-        account=env.get("CDK_DEFAULT_ACCOUNT") or None,
-        region=region,
+        account=account or env.get("CDK_DEFAULT_ACCOUNT") or None,
+        region=team_region or region,
         network=Network(
             vpc=flag(context, "vpc"),
             inter_container_encryption=flag(context, "inter_container_encryption"),
@@ -159,6 +162,11 @@ def load(
         pipeline=flag(context, "pipeline"),
         context={k: str(v) for k, v in context.items() if isinstance(v, str | bool | int)},
     )
+
+
+def _target(recipe: Recipe, emulator: bool) -> tuple[str | None, str | None]:
+    """(account, region) from the recipe's `deploy` section; EMULATOR: ignored, the emulator is local."""
+    return (None, None) if emulator else (recipe.deploy.account, recipe.deploy.region)
 
 
 def _all_pairs(team: str | None, recipes_dir: str | None) -> list[tuple[str, str | None]]:

@@ -11,6 +11,10 @@ gaps and our workarounds (../shared/README.md section 7):
   references, bucket/topic policies, ...) become placeholders: `serve()` below gives them a physical
   id and answers `Fn::GetAtt` with a made-up ARN, so templates that reference them deploy. They
   are never created, so template assertions (tests/cdk), not the emulator, check them;
+- it names state machines past Step Functions' 80-character limit and then rejects them: `serve()`
+  shortens them as CloudFormation does;
+- with execution enabled, its CloudFormation puts state machines where its Step Functions API does
+  not look: `serve()` points both at the interpreter's backend;
 - it does not publish CloudFormation stack status events to EventBridge (launch_on_deploy):
   `deliver_stack_status()` plays EventBridge from the deployed rule's own pattern and target.
 
@@ -241,7 +245,54 @@ def serve(argv: list[str]) -> None:
         return found
 
     parsing.resource_class_from_type = resource_class_from_type
+
+    # moto names a state machine `<stack>-<logical id>-<suffix>` and then rejects names over 80
+    # characters; CloudFormation shortens them. Keep the head and the random suffix, as it does.
+    generate = parsing.generate_resource_name
+
+    def generate_resource_name(resource_type: str, stack_name: str, logical_id: str) -> str:
+        name = generate(resource_type, stack_name, logical_id)
+        if resource_type == "AWS::StepFunctions::StateMachine" and len(name) > 80:
+            name = name[:67] + "-" + name[-12:]
+        return name
+
+    parsing.generate_resource_name = generate_resource_name
+
+    # With execution enabled, moto's Step Functions API answers from its interpreter's backend, but
+    # its CloudFormation creates state machines in the other one: point CloudFormation at the same.
+    from moto.stepfunctions import models as sfn_models
+    from moto.stepfunctions.parser.models import stepfunctions_parser_backends
+
+    sfn_models.stepfunctions_backends = stepfunctions_parser_backends
+    _log_error_bodies()
     server.main(argv)
+
+
+def _log_error_bodies() -> None:
+    """Write the body of every 4xx/5xx answer to the log: the CDK CLI shows only 'XML parse error'
+    when moto answers a CloudFormation call with another service's JSON error."""
+    from moto import server
+
+    run_simple = server.run_simple
+
+    def logging_app(app):
+        def wrapped(environ, start_response):
+            captured = {}
+
+            def capture(status, headers, exc_info=None):
+                captured["status"] = status
+                return start_response(status, headers, exc_info)
+
+            body = list(app(environ, capture))
+            if captured.get("status", "200")[0] in "45":
+                text = b"".join(body)[:2000].decode("utf-8", "replace")
+                print(f"emulator: {environ.get('PATH_INFO')} -> {captured['status']}: {text}", file=sys.stderr,
+                      flush=True)
+            return body
+
+        return wrapped
+
+    server.run_simple = lambda host, port, app, *a, **k: run_simple(host, port, logging_app(app), *a, **k)
 
 
 def _main() -> None:

@@ -214,9 +214,10 @@ def _classify(recipe: str, team: str | None, before: Side | None, after: Side | 
         status = "removed"
     elif after.error is not None:
         status = "invalid"
-    elif before is None or before.hash is None:
+    elif before is None:
         status = "added"
-    elif before.hash != after.hash:
+    elif (before.hash, before.account, before.region) != (after.hash, after.account, after.region):
+        # What it trains, or where it goes, changed (a target that did not validate before included).
         status = "changed"
     elif code:
         status, reasons = "code", code

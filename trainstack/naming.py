@@ -24,9 +24,15 @@ def stack_prefix(recipe: Recipe, team: str | None) -> str:
     return f"Trainstack-{_slug(team, recipe)}"
 
 
+# Where a run may go and what it may cost (recipe `budget`, `deploy`) is policy, not what it trains: a team
+# raising its cost cap must not rename, and so relaunch, its runs.
+POLICY_SECTIONS = ("budget.", "deploy.")
+
+
 def recipe_hash(recipe: Recipe) -> str:
-    """Eight hex digits over the resolved recipe exactly as the trainer will receive it."""
-    canonical = json.dumps(to_hyperparameters(recipe), sort_keys=True, separators=(",", ":"))
+    """Eight hex digits over the resolved recipe exactly as the trainer will receive it (policy aside)."""
+    trained = {k: v for k, v in to_hyperparameters(recipe).items() if not k.startswith(POLICY_SECTIONS)}
+    canonical = json.dumps(trained, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()[:8]
 
 

@@ -351,51 +351,62 @@ class Clients:
     sagemaker: Any
     cloudwatch: Any
     logs: Any
-    where: str  # "AWS (us-east-1)" or "local emulator at http://localhost:PORT", for messages
+    aws: Any  # trainstack.aws.Aws: more clients and stack outputs
+    where: str  # "region us-east-1" or "the local emulator (http://localhost:PORT)", for messages
 
 
 def aws_clients(local: bool = False, environ: dict[str, str] | None = None) -> Clients:
-    """boto3 clients for real AWS (the usual credential chain) or for the local emulator.
-
-    `local` points every client at the emulator named by AWS_ENDPOINT_URL (what `make demo` and
-    `trainstack.emulator.Emulator.env()` set) with the emulator's dummy credentials, so a real
-    profile is never used against it, nor the emulator's state mistaken for a real account's.
-    """
-    import os
-
-    import boto3
-    from botocore.config import Config
+    """boto3 clients for real AWS (the usual credential chain) or the local emulator (trainstack.aws)."""
     from botocore.exceptions import BotoCoreError
 
-    from trainstack.emulator import CREDENTIALS, REGION
+    from trainstack.aws import Aws
     from trainstack.errors import TrainstackError
 
-    env = dict(os.environ if environ is None else environ)
-    config = Config(retries={"max_attempts": 3, "mode": "standard"}, connect_timeout=5, read_timeout=30)
     try:
-        if local:
-            endpoint = env.get("AWS_ENDPOINT_URL", "")
-            if not endpoint.startswith(("http://localhost", "http://127.0.0.1")):
-                raise TrainstackError(
-                    "--local needs the local AWS emulator: set AWS_ENDPOINT_URL=http://localhost:PORT "
-                    "(as `make demo` does), or drop --local to use your AWS account"
-                )
-            session = boto3.session.Session(
-                aws_access_key_id=CREDENTIALS["AWS_ACCESS_KEY_ID"],
-                aws_secret_access_key=CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
-                aws_session_token=CREDENTIALS["AWS_SESSION_TOKEN"],
-                region_name=env.get("AWS_REGION") or REGION,
-            )
-            make = lambda name: session.client(name, endpoint_url=endpoint, config=config)  # noqa: E731
-            where = f"local emulator at {endpoint}"
-        else:
-            session = boto3.session.Session()
-            if session.region_name is None:
-                raise TrainstackError(
-                    "no AWS region configured: set AWS_REGION (or use --local for the emulator)"
-                )
-            make = lambda name: session.client(name, config=config)  # noqa: E731
-            where = f"AWS ({session.region_name})"
-        return Clients(make("sagemaker"), make("cloudwatch"), make("logs"), where)
+        aws = Aws(local=local, environ=environ)
+        return Clients(aws.client("sagemaker"), aws.client("cloudwatch"), aws.client("logs"), aws, aws.where)
     except BotoCoreError as error:
         raise TrainstackError(f"AWS client setup failed: {error}") from None
+
+
+# --- Launcher executions --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Execution:
+    """A launcher state machine execution; `trainstack launch` names it after the job it creates."""
+
+    name: str
+    status: str  # RUNNING | SUCCEEDED | FAILED | TIMED_OUT | ABORTED
+    started: datetime
+    stopped: datetime | None = None
+
+
+def launcher_state_machine(clients: Clients, recipe: Recipe, team: str | None) -> str | None:
+    """The deployed launcher's state machine ARN, or None when the launcher stack is not deployed."""
+    from trainstack.errors import TrainstackError
+    from trainstack.naming import stack_prefix
+
+    try:
+        outputs = clients.aws.stack_outputs(f"{stack_prefix(recipe, team)}-Launcher", "cdk deploy")
+    except TrainstackError:
+        return None
+    return outputs.get("StateMachineArn")
+
+
+def find_executions(
+    stepfunctions: Any, state_machine_arn: str, prefix: str, limit: int = 10
+) -> list[Execution]:
+    """The newest executions of the launcher that start this recipe's jobs, newest first."""
+    response = stepfunctions.list_executions(stateMachineArn=state_machine_arn, maxResults=100)
+    found = [
+        Execution(
+            e["name"],
+            e["status"],
+            _as_datetime(e["startDate"]) or datetime.now(UTC),
+            _as_datetime(e.get("stopDate")),
+        )
+        for e in response.get("executions", [])
+        if is_recipe_job(e["name"], prefix)
+    ]
+    return sorted(found, key=lambda e: e.started, reverse=True)[:limit]

@@ -46,6 +46,12 @@ def flatten_join(value: Any) -> str:
     return "${" + json.dumps(value, sort_keys=True).replace('"', "'") + "}"
 
 
+def launcher_state_machine(template: dict[str, Any]) -> dict[str, Any]:
+    (machine,) = [r for k, r in resources(template, "AWS::StepFunctions::StateMachine").items()
+                  if k.startswith("LauncherStateMachine")]
+    return machine
+
+
 def state_machine_definition(template: dict[str, Any]) -> dict[str, Any]:
-    (machine,) = resources(template, "AWS::StepFunctions::StateMachine").values()
+    machine = launcher_state_machine(template)
     return json.loads(flatten_join(machine["Properties"]["DefinitionString"]))

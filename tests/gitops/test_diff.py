@@ -4,6 +4,7 @@ planner's before/after figures (computed here with trainstack.planner.plan, neve
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from trainstack import gitdiff
+from trainstack import gitdiff, naming
 from trainstack.errors import TrainstackError
 from trainstack.loader import resolve
 from trainstack.planner import plan
@@ -156,6 +157,17 @@ def test_markdown_json_and_cli_tell_the_same_story(repo):
                           capture_output=True, text=True)
     assert done.returncode == 0 and done.stdout.strip() == markdown.strip()
 
+    # The terminal table: the same rows, cell by cell.
+    done = subprocess.run([cli, "diff", "--base", "HEAD", "--repo", str(root)],
+                          capture_output=True, text=True, env={**os.environ, "COLUMNS": "250"})
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    for t in diff.deploys:
+        (line,) = [x for x in lines if f" {t.stack} " in x]
+        cells = [c.strip() for c in line.strip("│ ").split("│")]
+        assert cells == gitdiff.row(t)
+    assert lines[-1] == headline
+
 
 def test_unknown_base_ref_is_one_line_and_exit_2(repo):
     root, _ = repo
@@ -166,3 +178,19 @@ def test_unknown_base_ref_is_one_line_and_exit_2(repo):
                           capture_output=True, text=True)
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr.count("\n") == 1 and "not a commit" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_budget_change_deploys_nothing_and_keeps_run_names_but_a_new_region_redeploys(repo):
+    root, before = repo
+    vision = root / "recipes/teams/vision/defaults.yaml"
+    vision.write_text("tags: {cost_center: vision}\nbudget: {approval_usd: 1, max_run_usd: 1000000}\n")
+    diff = gitdiff.compute("HEAD", root)
+    assert diff.deploys == ()  # caps are policy: the runs and their names (recipe_hash) are unchanged
+    old = resolve("small", team="vision", recipes_dir=before).recipe
+    new = resolve("small", team="vision", recipes_dir=root / "recipes").recipe
+    assert old.budget != new.budget and naming.recipe_hash(old) == naming.recipe_hash(new)
+
+    vision.write_text("tags: {cost_center: vision}\nbudget: {approval_usd: 0}\ndeploy: {region: eu-west-1}\n")
+    diff = gitdiff.compute("HEAD", root)
+    assert deployed(diff) == {"Trainstack-vision-small", "Trainstack-vision-medium"}
+    assert {job["region"] for job in diff.matrix()["include"]} == {"eu-west-1"}

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from stacks.pipeline import PipelineSettings, synth_commands
+from stacks.pipeline import PipelineSettings, TeamRollout, synth_commands
 from trainstack.config import load
 from trainstack.errors import TrainstackError
 from trainstack.loader import base_recipe_names, resolve, team_names, team_recipe_names
@@ -85,8 +85,36 @@ def test_pipeline_synthesizes_and_passes_cfn_lint(assembly):
     )
     assert done.returncode == 0, done.stdout[-4000:]
     report = assembly / "validation-report.json"
-    if report.exists():  # cdk-nag writes one only when it found something (and then synth failed)
-        assert json.loads(report.read_text())["pluginReports"][0]["conclusion"] == "success"
+    if report.exists():  # synthesis fails on any cdk-nag finding; a report, if written, lists none
+        assert all(r["conclusion"] == "success" for r in json.loads(report.read_text())["pluginReports"])
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("cdk-synth")
+def test_cdk_nag_checks_the_pipeline_and_its_acknowledgments_are_needed(monkeypatch, tmp_path):
+    """Drop the self-mutation acknowledgment and synthesis fails on exactly those findings."""
+    from aws_cdk import App
+
+    from stacks import nag, pipeline
+
+    acknowledge = nag.acknowledge
+
+    def all_but_self_mutation(construct, key, findings=()):
+        if key != "AwsSolutions-IAM5:pipeline-self-mutation":
+            acknowledge(construct, key, findings)
+
+    monkeypatch.setattr(nag, "acknowledge", all_but_self_mutation)
+    app = App(outdir=str(tmp_path))
+    pipeline.build_pipeline(app, load({**CONTEXT, "recipe": "1b-bf16"}, ENV))
+    with pytest.raises(RuntimeError, match="^ValidationFailed: "):
+        app.synth()
+    report = json.loads((tmp_path / "validation-report.json").read_text())
+    found = {(v["ruleName"], c["constructPath"]) for r in report["pluginReports"] for v in r["violations"]
+             for c in v["violatingConstructs"]}
+    assert {rule for rule, _ in found} == {"AwsSolutions-IAM5[Resource::*]",
+                                           "AwsSolutions-IAM5[Resource::arn:*:iam::123456789012:role/*]"}
+    self_mutation = "Trainstack-Pipeline/Pipeline/UpdatePipeline/SelfMutation/"
+    assert all(path.startswith(self_mutation) for _, path in found)
 
 
 @pytest.mark.slow
@@ -96,7 +124,7 @@ def test_one_stage_per_team_with_approval_above_the_cost_threshold(assembly):
     (pipeline,) = resources(template, "AWS::CodePipeline::Pipeline")
     stages = {s["Name"]: s for s in pipeline["Properties"]["Stages"]}
     approvals = expected_approvals()
-    team_stage = {f"Trainstack-Pipeline-{t.capitalize()}": t for t in approvals}
+    team_stage = {f"Trainstack-Pipeline-{TeamRollout(t, (), None, None, ()).stage_id}": t for t in approvals}
     assert list(stages)[:3] == ["Source", "Build", "UpdatePipeline"]
     assert set(stages) - {"Source", "Build", "UpdatePipeline", "Assets"} == set(team_stage)
 
@@ -149,6 +177,9 @@ def test_synth_step_runs_the_gates_and_the_store_is_encrypted_and_retained(assem
     ):
         assert gate in commands
     assert synth_spec["phases"]["install"]["commands"] == ["make setup"]
+    cli = json.loads((ROOT / "package.json").read_text())["devDependencies"]["aws-cdk"]
+    installs = [c for spec in specs for c in spec["phases"]["install"].get("commands", []) if "aws-cdk" in c]
+    assert installs and all(c.endswith(f"aws-cdk@{cli}") for c in installs)  # the pinned CLI, never latest
 
     buckets = resources(template, "AWS::S3::Bucket")
     artifact = next(b for b in buckets if "KMSMasterKeyID" in json.dumps(b))

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import synth
+from monitoring_helpers import definition, manager, synth, tasks_of, topic_ref
 
 from stacks.monitoring import run_alarm_specs
 from trainstack.metrics import FIELD_BY_KEY
@@ -20,40 +20,6 @@ from trainstack.naming import job_name_prefix
 @pytest.fixture(scope="module")
 def s():
     return synth("30b-fp8")
-
-
-def topic_ref(s) -> dict:
-    (topic_id,) = s.resources("AWS::SNS::Topic")
-    return {"Ref": topic_id}
-
-
-def manager(s) -> tuple[str, dict]:
-    ((logical_id, machine),) = [
-        (k, v) for k, v in s.resources("AWS::StepFunctions::StateMachine").items() if "AlarmManager" in k
-    ]
-    return logical_id, machine["Properties"]
-
-
-def definition(s, substitutions: dict[str, str] | None = None) -> dict:
-    """The alarm manager's ASL with CloudFormation references replaced by stand-in values."""
-    subs = {"AWS::Partition": "aws", **(substitutions or {})}
-    raw = manager(s)[1]["DefinitionString"]
-    parts = raw["Fn::Join"][1] if isinstance(raw, dict) else [raw]
-    text = "".join(p if isinstance(p, str) else subs.get(p["Ref"], f"<{p['Ref']}>") for p in parts)
-    return json.loads(text)
-
-
-def tasks_of(asl: dict) -> dict[str, dict]:
-    """Every Task state, at any depth (Parallel branches, Map processors)."""
-    found: dict[str, dict] = {}
-    for name, state in asl["States"].items():
-        if state["Type"] == "Task":
-            found[name] = state
-        for branch in state.get("Branches", []):
-            found.update(tasks_of(branch))
-        if "ItemProcessor" in state:
-            found.update(tasks_of(state["ItemProcessor"]))
-    return found
 
 
 def by_prefix(resources: dict, name: str) -> dict:
@@ -69,14 +35,26 @@ def test_the_run_alarm_set_covers_every_way_a_run_wastes_money(s):
 
 def test_each_run_alarm_is_put_with_its_metric_threshold_and_sns_action(s):
     asl = definition(s, {topic_ref(s)["Ref"]: "TOPIC"})
-    puts = {n: t for n, t in tasks_of(asl).items() if t["Resource"].endswith("aws-sdk:cloudwatch:putMetricAlarm")}
+    puts = {
+        n: t for n, t in tasks_of(asl).items() if t["Resource"].endswith("aws-sdk:cloudwatch:putMetricAlarm")
+    }
     specs = run_alarm_specs(s.recipe, s.plan)
     assert set(puts) == {f"Put{spec.name}" for spec in specs}
     for spec in specs:
         params = puts[f"Put{spec.name}"]["Parameters"]
         expected = spec.request("JOB", "TOPIC", 1)
-        for key in ("Namespace", "MetricName", "Statistic", "Period", "EvaluationPeriods", "Threshold",
-                    "ComparisonOperator", "TreatMissingData", "AlarmActions", "OKActions"):
+        for key in (
+            "Namespace",
+            "MetricName",
+            "Statistic",
+            "Period",
+            "EvaluationPeriods",
+            "Threshold",
+            "ComparisonOperator",
+            "TreatMissingData",
+            "AlarmActions",
+            "OKActions",
+        ):
             assert params[key] == expected[key], (spec.name, key)
         (dimension,) = params["Dimensions"]
         assert dimension["Name"] == ("Host" if spec.per_host else "TrainingJobName")
@@ -87,8 +65,13 @@ def test_thresholds_come_from_the_recipe_and_the_plan(s):
     specs = {spec.name: spec for spec in run_alarm_specs(s.recipe, s.plan)}
     mon, gpus = s.recipe.monitoring, s.recipe.instance.gpus
     assert specs["Slow"].metric == FIELD_BY_KEY["tokens_per_sec"].metric_name
-    assert specs["Slow"].threshold == pytest.approx(mon.slow_fraction * s.plan.throughput.tokens_per_sec_per_gpu)
-    assert specs["Slow"].evaluation_periods == mon.slow_minutes and specs["Slow"].comparison == "LessThanThreshold"
+    assert specs["Slow"].threshold == pytest.approx(
+        mon.slow_fraction * s.plan.throughput.tokens_per_sec_per_gpu
+    )
+    assert (
+        specs["Slow"].evaluation_periods == mon.slow_minutes
+        and specs["Slow"].comparison == "LessThanThreshold"
+    )
     # SageMaker reports GPU utilization and GPU memory per host as 0..100 times the GPUs on the instance.
     assert specs["GpuIdle"].threshold == mon.gpu_idle_util_pct * gpus
     assert specs["GpuIdle"].evaluation_periods == mon.gpu_idle_minutes
@@ -101,8 +84,14 @@ def test_thresholds_come_from_the_recipe_and_the_plan(s):
 
 
 def test_thresholds_follow_overrides_of_the_monitoring_section():
-    s = synth("30b-fp8", overrides=("monitoring.slow_fraction=0.5", "monitoring.gpu_idle_util_pct=10",
-                                    "monitoring.stall_minutes=45"))
+    s = synth(
+        "30b-fp8",
+        overrides=(
+            "monitoring.slow_fraction=0.5",
+            "monitoring.gpu_idle_util_pct=10",
+            "monitoring.stall_minutes=45",
+        ),
+    )
     specs = {spec.name: spec for spec in run_alarm_specs(s.recipe, s.plan)}
     assert specs["Slow"].threshold == pytest.approx(0.5 * s.plan.throughput.tokens_per_sec_per_gpu)
     assert specs["GpuIdle"].threshold == 10 * s.recipe.instance.gpus
@@ -116,7 +105,9 @@ def test_alarms_are_put_when_training_starts_and_deleted_when_the_job_ends(s):
     choice = asl["States"][asl["StartAt"]]
     (when,) = choice["Choices"]
     assert {c["Variable"]: c["StringEquals"] for c in when["And"]} == {
-        "$.detail.TrainingJobStatus": "InProgress", "$.detail.SecondaryStatus": "Training"}
+        "$.detail.TrainingJobStatus": "InProgress",
+        "$.detail.SecondaryStatus": "Training",
+    }
     hosts = asl["States"]["Run"]["Parameters"]["hosts.$"]
     assert hosts == f"States.ArrayRange(1, {s.recipe.compute.instance_count}, 1)"
     deletes = [t for t in tasks_of(asl).values() if t["Resource"].endswith("aws-sdk:cloudwatch:deleteAlarms")]
@@ -125,12 +116,17 @@ def test_alarms_are_put_when_training_starts_and_deleted_when_the_job_ends(s):
 
 def test_the_manager_may_touch_only_this_recipes_alarms(s):
     prefix = job_name_prefix(s.recipe, None)
-    role_policies = [p["Properties"]["PolicyDocument"]["Statement"] for k, p in s.resources("AWS::IAM::Policy").items()
-                     if k.startswith("MonitoringAlarmsRunAlarmManagerRole")]
+    role_policies = [
+        p["Properties"]["PolicyDocument"]["Statement"]
+        for k, p in s.resources("AWS::IAM::Policy").items()
+        if k.startswith("MonitoringAlarmsRunAlarmManagerRole")
+    ]
     (statements,) = role_policies
     cloudwatch = [st for st in statements if any(a.startswith("cloudwatch:") for a in _list(st["Action"]))]
-    assert {a for st in cloudwatch for a in _list(st["Action"])} == {"cloudwatch:putMetricAlarm",
-                                                                      "cloudwatch:deleteAlarms"}
+    assert {a for st in cloudwatch for a in _list(st["Action"])} == {
+        "cloudwatch:putMetricAlarm",
+        "cloudwatch:deleteAlarms",
+    }
     for st in cloudwatch:
         joined = json.dumps(st["Resource"])
         assert f":alarm:{prefix}-*" in joined
@@ -147,13 +143,18 @@ def test_the_run_state_rule_starts_the_manager(s):
     (rule,) = rules
     (target,) = rule["Targets"]
     assert target["Arn"] == {"Ref": manager_id}
-    assert rule["EventPattern"]["detail"]["TrainingJobName"] == [{"prefix": f"{job_name_prefix(s.recipe, None)}-"}]
+    assert rule["EventPattern"]["detail"]["TrainingJobName"] == [
+        {"prefix": f"{job_name_prefix(s.recipe, None)}-"}
+    ]
 
 
 def test_deployment_alarms_notify_on_launcher_and_manager_failures(s):
     alarms = s.resources("AWS::CloudWatch::Alarm")
     (launcher_id,) = [k for k in s.resources("AWS::StepFunctions::StateMachine") if k.startswith("Launcher")]
-    for name, metric in (("ExecutionFailed", "ExecutionsFailed"), ("ExecutionTimedOut", "ExecutionsTimedOut")):
+    for name, metric in (
+        ("ExecutionFailed", "ExecutionsFailed"),
+        ("ExecutionTimedOut", "ExecutionsTimedOut"),
+    ):
         props = by_prefix(alarms, name)
         assert props["Namespace"] == "AWS/States" and props["MetricName"] == metric
         assert props["Dimensions"] == [{"Name": "StateMachineArn", "Value": {"Ref": launcher_id}}]
@@ -161,8 +162,9 @@ def test_deployment_alarms_notify_on_launcher_and_manager_failures(s):
         assert props["AlarmActions"] == [topic_ref(s)]
     manager_alarm = by_prefix(alarms, "AlarmManagerFailed")
     assert manager_alarm["AlarmActions"] == [topic_ref(s)]
-    assert {m.get("MetricStat", {}).get("Metric", {}).get("MetricName") for m in manager_alarm["Metrics"]} >= {
-        "ExecutionsFailed", "ExecutionsTimedOut"}
+    assert {
+        m.get("MetricStat", {}).get("Metric", {}).get("MetricName") for m in manager_alarm["Metrics"]
+    } >= {"ExecutionsFailed", "ExecutionsTimedOut"}
 
 
 def test_a_team_deployment_manages_only_its_own_jobs_alarms():

@@ -7,7 +7,7 @@ import json
 import re
 
 import pytest
-from conftest import synth
+from monitoring_helpers import synth
 
 from trainstack.metrics import metric_definitions
 from trainstack.naming import job_name_prefix
@@ -54,7 +54,9 @@ def test_trainer_metrics_are_searched_by_job_and_host_metrics_by_host(s, widgets
         metric = re.search(r'MetricName="([^"]+)"', e).group(1)
         dimension = "TrainingJobName" if metric in defined else "Host"
         assert e.startswith(f'SEARCH(\'{{"/aws/sagemaker/TrainingJobs",{dimension}}} '), e
-        assert f'"{prefix}"' in e, e
+        assert e.endswith(f" {dimension}={prefix}', 'Average', 60)") or e.endswith(
+            f" {dimension}={prefix}', 'Maximum', 60)"
+        ), e
     host_metrics = {re.search(r'MetricName="([^"]+)"', e).group(1) for e in expressions(widgets)} - defined
     assert host_metrics == {
         "GPUUtilization",
@@ -89,7 +91,10 @@ def test_state_machine_executions_and_alarm_status_are_on_the_page(s, widgets):
     titles = [w.get("properties", {}).get("title", "") for w in widgets]
     assert "Launcher state machine executions" in titles
     (status,) = [w for w in widgets if w["type"] == "alarm"]
-    assert len(status["properties"]["alarms"]) == 7
+    assert len(status["properties"]["alarms"]) == 3  # launcher failed / timed out, alarm manager failed
+    (header,) = [w for w in widgets if w["type"] == "text"]
+    for name in ("GpuIdle", "NearOom", "Slow", "Stalled", "DiskNearlyFull"):  # the per-run alarms, named
+        assert name in header["properties"]["markdown"]
     (executions,) = [
         w for w in widgets if w.get("properties", {}).get("title") == "Launcher state machine executions"
     ]

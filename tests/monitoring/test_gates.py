@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import synth
+from monitoring_helpers import synth
 
 CASES = [("30b-fp8", None), ("8b-fp8", "nlp"), ("1b-bf16", None)]
 

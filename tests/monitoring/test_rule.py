@@ -14,17 +14,23 @@ from pathlib import Path
 
 import boto3
 import pytest
-from conftest import synth
+from monitoring_helpers import synth
 from moto import mock_aws
 from moto.events.models import EventPattern
 
+from trainstack.naming import job_name_prefix
+from trainstack.recipe import to_hyperparameters
 from trainstack.request import job_name
 
 SAMPLE = json.loads((Path(__file__).parent / "data" / "sagemaker_training_job_state_change.json").read_text())
 
 
-def event_for(name: str, status: str, reason: str | None = None) -> dict:
+def event_for(name: str, status: str, reason: str | None = None, recipe=None) -> dict:
+    """AWS's sample event, for job `name`; with `recipe`, carrying the hyperparameters the launcher
+    gives that recipe's jobs (else the sample's own, which name no recipe)."""
     event = copy.deepcopy(SAMPLE)
+    if recipe is not None:
+        event["detail"]["HyperParameters"] = to_hyperparameters(recipe)
     event["detail"]["TrainingJobName"] = name
     event["detail"]["TrainingJobArn"] = f"arn:aws:sagemaker:us-east-1:123456789012:training-job/{name}"
     event["resources"] = [event["detail"]["TrainingJobArn"]]
@@ -42,7 +48,9 @@ def s():
 
 @pytest.fixture(scope="module")
 def rule(s):
-    (props,) = [r["Properties"] for r in s.resources("AWS::Events::Rule").values()]
+    (props,) = [
+        r["Properties"] for k, r in s.resources("AWS::Events::Rule").items() if "JobStateChanged" in k
+    ]
     return props
 
 
@@ -62,8 +70,11 @@ def test_put_events_routes_this_recipes_failure_and_nothing_else(s, rule):
         arn = sqs.get_queue_attributes(QueueUrl=queue, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
         events.put_rule(Name="JobStateChanged", EventPattern=json.dumps(rule["EventPattern"]))
         events.put_targets(Rule="JobStateChanged", Targets=[{"Id": "q", "Arn": arn}])
-        ours = event_for(job_name(s.recipe, None, "a1"), "Failed", "AlgorithmError: NCCL timeout")
-        theirs = event_for(job_name(resolve("7b-bf16").recipe, None, "a1"), "Failed")
+        ours = event_for(
+            job_name(s.recipe, None, "a1"), "Failed", "AlgorithmError: NCCL timeout", recipe=s.recipe
+        )
+        other = resolve("7b-bf16").recipe
+        theirs = event_for(job_name(other, None, "a1"), "Failed", recipe=other)
         for event in (theirs, ours):
             events.put_events(
                 Entries=[
@@ -82,9 +93,11 @@ def test_put_events_routes_this_recipes_failure_and_nothing_else(s, rule):
 
 def test_matches_this_recipes_failed_stopped_and_completed_jobs(s, matches):
     name = job_name(s.recipe, None, "a1")
-    assert matches(event_for(name, "Failed", "AlgorithmError: NCCL timeout"))
-    assert matches(event_for(name, "Stopped"))
-    assert matches(event_for(name, "Completed"))
+    assert matches(event_for(name, "Failed", "AlgorithmError: NCCL timeout", recipe=s.recipe))
+    assert matches(event_for(name, "Stopped", recipe=s.recipe))
+    assert matches(event_for(name, "Completed", recipe=s.recipe))
+    # AWS's sample carries hyperparameters that name no recipe: the prefix decides
+    assert matches(event_for(name, "Failed"))
 
 
 def test_ignores_progress_states(s, matches):
@@ -98,8 +111,37 @@ def test_ignores_other_recipes_and_teams(s, matches):
 
     other = resolve("7b-bf16").recipe
     assert not matches(event_for(job_name(other, None, "a1"), "Failed"))
+    assert not matches(event_for(job_name(other, None, "a1"), "Failed", recipe=other))
     assert not matches(event_for(job_name(s.recipe, "nlp", "a1"), "Failed"))  # same recipe, another team
     assert not matches(event_for("89c96cc8-dded-4739-afcc-6f1dc936701d", "Failed"))  # AWS's own sample job
+
+
+def test_with_the_launchers_hyperparameters_the_recipe_is_told_apart_from_one_extending_its_name():
+    from trainstack.loader import resolve
+
+    s = synth("8b-fp8")
+    (props,) = [
+        r["Properties"] for k, r in s.resources("AWS::Events::Rule").items() if "JobStateChanged" in k
+    ]
+    match = EventPattern.load(json.dumps(props["EventPattern"])).matches_event
+    longer = resolve("8b-fp8-128k").recipe
+    theirs = job_name(longer, None, "a1")
+    assert theirs.startswith(job_name_prefix(s.recipe, None) + "-")  # the prefix alone cannot tell
+    assert not match(event_for(theirs, "Failed", recipe=longer))
+    assert match(event_for(job_name(s.recipe, None, "a1"), "Failed", recipe=s.recipe))
+    # the same holds for the rule that puts and deletes the run alarms
+    (run_rule,) = [
+        r["Properties"] for k, r in s.resources("AWS::Events::Rule").items() if "RunStateChanged" in k
+    ]
+    run_match = EventPattern.load(json.dumps(run_rule["EventPattern"])).matches_event
+    assert not run_match(event_for(theirs, "Failed", recipe=longer))
+    assert run_match(event_for(job_name(s.recipe, None, "a1"), "Failed", recipe=s.recipe))
+
+
+def test_a_short_tuning_run_is_still_this_recipes(s, matches):
+    """`trainstack launch --max-steps` changes training.steps (and the job's hash), not the name."""
+    short = s.recipe.model_copy(update={"training": s.recipe.training.model_copy(update={"steps": 50})})
+    assert matches(event_for(job_name(short, None, "t1"), "Completed", recipe=short))
 
 
 def test_ignores_other_event_types(s, matches):
@@ -159,10 +201,22 @@ def test_topic_is_kms_encrypted_and_ssl_only(s):
         st["Effect"] == "Deny" and st["Condition"] == {"Bool": {"aws:SecureTransport": "false"}}
         for st in statements
     )
-    # EventBridge and CloudWatch may use the key to publish, and nothing else is granted.
+    # EventBridge (granted by CDK's SnsTopic target) and CloudWatch alarms may use the key to publish,
+    # and nothing more.
     key_policy = s.resources("AWS::KMS::Key")[key_id]["Properties"]["KeyPolicy"]["Statement"]
-    services = {st["Principal"]["Service"] for st in key_policy if "Service" in st.get("Principal", {})}
-    assert services == {"events.amazonaws.com", "cloudwatch.amazonaws.com"}
+    publish = [
+        st
+        for st in key_policy
+        if st.get("Principal", {}).get("Service") in ("events.amazonaws.com", "cloudwatch.amazonaws.com")
+    ]
+    assert {st["Principal"]["Service"] for st in publish} == {
+        "events.amazonaws.com",
+        "cloudwatch.amazonaws.com",
+    }
+    allowed = {"kms:Decrypt", "kms:GenerateDataKey", "kms:GenerateDataKey*"}
+    assert all(set(st["Action"]) <= allowed for st in publish)
+    (alarms,) = [st for st in publish if st["Principal"]["Service"] == "cloudwatch.amazonaws.com"]
+    assert alarms["Condition"] == {"StringEquals": {"aws:SourceAccount": {"Ref": "AWS::AccountId"}}}
 
 
 def test_email_subscription_comes_from_the_recipe():

@@ -16,8 +16,7 @@ from pathlib import Path
 
 import boto3
 import pytest
-from conftest import synth
-from test_alarms import definition, topic_ref
+from monitoring_helpers import definition, synth, topic_ref
 
 from stacks.monitoring import run_alarm_specs
 from trainstack.emulator import Emulator
@@ -28,8 +27,14 @@ SAMPLE = json.loads((Path(__file__).parent / "data" / "sagemaker_training_job_st
 
 
 def client(emu: Emulator, service: str):
-    return boto3.client(service, endpoint_url=emu.endpoint, region_name="us-east-1", aws_access_key_id="testing",
-                        aws_secret_access_key="testing", aws_session_token="testing")
+    return boto3.client(
+        service,
+        endpoint_url=emu.endpoint,
+        region_name="us-east-1",
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+        aws_session_token="testing",
+    )
 
 
 def event(name: str, status: str, secondary: str) -> dict:
@@ -41,25 +46,33 @@ def event(name: str, status: str, secondary: str) -> dict:
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     s = synth("30b-fp8")
-    with Emulator(log_path=tmp_path_factory.mktemp("moto") / "moto.log") as emu:
+    # A generous start timeout: CI machines are shared and moto's first import is slow under load.
+    emu = Emulator(log_path=tmp_path_factory.mktemp("moto") / "moto.log").start(timeout_s=180)
+    try:
         topic = client(emu, "sns").create_topic(Name="trainstack-notifications")["TopicArn"]
         asl = definition(s, {topic_ref(s)["Ref"]: topic})
         machine = client(emu, "stepfunctions").create_state_machine(
-            name="alarm-manager", definition=json.dumps(asl),
-            roleArn="arn:aws:iam::123456789012:role/alarm-manager")["stateMachineArn"]
+            name="alarm-manager",
+            definition=json.dumps(asl),
+            roleArn="arn:aws:iam::123456789012:role/alarm-manager",
+        )["stateMachineArn"]
         yield s, emu, topic, machine
+    finally:
+        emu.stop()
 
 
 def run(emu: Emulator, machine: str, payload: dict) -> dict:
     sfn = client(emu, "stepfunctions")
-    arn = sfn.start_execution(stateMachineArn=machine, name=uuid.uuid4().hex, input=json.dumps(payload))["executionArn"]
-    deadline = time.monotonic() + 60
+    arn = sfn.start_execution(stateMachineArn=machine, name=uuid.uuid4().hex, input=json.dumps(payload))[
+        "executionArn"
+    ]
+    deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         described = sfn.describe_execution(executionArn=arn)
         if described["status"] != "RUNNING":
             return described
         time.sleep(0.2)
-    raise AssertionError("alarm manager execution did not finish within 60 s")
+    raise AssertionError("alarm manager execution did not finish within 120 s")
 
 
 def alarms_of(emu: Emulator, job: str) -> dict[str, dict]:
@@ -82,13 +95,26 @@ def test_run_alarms_exist_for_the_job_and_each_host_once_it_trains(setup):
     assert set(alarms) == set(expected)
     for name, request in expected.items():
         alarm = alarms[name]
-        for key in ("Namespace", "MetricName", "Dimensions", "Statistic", "Period", "EvaluationPeriods",
-                    "Threshold", "ComparisonOperator", "TreatMissingData", "AlarmActions", "OKActions"):
+        for key in (
+            "Namespace",
+            "MetricName",
+            "Dimensions",
+            "Statistic",
+            "Period",
+            "EvaluationPeriods",
+            "Threshold",
+            "ComparisonOperator",
+            "TreatMissingData",
+            "AlarmActions",
+            "OKActions",
+        ):
             assert alarm[key] == request[key], (name, key)
     # e.g. the slow alarm of this job, against the plan
     slow = alarms[f"{job}-Slow"]
     assert slow["MetricName"] == "train:tokens_per_sec"
-    assert slow["Threshold"] == pytest.approx(s.recipe.monitoring.slow_fraction * s.plan.throughput.tokens_per_sec_per_gpu)
+    assert slow["Threshold"] == pytest.approx(
+        s.recipe.monitoring.slow_fraction * s.plan.throughput.tokens_per_sec_per_gpu
+    )
     assert slow["AlarmActions"] == [topic]
 
 

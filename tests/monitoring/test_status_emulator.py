@@ -32,8 +32,12 @@ RECIPE = "30b-fp8"
 
 @pytest.fixture(scope="module")
 def emulator(tmp_path_factory):
-    with Emulator(log_path=tmp_path_factory.mktemp("moto") / "moto.log") as emu:
+    # A generous start timeout: CI machines are shared and moto's first import is slow under load.
+    emu = Emulator(log_path=tmp_path_factory.mktemp("moto") / "moto.log").start(timeout_s=180)
+    try:
         yield emu
+    finally:
+        emu.stop()
 
 
 def client(emu: Emulator, service: str):
@@ -167,6 +171,47 @@ def test_logs_prints_the_jobs_stream(emulator):
     result = cli(emulator, "logs", RECIPE, "--job", name)
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == lines
+    # --follow stops by itself once the job has ended, printing every line exactly once.
+    followed = cli(emulator, "logs", RECIPE, "--job", name, "--follow", "--interval", "0.5")
+    assert followed.returncode == 0, followed.stderr
+    assert followed.stdout.splitlines() == lines
+    assert f"# {name} ended: Completed" in followed.stderr
     wrong = cli(emulator, "logs", RECIPE, "--job", job_name(resolve("8b-fp8").recipe, None, "x1"))
     assert wrong.returncode == 2 and "is not a run of 30b-fp8" in wrong.stderr
     assert "Traceback" not in wrong.stderr
+
+
+def test_a_launch_still_waiting_for_its_job_shows_as_pending(emulator):
+    """The launcher stack's StateMachineArn output leads status to executions that have no job yet."""
+    from trainstack.naming import stack_prefix
+
+    recipe = resolve(RECIPE).recipe
+    machine = client(emulator, "stepfunctions").create_state_machine(
+        name="launcher",
+        roleArn="arn:aws:iam::123456789012:role/launcher",
+        definition=json.dumps(
+            {
+                "StartAt": "WaitForCapacity",
+                "States": {"WaitForCapacity": {"Type": "Wait", "Seconds": 600, "End": True}},
+            }
+        ),
+    )["stateMachineArn"]
+    # Only the output matters to status: the launcher stack says where its state machine is.
+    template = {
+        "Resources": {"Placeholder": {"Type": "AWS::CloudFormation::WaitConditionHandle"}},
+        "Outputs": {"StateMachineArn": {"Value": machine}},
+    }
+    client(emulator, "cloudformation").create_stack(
+        StackName=f"{stack_prefix(recipe, None)}-Launcher", TemplateBody=json.dumps(template)
+    )
+    pending = job_name(recipe, None, "pend1")
+    client(emulator, "stepfunctions").start_execution(stateMachineArn=machine, name=pending, input="{}")
+
+    result = cli(emulator, "status", RECIPE, "--json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["launcher_deployed"] is True
+    assert [e["name"] for e in report["pending_executions"]] == [pending]
+    assert report["pending_executions"][0]["status"] == "RUNNING"
+    shown = cli(emulator, "status", RECIPE)
+    assert "no training job yet" in shown.stdout and pending in shown.stdout

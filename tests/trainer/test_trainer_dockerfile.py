@@ -40,3 +40,19 @@ def test_build_context_holds_everything_the_dockerfile_copies():
     for source in re.findall(r"^COPY (\S+) ", DOCKERFILE.read_text(), re.M):
         assert source.rstrip("/") in allowed, source
         assert (REPO / source).exists(), source
+
+
+def test_trainer_imports_only_what_the_image_installs():
+    # The image has torch and numpy (base image), pydantic and pyyaml (pinned); no CDK, AWS SDK or CLI libs.
+    probe = """
+import importlib.abc, sys
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name.split(".")[0] in {"typer", "rich", "boto3", "botocore", "aws_cdk", "constructs", "cdk_nag",
+                                  "sagemaker", "matplotlib", "moto"}:
+            raise ImportError("not in the training image: " + name)
+sys.meta_path.insert(0, Block())
+import trainer.__main__, trainer.entrypoint, trainer.make_shards, trainer.train
+"""
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-2000:]

@@ -14,11 +14,12 @@ from pathlib import Path
 
 import pytest
 from trainer.checkpoint import MARKER, completeness_problem
-from trainer_helpers import REPO, TINY, metric_lines, torchrun, trainer_env
+from trainer_helpers import REPO, TINY, metric_lines, torchrun, trainer_env, two_nodes
 
 from trainstack.loader import resolve
 from trainstack.metrics import FIELDS, metric_definitions, parse_line
 from trainstack.recipe import to_hyperparameters
+from trainstack.request import create_training_job_request
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("trainer")]
 
@@ -129,14 +130,34 @@ def test_hsdp_2x2_mesh_trains_like_fsdp(straight, tmp_path):
     assert hsdp[0][6]["loss"] < hsdp[0][1]["loss"]
 
 
+def test_one_process_computes_the_same_losses_as_two_ranks(straight, tmp_path):
+    # Initialisation and the data each step sees do not depend on the layout: only reduction order does.
+    result = subprocess.run(
+        [sys.executable, "-m", "trainer", "--recipe", str(TINY), "--device", "cpu", "--max-steps", "3",
+         "--checkpoint-dir", str(tmp_path / "ck"), "--trace-dir", str(tmp_path / "trace")],
+        cwd=REPO, env=trainer_env(), capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "FSDP over 1 ranks" in result.stderr and "8 accumulation" in result.stderr
+    single, fsdp = read_trace(tmp_path / "trace"), read_trace(straight[0] / "trace")
+    for step in (1, 2, 3):
+        assert abs(single[0][step]["loss"] - fsdp[0][step]["loss"]) < 1e-4, step
+
+
 def test_every_metric_regex_matches_real_lines_and_only_the_intended_numbers(straight):
     _, result = straight
     lines = metric_lines(result.stdout)
     assert lines
-    definitions = metric_definitions()
+    # The MetricDefinitions the launcher actually sends in CreateTrainingJob, from the one definition.
+    request = create_training_job_request(
+        resolve(str(TINY)).recipe, None, job_name="ts-test-tiny-1",
+        role_arn="arn:aws:iam::123456789012:role/t",
+        image_uri="123456789012.dkr.ecr.us-west-2.amazonaws.com/t:1", bucket_name="bucket-t")
+    definitions = request["AlgorithmSpecification"]["MetricDefinitions"]
+    assert definitions == metric_definitions()
     assert [d["Name"] for d in definitions] == [f.metric_name for f in FIELDS]
     for line in lines:
         printed = dict(token.split("=", 1) for token in line.split())
+        assert list(printed) == [f.key for f in FIELDS]
         for field, definition in zip(FIELDS, definitions, strict=True):
             found = re.findall(definition["Regex"], line)
             assert found == [printed[field.key]], (definition, line)
@@ -206,3 +227,28 @@ def test_trains_from_token_shards_written_by_make_shards(tmp_path):
     assert "data shards:" in result.stderr
     losses = [parse_line(line)["loss"] for line in metric_lines(result.stdout)]
     assert losses[-1] < losses[0]
+
+
+def test_node_local_checkpoint_directories_resume_after_an_s3_style_merge(straight, tmp_path):
+    """SageMaker: each node writes its own /opt/ml/checkpoints, synced to one S3 prefix and downloaded
+    whole to every node on restart. Each node keeps only its own files; the merge is complete only
+    with every node's files; resuming from it continues exactly."""
+    nodes = (tmp_path / "node0", tmp_path / "node1")
+    two_nodes(nodes, "--recipe", str(TINY), "--max-steps", "20", "--trace-dir", str(tmp_path / "trace"))
+    assert {p.name for p in (nodes[1] / "step-000000020").iterdir()} == {
+        "__1_0.distcp", "rank-00001.pt", "manifest-rank00001.json"}  # no marker on node 1
+    only_node0 = tmp_path / "s3-partial"
+    shutil.copytree(nodes[0], only_node0)
+    assert "manifest-rank00001.json is missing" in completeness_problem(only_node0 / "step-000000020")
+    s3 = tmp_path / "s3"  # what all nodes uploaded; on restart every node downloads all of it
+    for node in nodes:
+        shutil.copytree(node, s3, dirs_exist_ok=True)
+    for node in nodes:
+        shutil.copytree(s3, node, dirs_exist_ok=True)
+    assert completeness_problem(nodes[0] / "step-000000020") is None
+    outputs = two_nodes(nodes, "--recipe", str(TINY), "--max-steps", "30",
+                        "--trace-dir", str(tmp_path / "trace"))
+    assert "step 20, data position 320" in outputs[0]
+    resumed, reference = read_trace(tmp_path / "trace"), read_trace(straight[0] / "trace")
+    assert abs(resumed[0][30]["loss"] - reference[0][30]["loss"]) <= 1e-6
+    assert sorted(all_samples(tmp_path / "trace")) == list(range(30 * GLOBAL_BATCH))

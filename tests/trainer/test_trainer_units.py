@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from trainer.activation_checkpointing import apply_activation_checkpointing, checkpointed_blocks
-from trainer.checkpoint import MARKER, completeness_problem, newest_complete
+from trainer.checkpoint import MARKER, completeness_problem, manifest_name, newest_complete
 from trainer.config import recipe_from_json, resolve_layout
 from trainer.data import ShardedTokens, SyntheticTokens, micro_batch_indices
 from trainer.loss import chunked_cross_entropy
@@ -24,7 +24,7 @@ from trainer.precision import TE_RECIPE_CLASS, check_precision
 from trainer_helpers import REPO, TINY, trainer_env
 
 from trainstack.errors import RecipeError, TrainstackError
-from trainstack.loader import resolve
+from trainstack.loader import base_recipe_names, resolve
 from trainstack.recipe import ActivationCheckpointing, Precision, to_hyperparameters
 
 
@@ -107,6 +107,14 @@ def test_layout_on_the_ranks_running(tiny):
     assert (resolve_layout(hsdp, 4, "r.yaml").shard, resolve_layout(hsdp, 4, "r.yaml").replicas) == (2, 2)
 
 
+@pytest.mark.parametrize("name", base_recipe_names())
+def test_every_base_recipe_lays_out_on_its_planned_world(name):
+    recipe = resolve(name).recipe
+    layout = resolve_layout(recipe, recipe.world_size, name)
+    assert layout.grad_accum == recipe.grad_accum_steps
+    assert layout.shard == recipe.parallelism.shard_group
+
+
 @pytest.mark.parametrize("update, world, field", [
     ({"parallelism": {"shard_group": 4, "tp": 2}}, 2, "parallelism.tp"),
     ({"parallelism": {"shard_group": 4, "cp": 2}}, 2, "parallelism.cp"),
@@ -133,6 +141,20 @@ def test_fp8_without_a_gpu_is_refused_not_downgraded():
     with pytest.raises(TrainstackError, match="^precision.dtype: fp8 needs an NVIDIA GPU"):
         check_precision(Precision(dtype="fp8", fp8_recipe="mxfp8"), "cpu", "pytorch")
     check_precision(Precision(dtype="bf16"), "cpu", "pytorch")
+
+
+def test_mxfp8_on_a_hopper_gpu_fails_at_start_with_a_clear_message(monkeypatch):
+    # A Blackwell recipe started on an H100: no silent fallback to another scaling recipe.
+    import trainer.precision as precision
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(precision, "_te_support", lambda name: None)  # decide by compute capability
+    with pytest.raises(TrainstackError, match=r"^precision.fp8_recipe: mxfp8 cannot run on NVIDIA H100 .*"
+                       r"needs compute capability 10.0\+.*MXFP8 needs Blackwell; use current or delayed"):
+        check_precision(Precision(dtype="fp8", fp8_recipe="mxfp8"), "cuda", "transformer_engine")
+    check_precision(Precision(dtype="fp8", fp8_recipe="current"), "cuda", "transformer_engine")
 
 
 # --- data -----------------------------------------------------------------------------------------
@@ -201,6 +223,7 @@ def test_bad_hyperparameters_name_file_and_field(tiny, tmp_path):
 
 
 @pytest.mark.parametrize("args, expected", [
+    ([], "--recipe: not given, and /opt/ml/input/config/hyperparameters.json does not exist"),
     (["--recipe", "does/not/exist.yaml"], "does/not/exist.yaml: file not found"),
     (["--recipe", str(TINY), "--set", "parallelism.tp=2", "--set", "parallelism.shard_group=4"],
      "parallelism.tp: 2: tensor parallelism is not implemented"),
@@ -218,15 +241,22 @@ def test_cli_mistakes_exit_2_with_one_line(args, expected, tmp_path):
 
 
 # --- checkpoint completeness --------------------------------------------------------------------------
-def test_completeness_marker_and_sizes(tmp_path):
+def test_completeness_needs_the_marker_every_manifest_and_exact_sizes(tmp_path):
     step = tmp_path / "step-000000005"
     step.mkdir()
-    (step / "__0_0.distcp").write_bytes(b"x" * 100)
+    for name, size in (("__0_0.distcp", 100), ("__1_0.distcp", 80), (".metadata", 3)):
+        (step / name).write_bytes(b"x" * size)
     assert "no COMPLETE.json" in completeness_problem(step)
-    (step / MARKER).write_text(json.dumps({"files": {"__0_0.distcp": 100, ".metadata": 3}}))
-    assert ".metadata is missing" in completeness_problem(step)
-    (step / ".metadata").write_bytes(b"abc")
+    (step / MARKER).write_text(json.dumps({"step": 5, "world_size": 2}))
+    (step / manifest_name(0)).write_text(json.dumps({"files": {"__0_0.distcp": 100, ".metadata": 3}}))
+    assert "manifest-rank00001.json is missing" in completeness_problem(step)
+    (step / manifest_name(1)).write_text(json.dumps({"files": {"__1_0.distcp": 80, "rank-00001.pt": 7}}))
+    assert "rank-00001.pt is missing" in completeness_problem(step)
+    (step / "rank-00001.pt").write_bytes(b"y" * 7)
     assert completeness_problem(step) is None
+    (step / "__1_0.distcp").write_bytes(b"x" * 40)  # half-synced from S3
+    assert "__1_0.distcp has 40 bytes, expected 80 (truncated)" in completeness_problem(step)
+    (step / "__1_0.distcp").write_bytes(b"x" * 80)
     assert newest_complete(tmp_path) == step
     newer = tmp_path / "step-000000010"
     newer.mkdir()

@@ -29,3 +29,28 @@ def torchrun(nproc: int, *trainer_args: str, timeout: float = 240) -> subprocess
 
 def metric_lines(output: str) -> list[str]:
     return [line for line in output.splitlines() if line.startswith("step=")]
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def two_nodes(checkpoint_dirs: tuple[Path, Path], *trainer_args: str, timeout: float = 240) -> list[str]:
+    """Two torchrun 'nodes' of one rank each on this machine, each with its own checkpoint directory,
+    as SageMaker gives every node its own /opt/ml/checkpoints. Returns each node's combined output."""
+    port = str(free_port())
+    processes = []
+    for node, directory in enumerate(checkpoint_dirs):
+        command = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", f"--node-rank={node}",
+                   "--nproc-per-node=1", "--master-addr=127.0.0.1", f"--master-port={port}",
+                   "-m", "trainer", "--device", "cpu", "--checkpoint-dir", str(directory), *trainer_args]
+        processes.append(subprocess.Popen(command, cwd=REPO, env=trainer_env(), stdout=subprocess.PIPE,
+                                          stderr=subprocess.STDOUT, text=True))
+    outputs = [p.communicate(timeout=timeout)[0] for p in processes]
+    for p, out in zip(processes, outputs, strict=True):
+        assert p.returncode == 0, out[-3000:]
+    return outputs

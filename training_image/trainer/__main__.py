@@ -22,6 +22,9 @@ def default_data_dir() -> Path | None:
 
 
 def default_checkpoint_dir() -> Path:
+    configured = os.environ.get("TRAINSTACK_CHECKPOINT_DIR")  # set by the launcher's request
+    if configured:
+        return Path(configured)
     return SAGEMAKER_CHECKPOINTS if SAGEMAKER_CHECKPOINTS.parent.is_dir() else Path("checkpoints")
 
 
@@ -36,7 +39,8 @@ def parse_args(argv: list[str] | None) -> RunOptions:
                         help="stop after this many optimizer steps in total (the LR schedule still "
                         "follows training.steps); default: $TRAINSTACK_MAX_STEPS or training.steps")
     parser.add_argument("--checkpoint-dir", type=Path, default=default_checkpoint_dir(),
-                        help="default: /opt/ml/checkpoints on SageMaker, else ./checkpoints")
+                        help="default: $TRAINSTACK_CHECKPOINT_DIR, else /opt/ml/checkpoints on SageMaker, "
+                        "else ./checkpoints")
     parser.add_argument("--data-dir", type=Path, default=default_data_dir(),
                         help="token shards; default: $SM_CHANNEL_TRAIN or /opt/ml/input/data/train")
     parser.add_argument("--synthetic", action="store_true", help="train on the synthetic token set")

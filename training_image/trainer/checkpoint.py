@@ -3,17 +3,24 @@
 Layout under the checkpoint directory (SageMaker syncs /opt/ml/checkpoints with S3):
 
     step-000001000/
-        __0_0.distcp ...     DCP shards of {"model", "optim"} written by every rank
-        .metadata            DCP's index, written by rank 0 after every rank's shards are on disk
-        rank-00000.pt ...    per-rank trainer state: step, data position, LR scheduler, RNG states
-        COMPLETE.json        written last, atomically (tmp + rename), listing every file and its size
+        __0_0.distcp ...           DCP shards of {"model", "optim"}: rank r writes __r_*.distcp
+        .metadata                  DCP's index, written by rank 0 once every rank's shards are on disk
+        rank-00000.pt ...          per-rank trainer state: step, data position, LR scheduler, RNG states
+        manifest-rank00000.json    per rank, after its save returned: its own files and their sizes
+        COMPLETE.json              rank 0, after its save returned: step, data position, world size
 
-A directory is complete only when COMPLETE.json exists and every file it lists has exactly the listed
-size; anything else (killed mid-write, half-synced from S3) is skipped with a log line, and resume
-takes the newest complete one. Saves are asynchronous: state is staged to host memory in the step
-loop, files are written by a background thread on a separate gloo process group (so the training
-collectives never interleave with it), and rank 0 writes the marker once its save has finished, which
-DCP only allows after all ranks' writes. One save is in flight at a time.
+Every file of a rank is listed by that rank, so the scheme holds whether the checkpoint directory is
+one shared filesystem or, as on SageMaker, a local directory per node synced with one S3 prefix (and
+downloaded whole to every node on restart). A directory is complete only when COMPLETE.json and all
+world_size manifests exist and every listed file has exactly the listed size; anything else (killed
+mid-write, half-synced from S3) is skipped with a log line, and resume takes the newest complete one
+(rank 0 decides and tells the others). Manifests and the marker are written atomically (tmp +
+rename) only after DCP's save has returned, which it does on every rank only once all shards and
+.metadata are written.
+
+Saves are asynchronous: state is staged to host memory in the step loop, files are written by a
+background thread on a separate gloo process group (so the training collectives never interleave
+with it). One save is in flight at a time.
 """
 
 from __future__ import annotations
@@ -56,15 +63,28 @@ def _write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def manifest_name(rank: int) -> str:
+    return f"manifest-rank{rank:05d}.json"
+
+
 def completeness_problem(directory: Path) -> str | None:
     """Why `directory` is not a complete checkpoint, or None when it is."""
     marker = directory / MARKER
     if not marker.is_file():
         return f"no {MARKER} (interrupted while writing)"
     try:
-        files: dict[str, int] = json.loads(marker.read_text())["files"]
+        world = int(json.loads(marker.read_text())["world_size"])
     except (ValueError, KeyError, TypeError):
         return f"unreadable {MARKER}"
+    files: dict[str, int] = {}
+    for rank in range(world):
+        manifest = directory / manifest_name(rank)
+        if not manifest.is_file():
+            return f"{manifest.name} is missing (rank {rank} had not finished)"
+        try:
+            files.update(json.loads(manifest.read_text())["files"])
+        except (ValueError, KeyError, TypeError):
+            return f"unreadable {manifest.name}"
     for name, size in files.items():
         path = directory / name
         if not path.is_file():
@@ -105,8 +125,10 @@ def _set_rng_state(state: dict[str, torch.Tensor]) -> None:
 
 
 class CheckpointManager:
-    def __init__(self, root: Path, keep: int, rank: int, world: int, asynchronous: bool = True):
+    def __init__(self, root: Path, keep: int, rank: int, world: int, local_rank: int = 0,
+                 asynchronous: bool = True):
         self.root, self.keep, self.rank, self.world = Path(root), keep, rank, world
+        self.local_rank = local_rank
         self.asynchronous = asynchronous
         # A separate gloo group: the async writer thread's collectives must not share a communicator
         # with the training loop's (NCCL on GPU; on CPU the default group is gloo too).
@@ -118,11 +140,10 @@ class CheckpointManager:
              state: TrainerState, blocking: bool = False) -> Path:
         self.wait()
         directory = self.root / step_dir_name(state.step)
-        if self.rank == 0:
-            if directory.exists():  # left by an interrupted earlier attempt at this step
-                shutil.rmtree(directory)
-            directory.mkdir(parents=True)
+        if self.local_rank == 0 and directory.exists():  # an interrupted earlier attempt at this step
+            shutil.rmtree(directory, ignore_errors=True)
         dist.barrier(group=self.group)
+        directory.mkdir(parents=True, exist_ok=True)  # on every node: the directory may be node-local
         extras = {"trainer": asdict(state), "scheduler": scheduler.state_dict(), "rng": _rng_state()}
         extras_path = directory / f"rank-{self.rank:05d}.pt"
         torch.save(extras, extras_path.with_name(extras_path.name + ".tmp"))
@@ -151,28 +172,44 @@ class CheckpointManager:
         future.result()
         self._finalize(directory, state)
 
+    def _own_files(self, directory: Path) -> dict[str, int]:
+        paths = [*directory.glob(f"__{self.rank}_*.distcp"), directory / f"rank-{self.rank:05d}.pt"]
+        if self.rank == 0:
+            paths.append(directory / ".metadata")
+        return {p.name: p.stat().st_size for p in sorted(paths)}
+
     def _finalize(self, directory: Path, state: TrainerState) -> None:
-        if self.rank != 0:
-            return
-        # Rank 0's DCP save returns only after every rank's shards and .metadata are written.
-        files = {p.name: p.stat().st_size for p in sorted(directory.iterdir())
-                 if p.is_file() and p.name != MARKER and not p.name.endswith(".tmp")}
-        marker = {"step": state.step, "samples_consumed": state.samples_consumed,
-                  "world_size": state.world_size, "files": files}
-        _write_atomic(directory / MARKER, json.dumps(marker, indent=1) + "\n")
-        log.info("checkpoint complete: %s", directory)
-        self._prune()
+        # DCP's save has returned: on every rank that means all shards and .metadata are written.
+        manifest = {"step": state.step, "rank": self.rank, "files": self._own_files(directory)}
+        _write_atomic(directory / manifest_name(self.rank), json.dumps(manifest, indent=1) + "\n")
+        if self.rank == 0:
+            marker = {"step": state.step, "samples_consumed": state.samples_consumed,
+                      "world_size": state.world_size, "data_source": state.data_source}
+            _write_atomic(directory / MARKER, json.dumps(marker, indent=1) + "\n")
+            log.info("checkpoint complete: %s", directory)
+        if self.local_rank == 0:
+            self._prune()
 
     def _prune(self) -> None:
-        """Keep the newest `keep` complete checkpoints; drop everything older than the oldest kept."""
-        complete = [(s, d) for s, d in step_dirs(self.root) if completeness_problem(d) is None]
-        if len(complete) <= self.keep:
+        """Keep the newest `keep` checkpoints this rank finished; drop every directory older than those.
+
+        Judged by this rank's own manifest, not COMPLETE.json: with node-local directories only node 0
+        holds the marker, and a save this rank finished is finished on every rank."""
+        finished = [s for s, d in step_dirs(self.root) if (d / manifest_name(self.rank)).is_file()]
+        if len(finished) <= self.keep:
             return
-        oldest_kept = complete[self.keep - 1][0]
+        oldest_kept = finished[self.keep - 1]
         for step, directory in step_dirs(self.root):
             if step < oldest_kept:
                 shutil.rmtree(directory, ignore_errors=True)
                 log.info("removed old checkpoint %s", directory)
+
+    def newest_complete(self) -> Path | None:
+        """The newest complete checkpoint as rank 0 sees it, agreed by every rank."""
+        found = newest_complete(self.root) if self.rank == 0 else None
+        choice = [str(found) if found is not None else None]
+        dist.broadcast_object_list(choice, src=0, group=self.group)
+        return Path(choice[0]) if choice[0] else None
 
     # --- load ---------------------------------------------------------------------------------------
     def load(self, directory: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.tensor import DTensor, distribute_tensor
 
 from trainer.loss import chunked_cross_entropy
 from trainstack.recipe import ModelShape
@@ -157,14 +158,15 @@ class Transformer(nn.Module):
     @torch.no_grad()
     def init_weights(self) -> None:
         """Materialised values after `to_empty`: truncated normal for matrices (output projections
-        scaled by 1/sqrt(2 * layers), GPT-2 style), ones for norms, rotary tables recomputed."""
+        scaled by 1/sqrt(2 * layers), GPT-2 style), ones for norms, rotary tables recomputed.
+        Call with the same torch seed on every rank."""
         depth_std = INIT_STD / math.sqrt(2 * self.shape.layers)
         for name, param in self.named_parameters():
             if name.endswith("norm.weight"):
                 param.fill_(1.0)
             else:
                 std = depth_std if name.endswith(("wo.weight", "w2.weight")) else INIT_STD
-                nn.init.trunc_normal_(param, mean=0.0, std=std, a=-3 * std, b=3 * std)
+                _init_sharded(param, lambda t, std=std: nn.init.trunc_normal_(t, 0.0, std, -3 * std, 3 * std))
         device = self.rope_cos.device
         cos, sin = rotary_tables(self.shape.head_dim, self.seq_len, self.shape.rope_theta, device)
         self.rope_cos.copy_(cos)
@@ -176,6 +178,22 @@ class Transformer(nn.Module):
         for block in self.layers:
             x = block(x, self.rope_cos, self.rope_sin)
         return chunked_cross_entropy(self.norm(x), targets, self.output, self.loss_chunk_tokens)
+
+
+def _init_sharded(param: torch.Tensor, init: Callable[[torch.Tensor], object]) -> None:
+    """Initialise `param` in place so that its values do not depend on how it is sharded.
+
+    On CUDA meshes DTensor's random ops already guarantee that (offset-based Philox). On CPU meshes
+    they would draw every shard from the same local RNG stream (identical shards), so there the full
+    tensor is drawn on every rank alike and each rank keeps its own shard (tests and small models only).
+    """
+    if isinstance(param, DTensor) and param.device_mesh.device_type == "cpu":
+        full = torch.empty(param.shape, dtype=param.dtype)
+        init(full)
+        local = distribute_tensor(full, param.device_mesh, param.placements, src_data_rank=None)
+        param.to_local().copy_(local.to_local())
+    else:
+        init(param)
 
 
 def build_model(shape: ModelShape, seq_len: int, backend: Backend, loss_chunk_tokens: int) -> Transformer:

@@ -12,6 +12,7 @@ autocast with the recipe's scaling recipe:
 from __future__ import annotations
 
 import contextlib
+import importlib
 from collections.abc import Callable
 from typing import Any
 
@@ -38,15 +39,22 @@ TE_SUPPORT_CHECK = {
 
 
 def _te_support(fp8_recipe: str) -> tuple[bool, str] | None:
-    """(supported, reason) from Transformer Engine, or None when TE has no such check."""
+    """(supported, reason) from Transformer Engine, or None when this TE version has no such check.
+
+    TE moved and renamed these checks over versions (fp8.check_*_support() -> (ok, reason);
+    is_*_available(return_reason=True)); try each, never guess from a failure."""
     check_name, available_name = TE_SUPPORT_CHECK[fp8_recipe]
-    for module_name in ("transformer_engine.pytorch.quantization", "transformer_engine.pytorch.fp8"):
+    for module_name in ("transformer_engine.pytorch", "transformer_engine.pytorch.quantization",
+                        "transformer_engine.pytorch.fp8"):
         try:
-            module = __import__(module_name, fromlist=["_"])
+            module = importlib.import_module(module_name)
         except ImportError:
             continue
         if hasattr(module, available_name):
-            ok, reason = getattr(module, available_name)(return_reason=True)
+            try:
+                ok, reason = getattr(module, available_name)(return_reason=True)
+            except TypeError:
+                ok, reason = getattr(module, available_name)(), ""
             return bool(ok), str(reason)
         if hasattr(module, check_name):
             ok, reason = getattr(module, check_name)()

@@ -15,7 +15,6 @@ import signal
 import socket
 import sys
 import time
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 from trainer.activation_checkpointing import apply_activation_checkpointing
-from trainer.checkpoint import CheckpointManager, TrainerState, newest_complete
+from trainer.checkpoint import CheckpointManager, TrainerState
 from trainer.config import Layout, load_recipe, resolve_layout
 from trainer.data import load_batch, micro_batch_indices, open_source
 from trainer.model import build_model, select_backend
@@ -91,9 +90,6 @@ def init_distributed(device_type: str) -> tuple[int, int, torch.device]:
 
 
 def setup_logging(rank: int) -> None:
-    # On a CPU mesh DTensor initialises each shard from the local RNG (seeded identically on every
-    # rank); CUDA meshes use DTensor's offset-based RNG, matching an unsharded init. Known; not actionable.
-    warnings.filterwarnings("ignore", message="DTensor random operators may not have complete support")
     logging.basicConfig(
         level=logging.INFO if rank == 0 else logging.WARNING, stream=sys.stderr, force=True,
         format=f"%(asctime)s rank{rank} %(levelname)s %(name)s: %(message)s",
@@ -163,15 +159,18 @@ def _train(recipe: Recipe, source: str, options: RunOptions, rank: int, world: i
              token_source.name)
 
     checkpoints = CheckpointManager(options.checkpoint_dir, recipe.checkpointing.keep, rank, world,
+                                    local_rank=int(os.environ.get("LOCAL_RANK", "0")),
                                     asynchronous=options.async_checkpoint)
     state = TrainerState(step=0, samples_consumed=0, data_source=token_source.name, world_size=world)
-    latest = newest_complete(options.checkpoint_dir)
+    latest = checkpoints.newest_complete()
     if latest is not None:
         state = checkpoints.load(latest, model, optimizer, scheduler)
         if state.data_source != token_source.name:
             raise TrainstackError(f"{latest}: was trained on {state.data_source}, this run reads "
                                   f"{token_source.name}; use a new checkpoint directory for new data")
         log.info("resumed from %s: step %d, data position %d", latest, state.step, state.samples_consumed)
+    else:
+        log.info("no complete checkpoint in %s: starting at step 0", options.checkpoint_dir)
     max_steps = options.max_steps if options.max_steps is not None else recipe.training.steps
     try:
         return _loop(recipe, layout, options, rank, world, device, model, optimizer, scheduler,

@@ -78,9 +78,14 @@ def launch(
         typer.echo(json.dumps(body, indent=2))
         return
 
+    from botocore.exceptions import BotoCoreError, ClientError
+
     sfn = aws.client("stepfunctions")
-    started = sfn.start_execution(stateMachineArn=outputs["StateMachineArn"], name=job_name,
-                                  input=json.dumps(execution_input))
+    try:
+        started = sfn.start_execution(stateMachineArn=outputs["StateMachineArn"], name=job_name,
+                                      input=json.dumps(execution_input))
+    except (ClientError, BotoCoreError) as exc:
+        raise TrainstackError(f"could not start {job_name} in {aws.where}: {exc}") from None
     typer.echo(f"launched {job_name} ({run.training.steps} steps, warm pool {keep}s) in {aws.where}")
     typer.echo(f"execution: {started['executionArn']}")
     if wait:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -20,7 +21,7 @@ from trainstack.commands.plan_options import RecipeArg, RecipesDirOpt, SetOpt, T
 if TYPE_CHECKING:
     from rich.console import RenderableType
 
-    from trainstack.runs import RunReport
+    from trainstack.runs import Execution, RunReport
 
 LocalOpt = Annotated[
     bool,
@@ -68,14 +69,16 @@ def status(
     clients = aws_clients(local)
 
     if as_json:
-        reports = _collect(clients, prefix, the_recipe, the_plan, runs)
+        snapshot = _collect(clients, prefix, the_recipe, team, the_plan, runs)
         typer.echo(
             json.dumps(
                 {
                     "recipe": the_recipe.name,
                     "team": team or the_recipe.tags.team,
                     "job_prefix": prefix,
-                    "runs": [_as_dict(r) for r in reports],
+                    "runs": [_as_dict(r, snapshot.executions.get(r.job.name)) for r in snapshot.reports],
+                    "pending_executions": [_execution_dict(e) for e in snapshot.pending],
+                    "launcher_deployed": snapshot.launcher_deployed,
                 },
                 indent=2,
             )
@@ -94,47 +97,73 @@ def status(
     try:
         with Live(console=console, auto_refresh=False) as live:
             while True:
-                view, reports = _view_and_reports(clients, prefix, the_recipe, team, the_plan, runs)
+                view, snapshot = _view_and_snapshot(clients, prefix, the_recipe, team, the_plan, runs)
                 live.update(view, refresh=True)
                 refreshes += 1
-                latest_done = bool(reports) and not reports[0].job.running
-                if latest_done or (count and refreshes >= count):
+                if snapshot.latest_ended or (count and refreshes >= count):
                     break
                 time.sleep(interval)
     except KeyboardInterrupt:
         console.print("[dim]stopped watching[/dim]")
 
 
-def _collect(clients: Any, prefix: str, recipe: Any, plan: Any, limit: int) -> list[RunReport]:
+@dataclass(frozen=True)
+class Snapshot:
+    reports: list[RunReport]
+    executions: dict[str, Execution]  # by name (= job name)
+    pending: list[Execution]  # launcher executions that have not created their job (yet)
+    launcher_deployed: bool
+
+    @property
+    def latest_ended(self) -> bool:
+        if self.pending and self.pending[0].status == "RUNNING":
+            return False
+        return bool(self.reports) and not self.reports[0].job.running
+
+
+def _collect(clients: Any, prefix: str, recipe: Any, team: str | None, plan: Any, limit: int) -> Snapshot:
     from botocore.exceptions import BotoCoreError, ClientError
 
     from trainstack.errors import TrainstackError
-    from trainstack.runs import assess, find_jobs, latest_metrics
+    from trainstack.runs import assess, find_executions, find_jobs, latest_metrics, launcher_state_machine
 
     now = datetime.now(UTC)
     try:
         jobs = find_jobs(clients.sagemaker, prefix, limit)
-        return [assess(job, latest_metrics(clients.cloudwatch, job, now), recipe, plan, now) for job in jobs]
+        reports = [
+            assess(job, latest_metrics(clients.cloudwatch, job, now), recipe, plan, now) for job in jobs
+        ]
+        machine = launcher_state_machine(clients, recipe, team)
+        executions = (
+            find_executions(clients.aws.client("stepfunctions"), machine, prefix, limit) if machine else []
+        )
     except (BotoCoreError, ClientError) as error:
         raise TrainstackError(f"reading runs from {clients.where} failed: {error}") from None
+    names = {job.name for job in jobs}
+    oldest_job = min((job.created for job in jobs), default=None)
+    pending = [
+        e for e in executions if e.name not in names and (oldest_job is None or e.started >= oldest_job)
+    ]
+    return Snapshot(reports, {e.name: e for e in executions}, pending, machine is not None)
 
 
 def _view(clients: Any, prefix: str, recipe: Any, team: str | None, plan: Any, limit: int) -> RenderableType:
-    return _view_and_reports(clients, prefix, recipe, team, plan, limit)[0]
+    return _view_and_snapshot(clients, prefix, recipe, team, plan, limit)[0]
 
 
-def _view_and_reports(
+def _view_and_snapshot(
     clients: Any,
     prefix: str,
     recipe: Any,
     team: str | None,
     plan: Any,
     limit: int,
-) -> tuple[RenderableType, list[RunReport]]:
+) -> tuple[RenderableType, Snapshot]:
     from rich.console import Group
     from rich.text import Text
 
-    reports = _collect(clients, prefix, recipe, plan, limit)
+    snapshot = _collect(clients, prefix, recipe, team, plan, limit)
+    reports = snapshot.reports
     team_name = team or recipe.tags.team
     thr, cost = plan.throughput, plan.cost
     head = Text.assemble(
@@ -145,8 +174,13 @@ def _view_and_reports(
         f"${cost.usd_per_hour:,.0f}/h, {recipe.training.steps:,} steps in {duration(cost.hours)} "
         f"for ${cost.total_usd:,.0f}.",
     )
-    if not reports:
-        hint = f" --team {team}" if team else ""
+    hint = f" --team {team}" if team else ""
+    notes = []
+    if not snapshot.launcher_deployed:
+        notes.append(
+            Text(f"(launcher stack not deployed in {clients.where}: no execution history shown)", style="dim")
+        )
+    if not reports and not snapshot.pending:
         return Group(
             head,
             Text.assemble(
@@ -154,8 +188,35 @@ def _view_and_reports(
                 f"no training job named {prefix}-<recipe hash>-... exists. "
                 f"Start one with `trainstack launch {recipe.name}{hint}`.",
             ),
-        ), reports
-    return Group(head, *(_run_panel(r, recipe) for r in reports)), reports
+            *notes,
+        ), snapshot
+    panels = [_pending_panel(e) for e in snapshot.pending]
+    panels += [_run_panel(r, recipe, snapshot.executions.get(r.job.name)) for r in reports]
+    return Group(head, *panels, *notes), snapshot
+
+
+def _pending_panel(execution: Execution) -> RenderableType:
+    from rich.panel import Panel
+
+    now = datetime.now(UTC)
+    ago = duration(max(0.0, (now - execution.started).total_seconds()) / 3600)
+    if execution.status == "RUNNING":
+        text = (
+            f"launcher execution RUNNING since {execution.started:%Y-%m-%d %H:%M} UTC ({ago} ago); "
+            "no training job yet (creating it, or retrying on insufficient capacity)"
+        )
+    else:
+        text = (
+            f"launcher execution {execution.status} at "
+            f"{(execution.stopped or execution.started):%Y-%m-%d %H:%M} UTC without creating the "
+            "training job (see the execution history in the Step Functions console)"
+        )
+    return Panel(
+        text,
+        title=execution.name,
+        title_align="left",
+        border_style="yellow" if execution.status == "RUNNING" else "red",
+    )
 
 
 def _state_style(status: str) -> str:
@@ -164,7 +225,7 @@ def _state_style(status: str) -> str:
     )
 
 
-def _run_panel(report: RunReport, recipe: Any) -> RenderableType:
+def _run_panel(report: RunReport, recipe: Any, execution: Execution | None = None) -> RenderableType:
     from rich.panel import Panel
     from rich.progress_bar import ProgressBar
     from rich.table import Table
@@ -219,6 +280,8 @@ def _run_panel(report: RunReport, recipe: Any) -> RenderableType:
         f"at ${report.usd_per_hour:,.0f}/h{remaining}",
     )
     table.add_row("checkpoints", job.checkpoint_uri or "-")
+    if execution is not None:
+        table.add_row("launcher", f"execution {execution.status}")
     if report.metrics_at is not None:
         table.add_row("metrics as of", f"{report.metrics_at:%H:%M:%S} UTC")
     return Panel(
@@ -229,9 +292,19 @@ def _run_panel(report: RunReport, recipe: Any) -> RenderableType:
     )
 
 
-def _as_dict(report: RunReport) -> dict[str, Any]:
+def _execution_dict(execution: Execution) -> dict[str, Any]:
+    return {
+        "name": execution.name,
+        "status": execution.status,
+        "started": execution.started.isoformat(),
+        "stopped": execution.stopped.isoformat() if execution.stopped else None,
+    }
+
+
+def _as_dict(report: RunReport, execution: Execution | None = None) -> dict[str, Any]:
     job = report.job
     return {
+        "execution": _execution_dict(execution) if execution else None,
         "job": job.name,
         "status": job.status,
         "secondary_status": job.secondary_status,

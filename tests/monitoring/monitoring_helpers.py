@@ -1,4 +1,5 @@
-"""A small stack of our own that hosts `Monitoring` the way the launcher stack does.
+"""Helpers for the monitoring tests: a small stack of our own that hosts `Monitoring` the way the
+launcher stack does, and readers for what it synthesizes.
 
 The state machine here is a stand-in (logging ALL, tracing on, like the real launcher). cdk-nag runs on
 the whole test app; the tests assert that no finding points into the Monitoring construct. The stand-in's
@@ -8,13 +9,12 @@ stacks/nag.py for the real one, so none are acknowledged here.
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 os.environ.setdefault("JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION", "1")
 
@@ -45,6 +45,7 @@ def synth(
     import tempfile
 
     from aws_cdk import App, Duration, RemovalPolicy, Stack, Validations
+    from aws_cdk import aws_iam as iam
     from aws_cdk import aws_kms as kms
     from aws_cdk import aws_logs as logs
     from aws_cdk import aws_s3 as s3
@@ -60,6 +61,20 @@ def synth(
     app = App(outdir=tempfile.mkdtemp(prefix="monitoring-cdk-"))
     stack = Stack(app, "MonitoringTest")
     key = kms.Key(stack, "Key", enable_key_rotation=True, removal_policy=RemovalPolicy.RETAIN)
+    # As the data stack's key does (stacks/storage.py): log groups of this account may use it.
+    key.add_to_resource_policy(
+        iam.PolicyStatement(
+            principals=[iam.ServicePrincipal(f"logs.{stack.region}.amazonaws.com")],
+            actions=[
+                "kms:Encrypt*",
+                "kms:Decrypt*",
+                "kms:ReEncrypt*",
+                "kms:GenerateDataKey*",
+                "kms:Describe*",
+            ],
+            resources=["*"],
+        )
+    )
     bucket = s3.Bucket.from_bucket_name(stack, "Checkpoints", "trainstack-checkpoints-example")
     log_group = logs.LogGroup(
         stack, "Executions", retention=logs.RetentionDays.ONE_MONTH, removal_policy=RemovalPolicy.DESTROY
@@ -103,6 +118,35 @@ def synth(
     return Synth(recipe, team, the_plan, template, str(template_path), monitoring, tuple(violations))
 
 
-@pytest.fixture(scope="session")
-def synthesized() -> Synth:
-    return synth("30b-fp8")
+def topic_ref(s) -> dict:
+    (topic_id,) = s.resources("AWS::SNS::Topic")
+    return {"Ref": topic_id}
+
+
+def manager(s) -> tuple[str, dict]:
+    ((logical_id, machine),) = [
+        (k, v) for k, v in s.resources("AWS::StepFunctions::StateMachine").items() if "AlarmManager" in k
+    ]
+    return logical_id, machine["Properties"]
+
+
+def definition(s, substitutions: dict[str, str] | None = None) -> dict:
+    """The alarm manager's ASL with CloudFormation references replaced by stand-in values."""
+    subs = {"AWS::Partition": "aws", **(substitutions or {})}
+    raw = manager(s)[1]["DefinitionString"]
+    parts = raw["Fn::Join"][1] if isinstance(raw, dict) else [raw]
+    text = "".join(p if isinstance(p, str) else subs.get(p["Ref"], f"<{p['Ref']}>") for p in parts)
+    return json.loads(text)
+
+
+def tasks_of(asl: dict) -> dict[str, dict]:
+    """Every Task state, at any depth (Parallel branches, Map processors)."""
+    found: dict[str, dict] = {}
+    for name, state in asl["States"].items():
+        if state["Type"] == "Task":
+            found[name] = state
+        for branch in state.get("Branches", []):
+            found.update(tasks_of(branch))
+        if "ItemProcessor" in state:
+            found.update(tasks_of(state["ItemProcessor"]))
+    return found

@@ -1,0 +1,210 @@
+"""Gates on the synthesized templates of every base recipe, with and without a team (`-c recipe=all`):
+cdk-nag (synthesis fails on an unacknowledged finding), cfn-lint with zero errors and warnings, and
+per-recipe assertions that the deployed state machine carries exactly the recipe's request."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from cdk_helpers import ENV, flatten_join, launcher_state_machine, resources, state_machine_definition, synth
+
+from trainstack import naming
+from trainstack.config import load
+from trainstack.loader import base_recipe_names, resolve, team_names, team_recipe_names
+from trainstack.metrics import metric_definitions
+from trainstack.recipe import to_hyperparameters
+
+pytestmark = pytest.mark.xdist_group("cdk-synth")
+ALL = [(n, None) for n in base_recipe_names()] + [(n, t) for t in team_names() for n in team_recipe_names(t)]
+
+
+def names(name: str, team: str | None) -> tuple[str, str]:
+    prefix = naming.stack_prefix(resolve(name, team).recipe, team)
+    return f"{prefix}-Data", f"{prefix}-Launcher"
+
+
+def test_every_recipe_and_team_variant_has_a_data_and_a_launcher_stack(all_templates: dict) -> None:
+    expected = {stack for name, team in ALL for stack in names(name, team)}
+    assert set(all_templates) == expected
+
+
+def test_cdk_nag_passed_with_every_acknowledgment_reasoned(all_outdir: Path) -> None:
+    # Reaching here means app.synth() passed validation; the report lists only failing plugins.
+    report = json.loads((all_outdir / "validation-report.json").read_text())
+    assert all(r["conclusion"] == "success" and not r["violations"] for r in report["pluginReports"])
+    from stacks.nag import REASONS
+
+    assert all(len(reason.strip()) > 40 for reason in REASONS.values())
+
+
+def test_cdk_nag_fails_synthesis_on_an_unacknowledged_finding(tmp_path: Path) -> None:
+    """The gate is live: one bucket without SSL enforcement in a stack fails the whole synthesis."""
+    from aws_cdk import App, Stack
+    from aws_cdk import aws_s3 as s3
+
+    from stacks.app import build
+
+    app = App(outdir=str(tmp_path))
+    build(app, load({"recipe": "1b-bf16", "image_uri": "123456789012.dkr.ecr.us-west-2.amazonaws.com/x:1"}, ENV))
+    s3.Bucket(Stack(app, "Careless"), "Open")
+    with pytest.raises(RuntimeError, match=r"ValidationFailed(.|\n)*AwsSolutions-S10"):
+        app.synth()
+
+
+def test_cfn_lint_reports_nothing_on_any_template(all_outdir: Path) -> None:
+    files = sorted(str(p) for p in all_outdir.glob("*.template.json"))
+    lint = subprocess.run([str(Path(sys.executable).parent / "cfn-lint"), "--format", "parseable", "--", *files],
+                          capture_output=True, text=True, timeout=900)
+    assert lint.stdout.strip() == "" and lint.returncode == 0, lint.stdout[-5000:] + lint.stderr[-2000:]
+
+
+@pytest.mark.parametrize(("name", "team"), ALL)
+def test_state_machine_request_matches_the_recipe(all_templates: dict, name: str, team: str | None) -> None:
+    recipe = resolve(name, team).recipe
+    _, launcher = names(name, team)
+    definition = state_machine_definition(all_templates[launcher])
+    create = definition["States"]["CreateTrainingJob"]
+    assert create["Resource"] == "arn:aws:states:::aws-sdk:sagemaker:createTrainingJob"
+    request = create["Parameters"]
+    assert request["ResourceConfig"]["InstanceType"] == recipe.compute.instance_type
+    assert request["ResourceConfig"]["InstanceCount"] == recipe.compute.instance_count
+    assert request["ResourceConfig"]["KeepAlivePeriodInSeconds.$"] == "$.KeepAlivePeriodInSeconds"
+    assert request["TrainingJobName.$"] == "$.JobName"
+    ckpt = request["CheckpointConfig"]["S3Uri.$"]
+    assert ckpt.startswith("States.Format('s3://${") and ckpt.endswith(
+        f"/{naming.checkpoint_prefix(recipe, team)}/{{}}', $.JobName)")
+    assert "BucketName" in ckpt  # the imported checkpoint bucket's name
+    assert request["AlgorithmSpecification"]["MetricDefinitions"] == metric_definitions()
+    assert request["HyperParameters.$"] == "States.JsonMerge($.Recipe.HyperParameters, $.HyperParameterOverrides, false)"
+    hyper = definition["States"]["LoadRecipe"]["Result"]["HyperParameters"]
+    assert hyper == to_hyperparameters(recipe)
+    if recipe.precision.dtype == "fp8":
+        assert hyper["precision.dtype"] == '"fp8"' and json.loads(hyper["precision.fp8_recipe"])
+    assert request["RetryStrategy"]["MaximumRetryAttempts"] == recipe.compute.max_retry_attempts
+    assert request["Environment"]["FI_EFA_USE_HUGE_PAGE"] == "0"
+    retry = create["Retry"][0]
+    assert "SageMaker.ResourceLimitExceededException" in retry["ErrorEquals"]
+    assert create["Catch"][0]["ErrorEquals"] == ["SageMaker.ResourceInUseException"]
+    assert definition["States"]["DescribeTrainingJob"]["ResultSelector"] == {
+        "Status.$": "$.TrainingJobStatus", "SecondaryStatus.$": "$.SecondaryStatus"}
+
+
+def test_state_machine_logs_all_and_traces(all_templates: dict) -> None:
+    for name, template in all_templates.items():
+        if name.endswith("-Launcher"):
+            props = launcher_state_machine(template)["Properties"]
+            assert props["LoggingConfiguration"]["Level"] == "ALL", name
+            assert props["TracingConfiguration"] == {"Enabled": True}, name
+
+
+def test_stateful_resources_are_retained_and_encrypted(all_templates: dict) -> None:
+    for name, template in all_templates.items():
+        if not name.endswith("-Data"):
+            continue
+        stateful = {**resources(template, "AWS::S3::Bucket"), **resources(template, "AWS::KMS::Key"),
+                    **resources(template, "AWS::ECR::Repository")}
+        assert len(stateful) == 4, name  # checkpoints, access logs, key, repository
+        for logical, resource in stateful.items():
+            assert resource["DeletionPolicy"] == "Retain" and resource["UpdateReplacePolicy"] == "Retain", logical
+        (key,) = resources(template, "AWS::KMS::Key").values()
+        assert key["Properties"]["EnableKeyRotation"] is True
+        (key_id,) = resources(template, "AWS::KMS::Key")
+        buckets = resources(template, "AWS::S3::Bucket")
+        checkpoints = next(b for k, b in buckets.items() if k.startswith("CheckpointsBucket"))
+        props = checkpoints["Properties"]
+        sse = props["BucketEncryption"]["ServerSideEncryptionConfiguration"][0]["ServerSideEncryptionByDefault"]
+        assert sse == {"SSEAlgorithm": "aws:kms", "KMSMasterKeyID": {"Fn::GetAtt": [key_id, "Arn"]}}
+        assert props["VersioningConfiguration"] == {"Status": "Enabled"}
+        assert props["PublicAccessBlockConfiguration"] == {
+            "BlockPublicAcls": True, "BlockPublicPolicy": True, "IgnorePublicAcls": True, "RestrictPublicBuckets": True}
+        assert "DestinationBucketName" in props["LoggingConfiguration"]
+        rules = props["LifecycleConfiguration"]["Rules"]
+        assert any("AbortIncompleteMultipartUpload" in r for r in rules)
+        assert any("NoncurrentVersionExpiration" in r for r in rules)
+        ssl_only = [s for p in resources(template, "AWS::S3::BucketPolicy").values()
+                    for s in p["Properties"]["PolicyDocument"]["Statement"]
+                    if s["Effect"] == "Deny" and s.get("Condition") == {"Bool": {"aws:SecureTransport": "false"}}]
+        assert len(ssl_only) == 2, name
+        (repo,) = resources(template, "AWS::ECR::Repository").values()
+        assert repo["Properties"]["ImageScanningConfiguration"] == {"ScanOnPush": True}
+        assert repo["Properties"]["ImageTagMutability"] == "IMMUTABLE"
+        assert repo["Properties"]["EncryptionConfiguration"]["EncryptionType"] == "KMS"
+        assert "LifecyclePolicy" in repo["Properties"]
+        assert "RepositoryName" not in repo["Properties"]  # generated physical name (outside the emulator)
+
+
+def test_no_iam_statement_grants_wildcard_actions(all_templates: dict) -> None:
+    def statements(template: dict):
+        for resource in template["Resources"].values():
+            props = resource.get("Properties", {})
+            docs = [props.get("PolicyDocument"), props.get("AssumeRolePolicyDocument"), props.get("KeyPolicy")]
+            docs += [p.get("PolicyDocument") for p in props.get("Policies", [])]
+            for doc in filter(None, docs):
+                yield from doc["Statement"]
+
+    checked = 0
+    for name, template in all_templates.items():
+        for statement in statements(template):
+            if statement["Effect"] != "Allow":
+                continue  # e.g. the SSL-only Deny on s3:* for everyone
+            actions = statement.get("Action", [])
+            actions = [actions] if isinstance(actions, str) else actions
+            checked += 1
+            if statement.get("Principal", {}).get("AWS") is not None and actions == ["kms:*"]:
+                continue  # the key policy's account-root statement: IAM policies decide, as AWS recommends
+            assert all(a != "*" and not a.endswith(":*") for a in actions), (name, statement)
+    assert checked > 100
+
+
+def test_termination_protection_and_tags_once(all_outdir: Path) -> None:
+    manifest = json.loads((all_outdir / "manifest.json").read_text())
+    for name, artifact in manifest["artifacts"].items():
+        if artifact["type"] != "aws:cloudformation:stack":
+            continue
+        assert artifact["properties"].get("terminationProtection", False) is name.endswith("-Data"), name
+        tags = artifact["properties"].get("tags", {})
+        assert {"project", "team", "recipe", "cost-center"} <= set(tags), name
+
+
+def test_launch_on_deploy_rule_starts_the_recipe_hash_run(tmp_path: Path, all_templates: dict) -> None:
+    outdir = synth({"recipe": "1b-bf16", "set": "launch_on_deploy=true",
+                    "image_uri": "123456789012.dkr.ecr.us-west-2.amazonaws.com/x:1"}, tmp_path)
+    template = json.loads((outdir / "Trainstack-platform-1b-bf16-Launcher.template.json").read_text())
+    rules = [r for r in resources(template, "AWS::Events::Rule").values()
+             if r["Properties"]["EventPattern"].get("source") == ["aws.cloudformation"]]
+    (rule,) = rules
+    pattern = rule["Properties"]["EventPattern"]
+    assert pattern["detail-type"] == ["CloudFormation Stack Status Change"]
+    assert pattern["detail"] == {"stack-id": [{"Ref": "AWS::StackId"}],
+                                 "status-details": {"status": ["CREATE_COMPLETE", "UPDATE_COMPLETE"]}}
+    (target,) = rule["Properties"]["Targets"]
+    recipe = resolve("1b-bf16", None, ["launch_on_deploy=true"]).recipe
+    assert json.loads(target["Input"]) == {
+        "JobName": f"{naming.job_name_prefix(recipe, None)}-{naming.recipe_hash(recipe)}-deploy",
+        "HyperParameterOverrides": {}, "KeepAlivePeriodInSeconds": recipe.compute.keep_alive_seconds}
+    # Without the flag (no base recipe sets it) there is no such rule.
+    for name, other in all_templates.items():
+        assert not [r for r in resources(other, "AWS::Events::Rule").values()
+                    if r["Properties"]["EventPattern"].get("source") == ["aws.cloudformation"]], name
+
+
+def test_vpc_mode_isolates_jobs_with_an_efa_group_and_endpoints(tmp_path: Path) -> None:
+    outdir = synth({"recipe": "1b-bf16", "vpc": "true", "image_uri": "123456789012.dkr.ecr.us-west-2.amazonaws.com/x:1"},
+                   tmp_path)
+    template = json.loads((outdir / "Trainstack-platform-1b-bf16-Launcher.template.json").read_text())
+    request = state_machine_definition(template)["States"]["CreateTrainingJob"]["Parameters"]
+    assert request["EnableNetworkIsolation"] is True and request["EnableInterContainerTrafficEncryption"] is False
+    assert len(request["VpcConfig"]["Subnets"]) == 2 and len(request["VpcConfig"]["SecurityGroupIds"]) == 1
+    assert not resources(template, "AWS::EC2::NatGateway") and not resources(template, "AWS::EC2::InternetGateway")
+    endpoints = resources(template, "AWS::EC2::VPCEndpoint").values()
+    services = {flatten_join(e["Properties"]["ServiceName"]).rsplit(".", 1)[-1] for e in endpoints}
+    assert {"s3", "api", "dkr", "logs", "monitoring", "sts"} <= services
+    ingress = resources(template, "AWS::EC2::SecurityGroupIngress").values()
+    assert any(i["Properties"]["IpProtocol"] == "-1"
+               and i["Properties"]["SourceSecurityGroupId"] == i["Properties"]["GroupId"] for i in ingress)
+    subprocess.run([str(Path(sys.executable).parent / "cfn-lint"), "--", str(outdir / "Trainstack-platform-1b-bf16-Launcher.template.json")],
+                   check=True, capture_output=True)
