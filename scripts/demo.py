@@ -27,8 +27,16 @@ sys.path.insert(0, str(ROOT))
 from trainstack.emulator import ACCOUNT, REGION, Emulator, write_state  # noqa: E402
 from trainstack.errors import TrainstackError  # noqa: E402
 
-NODE_NOISE = ("NodeVersionSupportWarning", "versions published after", "will require node", "To continue receiving",
-              "and security updates", "More information can be found", "node --trace-warnings", "Node 20")
+NODE_NOISE = (
+    "NodeVersionSupportWarning",
+    "versions published after",
+    "will require node",
+    "To continue receiving",
+    "and security updates",
+    "More information can be found",
+    "node --trace-warnings",
+    "Node 20",
+)
 
 
 class DemoError(Exception):
@@ -43,8 +51,11 @@ def step(n: int, total: int, text: str) -> float:
 def run(cmd: list[str], env: dict[str, str], *, quiet: bool = False, timeout: float = 600) -> str:
     started = time.monotonic()
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
-    out = "\n".join(line for line in (proc.stdout + proc.stderr).splitlines()
-                    if line.strip() and not any(noise in line for noise in NODE_NOISE))
+    out = "\n".join(
+        line
+        for line in (proc.stdout + proc.stderr).splitlines()
+        if line.strip() and not any(noise in line for noise in NODE_NOISE)
+    )
     if proc.returncode != 0:
         raise DemoError(f"`{' '.join(cmd)}` failed (exit {proc.returncode}):\n{out[-4000:]}")
     if not quiet:
@@ -77,16 +88,42 @@ def main() -> int:
         emulator.start()
         write_state(emulator.endpoint, os.getpid())
         print(f"    listening on {emulator.endpoint}", flush=True)
-        env = {**os.environ, **emulator.env(), "JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION": "1",
-               "JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION": "20", "CDK_DISABLE_CLI_TELEMETRY": "true"}
+        env = {
+            **os.environ,
+            **emulator.env(),
+            "JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION": "1",
+            "JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION": "20",
+            "CDK_DISABLE_CLI_TELEMETRY": "true",
+        }
 
         step(2, total, f"npx cdk bootstrap aws://{ACCOUNT}/{REGION}")
-        run([npx, "cdk", "bootstrap", f"aws://{ACCOUNT}/{REGION}", *context, "-o", "cdk.out.demo"], env, quiet=True)
+        run(
+            [npx, "cdk", "bootstrap", f"aws://{ACCOUNT}/{REGION}", *context, "-o", "cdk.out.demo"],
+            env,
+            quiet=True,
+        )
 
-        step(3, total, f"npx cdk deploy --all {' '.join(context)} --method=direct   "
-                       "(direct: the emulator loses exports on the change-set path)")
-        out = run([npx, "cdk", "deploy", "--all", *context, "--method=direct", "--require-approval=never",
-                   "-o", "cdk.out.demo"], env, quiet=True)
+        step(
+            3,
+            total,
+            f"npx cdk deploy --all {' '.join(context)} --method=direct   "
+            "(direct: the emulator loses exports on the change-set path)",
+        )
+        out = run(
+            [
+                npx,
+                "cdk",
+                "deploy",
+                "--all",
+                *context,
+                "--method=direct",
+                "--require-approval=never",
+                "-o",
+                "cdk.out.demo",
+            ],
+            env,
+            quiet=True,
+        )
         for line in out.splitlines():
             if "✅" in line or " = " in line:
                 print("    " + line.strip(), flush=True)
@@ -109,8 +146,12 @@ def main() -> int:
         if not args.keep:
             emulator.stop()
             (ROOT / ".emulator" / "endpoint.json").unlink(missing_ok=True)
-    print(f"\ndone in {time.monotonic() - t0:.0f} s. The emulator does not run containers: the job went straight "
-          "to Completed; nothing trained.", flush=True)
+    print(
+        f"\ndone in {time.monotonic() - t0:.0f} s. The emulator does not run containers: the job went "
+        "straight "
+        "to Completed; nothing trained.",
+        flush=True,
+    )
     return 0
 
 
@@ -119,32 +160,55 @@ def show_job(env: dict[str, str], job_name: str, execution_arn: str) -> None:
 
     from trainstack.aws import training_job_request_sent
 
-    kw = dict(endpoint_url=env["AWS_ENDPOINT_URL"], region_name=env["AWS_REGION"],
-              aws_access_key_id=env["AWS_ACCESS_KEY_ID"], aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"])
+    kw = dict(
+        endpoint_url=env["AWS_ENDPOINT_URL"],
+        region_name=env["AWS_REGION"],
+        aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
+    )
     job = boto3.client("sagemaker", **kw).describe_training_job(TrainingJobName=job_name)
     sent = training_job_request_sent(boto3.client("stepfunctions", **kw), execution_arn) or {}
     resources = job["ResourceConfig"]
     hyper = job.get("HyperParameters", {})
     print("    as SageMaker (the emulator) stored it:")
     print(f"      status           {job['TrainingJobStatus']}")
-    print(f"      instances        {resources['InstanceCount']} x {resources['InstanceType']}, "
-          f"{resources.get('VolumeSizeInGB')} GB volume")
-    print(f"      checkpoints      {job['CheckpointConfig']['S3Uri']} <- {job['CheckpointConfig']['LocalPath']}")
+    print(
+        f"      instances        {resources['InstanceCount']} x {resources['InstanceType']}, "
+        f"{resources.get('VolumeSizeInGB')} GB volume"
+    )
+    print(
+        f"      checkpoints      {job['CheckpointConfig']['S3Uri']} <- {job['CheckpointConfig']['LocalPath']}"
+    )
     print(f"      image            {job['AlgorithmSpecification']['TrainingImage']}")
     print(f"      hyperparameters  {len(hyper)} keys (the resolved recipe), e.g.")
-    for key in ("model.layers", "model.hidden", "precision.dtype", "precision.fp8_recipe", "training.steps",
-                "training.global_batch", "parallelism.shard_group", "compute.instance_count"):
+    for key in (
+        "model.layers",
+        "model.hidden",
+        "precision.dtype",
+        "precision.fp8_recipe",
+        "training.steps",
+        "training.global_batch",
+        "parallelism.shard_group",
+        "compute.instance_count",
+    ):
         if key in hyper:
             print(f"        {key} = {hyper[key]}")
     if sent:
         print("    the rest of the request the state machine sent (from the execution history):")
-        print(f"      metrics          {len(sent['AlgorithmSpecification']['MetricDefinitions'])} definitions "
-              f"({', '.join(m['Name'] for m in sent['AlgorithmSpecification']['MetricDefinitions'][:3])}, ...)")
+        print(
+            f"      metrics          {len(sent['AlgorithmSpecification']['MetricDefinitions'])} definitions "
+            f"({', '.join(m['Name'] for m in sent['AlgorithmSpecification']['MetricDefinitions'][:3])}, ...)"
+        )
         for field in ("StoppingCondition", "RetryStrategy", "InfraCheckConfig", "OutputDataConfig"):
             print(f"      {field:<16} {json.dumps(sent.get(field))}")
-        print(f"      warm pool        KeepAlivePeriodInSeconds={sent['ResourceConfig'].get('KeepAlivePeriodInSeconds')}")
+        print(
+            "      warm pool        KeepAlivePeriodInSeconds="
+            f"{sent['ResourceConfig'].get('KeepAlivePeriodInSeconds')}"
+        )
         environment = sent["Environment"]
-        shown = ", ".join(f"{k}={environment[k]}" for k in ("FI_EFA_USE_HUGE_PAGE", "PYTORCH_CUDA_ALLOC_CONF"))
+        shown = ", ".join(
+            f"{k}={environment[k]}" for k in ("FI_EFA_USE_HUGE_PAGE", "PYTORCH_CUDA_ALLOC_CONF")
+        )
         tags = ", ".join(f"{t['Key']}={t['Value']}" for t in sent.get("Tags", []))
         print(f"      environment      {shown}, ...")
         print(f"      tags             {tags}")

@@ -22,7 +22,9 @@ def build(app: App, config: DeploymentConfig) -> list:
     # Cross-stack references stay "strong" (an export cannot be deleted while imported): the data stack
     # must never lose an export the launcher still reads.
     app.node.set_context("@aws-cdk/core:defaultCrossStackReferences", "strong")
-    env = Environment(account=config.account, region=config.region) if config.account or config.region else None
+    env = (
+        Environment(account=config.account, region=config.region) if config.account or config.region else None
+    )
     stacks = []
     for deployment in config.deployments:
         data_name, launcher_name = stack_names(deployment)
@@ -34,10 +36,23 @@ def build(app: App, config: DeploymentConfig) -> list:
             common["synthesizer"] = DefaultStackSynthesizer(generate_bootstrap_version_rule=False)
             repository_name = f"{deployment.stack_prefix.lower()}-images"
         # stack_name: the same CloudFormation stack whether `cdk deploy` or a pipeline stage deploys it.
-        data = DataStack(app, data_name, stack_name=data_name, deployment=deployment,
-                         repository_name=repository_name, **common)
-        launcher = LauncherStack(app, launcher_name, stack_name=launcher_name, deployment=deployment,
-                                 network=config.network, data=data, **common)
+        data = DataStack(
+            app,
+            data_name,
+            stack_name=data_name,
+            deployment=deployment,
+            repository_name=repository_name,
+            **common,
+        )
+        launcher = LauncherStack(
+            app,
+            launcher_name,
+            stack_name=launcher_name,
+            deployment=deployment,
+            network=config.network,
+            data=data,
+            **common,
+        )
         # EMULATOR: moto reads KMS key tags as TagKey/TagValue and fails on CloudFormation's Key/Value,
         # so the key goes untagged there. Real AWS tags everything.
         untagged = ["AWS::KMS::Key"] if config.emulator else []

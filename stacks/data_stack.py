@@ -33,29 +33,49 @@ class Exports:
         return Fn.import_value(self.name(what))
 
     def bucket(self, scope: Construct, key: kms.IKey) -> s3.IBucket:
-        return s3.Bucket.from_bucket_attributes(scope, "CheckpointBucket", bucket_arn=self.value("BucketArn"),
-                                                bucket_name=self.value("BucketName"), encryption_key=key)
+        return s3.Bucket.from_bucket_attributes(
+            scope,
+            "CheckpointBucket",
+            bucket_arn=self.value("BucketArn"),
+            bucket_name=self.value("BucketName"),
+            encryption_key=key,
+        )
 
     def key(self, scope: Construct) -> kms.IKey:
         return kms.Key.from_key_arn(scope, "Key", self.value("KeyArn"))
 
     def repository(self, scope: Construct) -> ecr.IRepository:
         return ecr.Repository.from_repository_attributes(
-            scope, "Repository", repository_arn=self.value("RepositoryArn"),
-            repository_name=self.value("RepositoryName"))
+            scope,
+            "Repository",
+            repository_arn=self.value("RepositoryArn"),
+            repository_name=self.value("RepositoryName"),
+        )
 
 
 class DataStack(Stack):
-    def __init__(self, scope: Construct, id: str, *, deployment: Deployment,
-                 repository_name: str | None = None, **kwargs: Any) -> None:
-        super().__init__(scope, id, termination_protection=True,
-                         description=f"trainstack {deployment.stack_prefix}: checkpoints, image repository, key",
-                         **kwargs)
+    def __init__(
+        self,
+        scope: Construct,
+        id: str,
+        *,
+        deployment: Deployment,
+        repository_name: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(
+            scope,
+            id,
+            termination_protection=True,
+            description=f"trainstack {deployment.stack_prefix}: checkpoints, image repository, key",
+            **kwargs,
+        )
         # Access-log delivery through a bucket policy, not the legacy LogDeliveryWrite ACL (cfn-lint W3045).
         self.node.set_context("@aws-cdk/aws-s3:serverAccessLogsUseBucketPolicy", True)
         self.exports = Exports(deployment.stack_prefix)
-        self.key = EncryptionKey(self, "Encryption",
-                                 description=f"{deployment.stack_prefix}: checkpoints, images, volumes, logs").key
+        self.key = EncryptionKey(
+            self, "Encryption", description=f"{deployment.stack_prefix}: checkpoints, images, volumes, logs"
+        ).key
         self.bucket = CheckpointBucket(self, "Checkpoints", key=self.key).bucket
         self.repository = ImageRepository(self, "Images", key=self.key, name=repository_name).repository
         for what, value in {

@@ -18,52 +18,108 @@ TRAINING_METRICS_NAMESPACE = "/aws/sagemaker/TrainingJobs"
 
 
 class ExecutionRole(Construct):
-    def __init__(self, scope: Construct, id: str, *, deployment: Deployment, bucket: s3.IBucket,
-                 bucket_arn_export: str, key: kms.IKey, vpc: bool) -> None:
+    def __init__(
+        self,
+        scope: Construct,
+        id: str,
+        *,
+        deployment: Deployment,
+        bucket: s3.IBucket,
+        bucket_arn_export: str,
+        key: kms.IKey,
+        vpc: bool,
+    ) -> None:
         super().__init__(scope, id)
         stack = Stack.of(self)
         recipe, team = deployment.recipe, deployment.team
-        self.role = iam.Role(self, "Role", assumed_by=iam.ServicePrincipal("sagemaker.amazonaws.com"),
-                             description=f"SageMaker training jobs of {deployment.stack_prefix}")
+        self.role = iam.Role(
+            self,
+            "Role",
+            assumed_by=iam.ServicePrincipal("sagemaker.amazonaws.com"),
+            description=f"SageMaker training jobs of {deployment.stack_prefix}",
+        )
         prefixes = [naming.checkpoint_prefix(recipe, team), output_prefix(recipe, team)]
         objects = [bucket.arn_for_objects(f"{p}/*") for p in prefixes]
-        policy = iam.Policy(self, "Policy", roles=[self.role], statements=[
-            iam.PolicyStatement(
-                actions=["s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload"],
-                resources=objects),
-            iam.PolicyStatement(
-                actions=["s3:ListBucket"], resources=[bucket.bucket_arn],
-                conditions={"StringLike": {"s3:prefix": [f"{p}/*" for p in prefixes] + [f"{p}/" for p in prefixes]}}),
-            iam.PolicyStatement(
-                actions=["kms:Decrypt", "kms:Encrypt", "kms:GenerateDataKey", "kms:DescribeKey"],
-                resources=[key.key_arn]),
-            iam.PolicyStatement(
-                actions=["kms:CreateGrant"], resources=[key.key_arn],
-                conditions={"Bool": {"kms:GrantIsForAWSResource": "true"}}),
-            iam.PolicyStatement(
-                actions=["logs:CreateLogGroup", "logs:CreateLogStream", "logs:PutLogEvents",
-                         "logs:DescribeLogStreams"],
-                resources=[stack.format_arn(service="logs", resource="log-group",
-                                            resource_name=f"{TRAINING_LOG_GROUP}:*",
-                                            arn_format=_colon())]),
-            iam.PolicyStatement(
-                actions=["cloudwatch:PutMetricData"], resources=["*"],
-                conditions={"StringEquals": {"cloudwatch:namespace": TRAINING_METRICS_NAMESPACE}}),
-        ])
+        policy = iam.Policy(
+            self,
+            "Policy",
+            roles=[self.role],
+            statements=[
+                iam.PolicyStatement(
+                    actions=["s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload"],
+                    resources=objects,
+                ),
+                iam.PolicyStatement(
+                    actions=["s3:ListBucket"],
+                    resources=[bucket.bucket_arn],
+                    conditions={
+                        "StringLike": {
+                            "s3:prefix": [f"{p}/*" for p in prefixes] + [f"{p}/" for p in prefixes]
+                        }
+                    },
+                ),
+                iam.PolicyStatement(
+                    actions=["kms:Decrypt", "kms:Encrypt", "kms:GenerateDataKey", "kms:DescribeKey"],
+                    resources=[key.key_arn],
+                ),
+                iam.PolicyStatement(
+                    actions=["kms:CreateGrant"],
+                    resources=[key.key_arn],
+                    conditions={"Bool": {"kms:GrantIsForAWSResource": "true"}},
+                ),
+                iam.PolicyStatement(
+                    actions=[
+                        "logs:CreateLogGroup",
+                        "logs:CreateLogStream",
+                        "logs:PutLogEvents",
+                        "logs:DescribeLogStreams",
+                    ],
+                    resources=[
+                        stack.format_arn(
+                            service="logs",
+                            resource="log-group",
+                            resource_name=f"{TRAINING_LOG_GROUP}:*",
+                            arn_format=_colon(),
+                        )
+                    ],
+                ),
+                iam.PolicyStatement(
+                    actions=["cloudwatch:PutMetricData"],
+                    resources=["*"],
+                    conditions={"StringEquals": {"cloudwatch:namespace": TRAINING_METRICS_NAMESPACE}},
+                ),
+            ],
+        )
         self.policy = policy
         self._data_statements(recipe.data.train_s3_uri)
         if vpc:
-            policy.add_statements(iam.PolicyStatement(
-                actions=["ec2:CreateNetworkInterface", "ec2:CreateNetworkInterfacePermission",
-                         "ec2:DeleteNetworkInterface", "ec2:DeleteNetworkInterfacePermission",
-                         "ec2:DescribeNetworkInterfaces", "ec2:DescribeVpcs", "ec2:DescribeDhcpOptions",
-                         "ec2:DescribeSubnets", "ec2:DescribeSecurityGroups"],
-                resources=["*"]))
+            policy.add_statements(
+                iam.PolicyStatement(
+                    actions=[
+                        "ec2:CreateNetworkInterface",
+                        "ec2:CreateNetworkInterfacePermission",
+                        "ec2:DeleteNetworkInterface",
+                        "ec2:DeleteNetworkInterfacePermission",
+                        "ec2:DescribeNetworkInterfaces",
+                        "ec2:DescribeVpcs",
+                        "ec2:DescribeDhcpOptions",
+                        "ec2:DescribeSubnets",
+                        "ec2:DescribeSecurityGroups",
+                    ],
+                    resources=["*"],
+                )
+            )
         nag.acknowledge(self, "AwsSolutions-IAM5:unscoped-actions", ["Resource::*"])
-        nag.acknowledge(self, "AwsSolutions-IAM5:checkpoint-prefix",
-                        [f"Resource::{bucket_arn_export}/{p}/*" for p in prefixes])
-        nag.acknowledge(self, "AwsSolutions-IAM5:training-logs",
-                        [nag.arn_finding(self, "logs", f"log-group:{TRAINING_LOG_GROUP}:*")])
+        nag.acknowledge(
+            self,
+            "AwsSolutions-IAM5:checkpoint-prefix",
+            [f"Resource::{bucket_arn_export}/{p}/*" for p in prefixes],
+        )
+        nag.acknowledge(
+            self,
+            "AwsSolutions-IAM5:training-logs",
+            [nag.arn_finding(self, "logs", f"log-group:{TRAINING_LOG_GROUP}:*")],
+        )
 
     def _data_statements(self, train_s3_uri: str | None) -> None:
         if not train_s3_uri:
@@ -74,8 +130,11 @@ class ExecutionRole(Construct):
         nag.acknowledge(self, "AwsSolutions-IAM5:training-data", [f"Resource::{objects}"])
         self.policy.add_statements(
             iam.PolicyStatement(actions=["s3:GetObject"], resources=[objects]),
-            iam.PolicyStatement(actions=["s3:ListBucket"], resources=[f"arn:aws:s3:::{bucket_name}"],
-                                conditions={"StringLike": {"s3:prefix": [f"{prefix}*" if prefix else "*"]}}),
+            iam.PolicyStatement(
+                actions=["s3:ListBucket"],
+                resources=[f"arn:aws:s3:::{bucket_name}"],
+                conditions={"StringLike": {"s3:prefix": [f"{prefix}*" if prefix else "*"]}},
+            ),
         )
 
 
@@ -83,4 +142,3 @@ def _colon():
     from aws_cdk import ArnFormat
 
     return ArnFormat.COLON_RESOURCE_NAME
-

@@ -1,4 +1,5 @@
-"""The training image: a prebuilt URI, a tag in this deployment's repository, or built from training_image/."""
+"""The training image: a prebuilt URI, a tag in this deployment's repository, or built from
+training_image/."""
 
 from __future__ import annotations
 
@@ -20,7 +21,9 @@ DOCKERFILE = "training_image/Dockerfile"
 
 
 class TrainingImage(Construct):
-    def __init__(self, scope: Construct, id: str, *, source: ImageSource, repository: ecr.IRepository) -> None:
+    def __init__(
+        self, scope: Construct, id: str, *, source: ImageSource, repository: ecr.IRepository
+    ) -> None:
         super().__init__(scope, id)
         self._repository: ecr.IRepository | None = None
         self._external_uri: str | None = None
@@ -32,7 +35,8 @@ class TrainingImage(Construct):
             self._repository = repository
         else:
             asset = ecr_assets.DockerImageAsset(
-                self, "Build",
+                self,
+                "Build",
                 directory=str(REPO_ROOT),
                 file=DOCKERFILE,
                 build_args={"BASE_IMAGE": source.base_image_uri or ""},
@@ -54,9 +58,16 @@ class TrainingImage(Construct):
         if len(parts) >= 6 and parts[1] == "dkr" and parts[2] == "ecr":
             account, region = parts[0], parts[3]
             name = rest.split("@")[0].rsplit(":", 1)[0]
-            role.add_to_principal_policy(iam.PolicyStatement(
-                actions=["ecr:BatchGetImage", "ecr:GetDownloadUrlForLayer", "ecr:BatchCheckLayerAvailability"],
-                resources=[f"arn:aws:ecr:{region}:{account}:repository/{name}"],
-            ))
-            role.add_to_principal_policy(iam.PolicyStatement(actions=["ecr:GetAuthorizationToken"],
-                                                             resources=["*"]))
+            role.add_to_principal_policy(
+                iam.PolicyStatement(
+                    actions=[
+                        "ecr:BatchGetImage",
+                        "ecr:GetDownloadUrlForLayer",
+                        "ecr:BatchCheckLayerAvailability",
+                    ],
+                    resources=[f"arn:aws:ecr:{region}:{account}:repository/{name}"],
+                )
+            )
+            role.add_to_principal_policy(
+                iam.PolicyStatement(actions=["ecr:GetAuthorizationToken"], resources=["*"])
+            )

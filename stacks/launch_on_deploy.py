@@ -21,17 +21,23 @@ LAUNCH_STATUSES = ["CREATE_COMPLETE", "UPDATE_COMPLETE"]
 
 
 class LaunchOnDeploy(Construct):
-    def __init__(self, scope: Construct, id: str, *, state_machine: sfn.IStateMachine, execution_input: dict) -> None:
+    def __init__(
+        self, scope: Construct, id: str, *, state_machine: sfn.IStateMachine, execution_input: dict
+    ) -> None:
         super().__init__(scope, id)
         stack = Stack.of(self)
         self.rule = events.Rule(
-            self, "Rule",
+            self,
+            "Rule",
             description="start the recipe's training run when this stack's deployment completes",
             event_pattern=events.EventPattern(
                 source=["aws.cloudformation"],
                 detail_type=[STACK_STATUS_CHANGE],
                 detail={"stack-id": [stack.stack_id], "status-details": {"status": LAUNCH_STATUSES}},
             ),
-            targets=[targets.SfnStateMachine(state_machine, input=events.RuleTargetInput.from_object(execution_input),
-                                             retry_attempts=3)],
+            targets=[
+                targets.SfnStateMachine(
+                    state_machine, input=events.RuleTargetInput.from_object(execution_input), retry_attempts=3
+                )
+            ],
         )

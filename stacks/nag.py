@@ -44,7 +44,7 @@ REASONS: dict[str, str] = {
         "These actions do not support resource-level permissions (ecr:GetAuthorizationToken, "
         "cloudwatch:PutMetricData (limited by a namespace condition), ec2:Describe*/ENI calls SageMaker "
         "makes in VPC mode, and the X-Ray and CloudWatch Logs delivery calls of Step Functions); IAM "
-        "requires Resource \"*\" for them. Every action is listed explicitly; none is a wildcard."
+        'requires Resource "*" for them. Every action is listed explicitly; none is a wildcard.'
     ),
     # Monitoring (stacks/monitoring.py).
     "AwsSolutions-IAM5:run-alarms": (

@@ -28,31 +28,56 @@ INTERFACE_ENDPOINTS = {
 class TrainingNetwork(Construct):
     def __init__(self, scope: Construct, id: str, *, key: kms.IKey) -> None:
         super().__init__(scope, id)
-        flow_logs = logs.LogGroup(self, "FlowLogs", encryption_key=key, retention=logs.RetentionDays.ONE_YEAR,
-                                  removal_policy=RemovalPolicy.RETAIN)
+        flow_logs = logs.LogGroup(
+            self,
+            "FlowLogs",
+            encryption_key=key,
+            retention=logs.RetentionDays.ONE_YEAR,
+            removal_policy=RemovalPolicy.RETAIN,
+        )
         self.vpc = ec2.Vpc(
-            self, "Vpc",
+            self,
+            "Vpc",
             max_azs=2,
             nat_gateways=0,
-            subnet_configuration=[ec2.SubnetConfiguration(name="Training", subnet_type=ec2.SubnetType.PRIVATE_ISOLATED,
-                                                          cidr_mask=20)],
-            flow_logs={"All": ec2.FlowLogOptions(destination=ec2.FlowLogDestination.to_cloud_watch_logs(flow_logs))},
+            subnet_configuration=[
+                ec2.SubnetConfiguration(
+                    name="Training", subnet_type=ec2.SubnetType.PRIVATE_ISOLATED, cidr_mask=20
+                )
+            ],
+            flow_logs={
+                "All": ec2.FlowLogOptions(destination=ec2.FlowLogDestination.to_cloud_watch_logs(flow_logs))
+            },
         )
-        self.security_group = ec2.SecurityGroup(self, "Efa", vpc=self.vpc, allow_all_outbound=False,
-                                                description="EFA: all traffic between training nodes")
+        self.security_group = ec2.SecurityGroup(
+            self,
+            "Efa",
+            vpc=self.vpc,
+            allow_all_outbound=False,
+            description="EFA: all traffic between training nodes",
+        )
         self.security_group.add_ingress_rule(self.security_group, ec2.Port.all_traffic(), "EFA between nodes")
         self.security_group.add_egress_rule(self.security_group, ec2.Port.all_traffic(), "EFA between nodes")
         # The subnets have no route to the internet, so HTTPS egress reaches only the S3 gateway and
         # the interface endpoints below (S3's addresses are a regional prefix list CloudFormation
         # cannot look up without a Lambda, hence any-IPv4 on 443 rather than a prefix list).
         self.security_group.add_egress_rule(ec2.Peer.any_ipv4(), ec2.Port.tcp(443), "AWS APIs via endpoints")
-        endpoints_sg = ec2.SecurityGroup(self, "Endpoints", vpc=self.vpc, allow_all_outbound=False,
-                                         description="VPC endpoints: HTTPS from training nodes")
+        endpoints_sg = ec2.SecurityGroup(
+            self,
+            "Endpoints",
+            vpc=self.vpc,
+            allow_all_outbound=False,
+            description="VPC endpoints: HTTPS from training nodes",
+        )
         endpoints_sg.add_ingress_rule(self.security_group, ec2.Port.tcp(443), "HTTPS from training nodes")
         nag.acknowledge(endpoints_sg, "AwsSolutions-EC23:endpoint-ingress")
-        self.vpc.add_gateway_endpoint("S3", service=ec2.GatewayVpcEndpointAwsService.S3,
-                                      subnets=[ec2.SubnetSelection(subnet_type=ec2.SubnetType.PRIVATE_ISOLATED)])
+        self.vpc.add_gateway_endpoint(
+            "S3",
+            service=ec2.GatewayVpcEndpointAwsService.S3,
+            subnets=[ec2.SubnetSelection(subnet_type=ec2.SubnetType.PRIVATE_ISOLATED)],
+        )
         for name, service in INTERFACE_ENDPOINTS.items():
-            self.vpc.add_interface_endpoint(name, service=service, security_groups=[endpoints_sg],
-                                            private_dns_enabled=True)
+            self.vpc.add_interface_endpoint(
+                name, service=service, security_groups=[endpoints_sg], private_dns_enabled=True
+            )
         self.subnet_ids = [s.subnet_id for s in self.vpc.isolated_subnets]

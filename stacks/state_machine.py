@@ -1,10 +1,17 @@
 """The launcher state machine: create the training job, then poll it until it ends.
 
-    LoadRecipe (Pass: the recipe's hyperparameters)
+    LoadRecipe (Pass: the recipe's hyperparameters) -> FirstAttempt (Attempt = {JobName, Number: 1})
       -> CreateTrainingJob (aws-sdk task; the full request from trainstack.request)
-           retries on capacity/quota/throttling errors; a job of that name already exists -> AlreadyLaunched
+           retries on quota/throttling errors; a job of that name already exists -> AlreadyLaunched
       -> DescribeTrainingJob -> Finished? --InProgress/Stopping--> Wait -> DescribeTrainingJob
-                                          --Completed--> Trained, --Failed/Stopped--> fail
+                                          --Completed--> Trained, --Stopped--> fail
+                                          --Failed--> ReadFailure -> CapacityShortage?
+           a CapacityError, attempts left: WaitForCapacity -> NextAttempt (`<JobName>-c<n>`)
+                                           -> CreateTrainingJob
+           anything else: TrainingFailed (the job's FailureReason as the cause)
+
+Capacity attempts share the run's checkpoint prefix (named by the first job name), so a later attempt
+resumes from whatever an earlier one saved.
 
 The SDK integration plus a describe/wait loop (instead of the `.sync` integration) runs end to end in
 the local emulator; at one poll a minute its transitions cost cents a day. ResultSelector keeps only
@@ -28,82 +35,203 @@ from trainstack.request import INPUT_HYPERPARAMETER_OVERRIDES, INPUT_JOB_NAME
 CREATE = "arn:aws:states:::aws-sdk:sagemaker:createTrainingJob"
 DESCRIBE = "arn:aws:states:::aws-sdk:sagemaker:describeTrainingJob"
 POLL_SECONDS = 60
-# Capacity and quota errors at creation: wait and try again, for up to about a day.
-CAPACITY_ERRORS = ["SageMaker.ResourceLimitExceededException", "SageMaker.CapacityErrorException",
-                   "SageMaker.ThrottlingException"]
+# Quota errors at creation (the account's instances of this type are all in use): wait for them to free
+# up and try again, for up to about a day. Step Functions names SDK errors `SageMaker.<Code>Exception`.
+CAPACITY_ERRORS = ["SageMaker.ResourceLimitExceededException", "SageMaker.ThrottlingException"]
 ALREADY_EXISTS = ["SageMaker.ResourceInUseException"]
 RECIPE_PATH = "$.Recipe"
 HYPERPARAMETERS_EXPRESSION = (
     f"States.JsonMerge({RECIPE_PATH}.HyperParameters, $.{INPUT_HYPERPARAMETER_OVERRIDES}, false)"
 )
-JOB_NAME_PATH = f"$.{INPUT_JOB_NAME}"
+JOB_NAME_PATH = f"$.{INPUT_JOB_NAME}"  # the run's name: checkpoints live under it
+ATTEMPT_JOB_NAME_PATH = "$.Attempt.JobName"  # this attempt's training job
+MAX_CAPACITY_ATTEMPTS = 4  # `-c2` .. `-c4` still fit SageMaker's 63 characters (trainstack.naming)
+CAPACITY_WAIT = Duration.minutes(15)
+CAPACITY_FAILURE = "*CapacityError*"  # FailureReason "CapacityError: Unable to provision requested ..."
 
 
 class TrainingStateMachine(Construct):
-    def __init__(self, scope: Construct, id: str, *, request: dict[str, Any], hyperparameters: dict[str, str],
-                 execution_role: iam.IRole, job_name_prefix: str, key: kms.IKey, timeout: Duration) -> None:
+    def __init__(
+        self,
+        scope: Construct,
+        id: str,
+        *,
+        request: dict[str, Any],
+        hyperparameters: dict[str, str],
+        execution_role: iam.IRole,
+        job_name_prefix: str,
+        key: kms.IKey,
+        timeout: Duration,
+    ) -> None:
         super().__init__(scope, id)
         stack = Stack.of(self)
-        load = sfn.Pass(self, "LoadRecipe", result=sfn.Result.from_object({"HyperParameters": hyperparameters}),
-                        result_path=RECIPE_PATH)
-        create = sfn.CustomState(self, "CreateTrainingJob", state_json={
-            "Type": "Task",
-            "Resource": CREATE,
-            "Parameters": request,
-            "ResultSelector": {"TrainingJobArn.$": "$.TrainingJobArn"},
-            "ResultPath": "$.Created",
-        })
-        create.add_retry(errors=CAPACITY_ERRORS, interval=Duration.minutes(5), backoff_rate=1.5,
-                         max_attempts=12, max_delay=Duration.hours(2))
-        create.add_catch(sfn.Succeed(self, "AlreadyLaunched", comment="a job of this name (recipe hash) exists"),
-                         errors=ALREADY_EXISTS, result_path="$.Error")
-        describe = sfn.CustomState(self, "DescribeTrainingJob", state_json={
-            "Type": "Task",
-            "Resource": DESCRIBE,
-            "Parameters": {"TrainingJobName.$": JOB_NAME_PATH},
-            "ResultSelector": {"Status.$": "$.TrainingJobStatus", "SecondaryStatus.$": "$.SecondaryStatus"},
-            "ResultPath": "$.Job",
-        })
-        describe.add_retry(errors=["SageMaker.ThrottlingException", "States.Timeout"],
-                           interval=Duration.seconds(30), backoff_rate=2, max_attempts=6)
+        load = sfn.Pass(
+            self,
+            "LoadRecipe",
+            result=sfn.Result.from_object({"HyperParameters": hyperparameters}),
+            result_path=RECIPE_PATH,
+        )
+        first = sfn.Pass(
+            self,
+            "FirstAttempt",
+            parameters={"JobName.$": JOB_NAME_PATH, "Number": 1},
+            result_path="$.Attempt",
+        )
+        create = sfn.CustomState(
+            self,
+            "CreateTrainingJob",
+            state_json={
+                "Type": "Task",
+                "Resource": CREATE,
+                "Parameters": request,
+                "ResultSelector": {"TrainingJobArn.$": "$.TrainingJobArn"},
+                "ResultPath": "$.Created",
+            },
+        )
+        create.add_retry(
+            errors=CAPACITY_ERRORS,
+            interval=Duration.minutes(5),
+            backoff_rate=1.5,
+            max_attempts=12,
+            max_delay=Duration.hours(2),
+        )
+        create.add_catch(
+            sfn.Succeed(self, "AlreadyLaunched", comment="a job of this name (recipe hash) exists"),
+            errors=ALREADY_EXISTS,
+            result_path="$.Error",
+        )
+        describe = sfn.CustomState(
+            self,
+            "DescribeTrainingJob",
+            state_json={
+                "Type": "Task",
+                "Resource": DESCRIBE,
+                "Parameters": {"TrainingJobName.$": ATTEMPT_JOB_NAME_PATH},
+                "ResultSelector": {
+                    "Status.$": "$.TrainingJobStatus",
+                    "SecondaryStatus.$": "$.SecondaryStatus",
+                },
+                "ResultPath": "$.Job",
+            },
+        )
+        describe.add_retry(
+            errors=["SageMaker.ThrottlingException", "States.Timeout"],
+            interval=Duration.seconds(30),
+            backoff_rate=2,
+            max_attempts=6,
+        )
         wait = sfn.Wait(self, "WaitForJob", time=sfn.WaitTime.duration(Duration.seconds(POLL_SECONDS)))
+        read_failure = sfn.CustomState(
+            self,
+            "ReadFailure",
+            state_json={
+                "Type": "Task",
+                "Resource": DESCRIBE,
+                "Parameters": {"TrainingJobName.$": ATTEMPT_JOB_NAME_PATH},
+                "ResultSelector": {"FailureReason.$": "$.FailureReason"},
+                "ResultPath": "$.Failure",
+            },
+        )
+        read_failure.add_retry(
+            errors=["SageMaker.ThrottlingException"],
+            interval=Duration.seconds(30),
+            backoff_rate=2,
+            max_attempts=6,
+        )
+        next_attempt = sfn.Pass(
+            self,
+            "NextAttempt",
+            parameters={
+                "JobName.$": (
+                    f"States.Format('{{}}-c{{}}', {JOB_NAME_PATH}, States.MathAdd($.Attempt.Number, 1))"
+                ),
+                "Number.$": "States.MathAdd($.Attempt.Number, 1)",
+            },
+            result_path="$.Attempt",
+        )
+        failed = sfn.Fail(
+            self, "TrainingFailed", error="TrainingFailed", cause_path="$.Failure.FailureReason"
+        )
+        capacity = (
+            sfn.Choice(self, "CapacityShortage")
+            .when(
+                sfn.Condition.and_(
+                    sfn.Condition.string_matches("$.Failure.FailureReason", CAPACITY_FAILURE),
+                    sfn.Condition.number_less_than("$.Attempt.Number", MAX_CAPACITY_ATTEMPTS),
+                ),
+                sfn.Wait(self, "WaitForCapacity", time=sfn.WaitTime.duration(CAPACITY_WAIT))
+                .next(next_attempt)
+                .next(create),
+            )
+            .otherwise(failed)
+        )
         finished = (
             sfn.Choice(self, "Finished")
             .when(sfn.Condition.string_equals("$.Job.Status", "Completed"), sfn.Succeed(self, "Trained"))
-            .when(sfn.Condition.string_equals("$.Job.Status", "Failed"),
-                  sfn.Fail(self, "TrainingFailed", error="TrainingFailed",
-                           cause="the training job failed; see its FailureReason"))
-            .when(sfn.Condition.string_equals("$.Job.Status", "Stopped"),
-                  sfn.Fail(self, "TrainingStopped", error="TrainingStopped", cause="the training job was stopped"))
+            .when(sfn.Condition.string_equals("$.Job.Status", "Failed"), read_failure.next(capacity))
+            .when(
+                sfn.Condition.string_equals("$.Job.Status", "Stopped"),
+                sfn.Fail(
+                    self, "TrainingStopped", error="TrainingStopped", cause="the training job was stopped"
+                ),
+            )
             .otherwise(wait.next(describe))
         )
-        definition = load.next(create).next(describe).next(finished)
+        definition = load.next(first).next(create).next(describe).next(finished)
 
-        self.log_group = logs.LogGroup(self, "Logs", encryption_key=key, retention=logs.RetentionDays.ONE_YEAR,
-                                       removal_policy=RemovalPolicy.RETAIN)
+        self.log_group = logs.LogGroup(
+            self,
+            "Logs",
+            encryption_key=key,
+            retention=logs.RetentionDays.ONE_YEAR,
+            removal_policy=RemovalPolicy.RETAIN,
+        )
         self.state_machine = sfn.StateMachine(
-            self, "StateMachine",
+            self,
+            "StateMachine",
             definition_body=sfn.DefinitionBody.from_chainable(definition),
             timeout=timeout,
             tracing_enabled=True,
-            logs=sfn.LogOptions(destination=self.log_group, level=sfn.LogLevel.ALL, include_execution_data=True),
+            logs=sfn.LogOptions(
+                destination=self.log_group, level=sfn.LogLevel.ALL, include_execution_data=True
+            ),
         )
         # CDK adds DependsOn the role next to the GetAtt of its ARN; cfn-lint flags the duplicate (W3005).
         # Keep only the dependency on the role's policy (the role's ARN is already referenced).
         policy = self.state_machine.role.node.find_child("DefaultPolicy").node.default_child
         self.state_machine.node.default_child.add_override("DependsOn", [stack.get_logical_id(policy)])
-        jobs = stack.format_arn(service="sagemaker", resource="training-job", resource_name=f"{job_name_prefix}-*")
-        self.state_machine.add_to_role_policy(iam.PolicyStatement(
-            actions=["sagemaker:CreateTrainingJob", "sagemaker:DescribeTrainingJob", "sagemaker:StopTrainingJob",
-                     "sagemaker:AddTags"],
-            resources=[jobs]))
-        self.state_machine.add_to_role_policy(iam.PolicyStatement(
-            actions=["iam:PassRole"], resources=[execution_role.role_arn],
-            conditions={"StringEquals": {"iam:PassedToService": "sagemaker.amazonaws.com"}}))
+        jobs = stack.format_arn(
+            service="sagemaker", resource="training-job", resource_name=f"{job_name_prefix}-*"
+        )
+        self.state_machine.add_to_role_policy(
+            iam.PolicyStatement(
+                actions=[
+                    "sagemaker:CreateTrainingJob",
+                    "sagemaker:DescribeTrainingJob",
+                    "sagemaker:StopTrainingJob",
+                    "sagemaker:AddTags",
+                ],
+                resources=[jobs],
+            )
+        )
+        self.state_machine.add_to_role_policy(
+            iam.PolicyStatement(
+                actions=["iam:PassRole"],
+                resources=[execution_role.role_arn],
+                conditions={"StringEquals": {"iam:PassedToService": "sagemaker.amazonaws.com"}},
+            )
+        )
         nag.acknowledge(self, "AwsSolutions-IAM5:unscoped-actions", ["Resource::*"])
-        nag.acknowledge(self, "AwsSolutions-IAM5:training-jobs",
-                        [nag.arn_finding(self, "sagemaker", f"training-job/{job_name_prefix}-*")])
+        nag.acknowledge(
+            self,
+            "AwsSolutions-IAM5:training-jobs",
+            [nag.arn_finding(self, "sagemaker", f"training-job/{job_name_prefix}-*")],
+        )
         # Encrypted volumes and output: SageMaker creates grants on the key for the job's resources.
-        self.state_machine.add_to_role_policy(iam.PolicyStatement(
-            actions=["kms:CreateGrant", "kms:DescribeKey"], resources=[key.key_arn],
-            conditions={"Bool": {"kms:GrantIsForAWSResource": "true"}}))
+        self.state_machine.add_to_role_policy(
+            iam.PolicyStatement(
+                actions=["kms:CreateGrant", "kms:DescribeKey"],
+                resources=[key.key_arn],
+                conditions={"Bool": {"kms:GrantIsForAWSResource": "true"}},
+            )
+        )

@@ -27,17 +27,35 @@ class EncryptionKey(Construct):
     def __init__(self, scope: Construct, id: str, *, description: str) -> None:
         super().__init__(scope, id)
         stack = Stack.of(self)
-        self.key = kms.Key(self, "Key", description=description, enable_key_rotation=True,
-                           removal_policy=RemovalPolicy.RETAIN)
+        self.key = kms.Key(
+            self,
+            "Key",
+            description=description,
+            enable_key_rotation=True,
+            removal_policy=RemovalPolicy.RETAIN,
+        )
         # CloudWatch Logs encrypts the launcher's log groups with this key; only log groups of this
         # account and region may use it.
-        self.key.add_to_resource_policy(iam.PolicyStatement(
-            principals=[iam.ServicePrincipal(f"logs.{stack.region}.amazonaws.com")],
-            actions=["kms:Encrypt*", "kms:Decrypt*", "kms:ReEncrypt*", "kms:GenerateDataKey*", "kms:Describe*"],
-            resources=["*"],  # in a key policy "*" means this key
-            conditions={"ArnLike": {"kms:EncryptionContext:aws:logs:arn":
-                                    f"arn:{stack.partition}:logs:{stack.region}:{stack.account}:log-group:*"}},
-        ))
+        self.key.add_to_resource_policy(
+            iam.PolicyStatement(
+                principals=[iam.ServicePrincipal(f"logs.{stack.region}.amazonaws.com")],
+                actions=[
+                    "kms:Encrypt*",
+                    "kms:Decrypt*",
+                    "kms:ReEncrypt*",
+                    "kms:GenerateDataKey*",
+                    "kms:Describe*",
+                ],
+                resources=["*"],  # in a key policy "*" means this key
+                conditions={
+                    "ArnLike": {
+                        "kms:EncryptionContext:aws:logs:arn": (
+                            f"arn:{stack.partition}:logs:{stack.region}:{stack.account}:log-group:*"
+                        )
+                    }
+                },
+            )
+        )
 
 
 class CheckpointBucket(Construct):
@@ -47,20 +65,26 @@ class CheckpointBucket(Construct):
         super().__init__(scope, id)
         # S3 server access logs can only be delivered to an SSE-S3 bucket.
         self.access_logs = s3.Bucket(
-            self, "AccessLogs",
+            self,
+            "AccessLogs",
             encryption=s3.BucketEncryption.S3_MANAGED,
             block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
             enforce_ssl=True,
             versioned=True,
             object_ownership=s3.ObjectOwnership.BUCKET_OWNER_PREFERRED,
-            lifecycle_rules=[s3.LifecycleRule(expiration=Duration.days(ACCESS_LOG_EXPIRY_DAYS),
-                                              noncurrent_version_expiration=Duration.days(1),
-                                              abort_incomplete_multipart_upload_after=Duration.days(1))],
+            lifecycle_rules=[
+                s3.LifecycleRule(
+                    expiration=Duration.days(ACCESS_LOG_EXPIRY_DAYS),
+                    noncurrent_version_expiration=Duration.days(1),
+                    abort_incomplete_multipart_upload_after=Duration.days(1),
+                )
+            ],
             removal_policy=RemovalPolicy.RETAIN,
         )
         nag.acknowledge(self.access_logs, "AwsSolutions-S1")
         self.bucket = s3.Bucket(
-            self, "Bucket",
+            self,
+            "Bucket",
             encryption=s3.BucketEncryption.KMS,
             encryption_key=key,
             bucket_key_enabled=True,
@@ -69,11 +93,13 @@ class CheckpointBucket(Construct):
             versioned=True,
             server_access_logs_bucket=self.access_logs,
             server_access_logs_prefix="checkpoints/",
-            lifecycle_rules=[s3.LifecycleRule(
-                abort_incomplete_multipart_upload_after=Duration.days(INCOMPLETE_UPLOAD_DAYS),
-                noncurrent_version_expiration=Duration.days(NONCURRENT_EXPIRY_DAYS),
-                noncurrent_versions_to_retain=NONCURRENT_VERSIONS_KEPT,
-            )],
+            lifecycle_rules=[
+                s3.LifecycleRule(
+                    abort_incomplete_multipart_upload_after=Duration.days(INCOMPLETE_UPLOAD_DAYS),
+                    noncurrent_version_expiration=Duration.days(NONCURRENT_EXPIRY_DAYS),
+                    noncurrent_versions_to_retain=NONCURRENT_VERSIONS_KEPT,
+                )
+            ],
             removal_policy=RemovalPolicy.RETAIN,
         )
 
@@ -84,13 +110,17 @@ class ImageRepository(Construct):
     def __init__(self, scope: Construct, id: str, *, key: kms.IKey, name: str | None = None) -> None:
         super().__init__(scope, id)
         self.repository = ecr.Repository(
-            self, "Repository",
+            self,
+            "Repository",
             repository_name=name,
             image_scan_on_push=True,
             image_tag_mutability=ecr.TagMutability.IMMUTABLE,
             encryption=ecr.RepositoryEncryption.KMS,
             encryption_key=key,
-            lifecycle_rules=[ecr.LifecycleRule(max_image_count=IMAGES_KEPT,
-                                               description=f"keep the last {IMAGES_KEPT} images")],
+            lifecycle_rules=[
+                ecr.LifecycleRule(
+                    max_image_count=IMAGES_KEPT, description=f"keep the last {IMAGES_KEPT} images"
+                )
+            ],
             removal_policy=RemovalPolicy.RETAIN,
         )

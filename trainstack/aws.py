@@ -39,19 +39,28 @@ class Aws:
         self.local = local
         env = environment(local, environ)
         self._endpoint = env.get("AWS_ENDPOINT_URL") if local else None
-        self._config = Config(retries={"max_attempts": 3, "mode": "standard"}, connect_timeout=5, read_timeout=60)
+        self._config = Config(
+            retries={"max_attempts": 3, "mode": "standard"}, connect_timeout=5, read_timeout=60
+        )
         if local:
             self._session = boto3.session.Session(
-                aws_access_key_id=env["AWS_ACCESS_KEY_ID"], aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
-                aws_session_token=env.get("AWS_SESSION_TOKEN"), region_name=env["AWS_REGION"])
+                aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
+                aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
+                aws_session_token=env.get("AWS_SESSION_TOKEN"),
+                region_name=env["AWS_REGION"],
+            )
         else:
             self._session = boto3.session.Session()
         if not self._session.region_name:
-            raise TrainstackError("no AWS region configured: set AWS_REGION or a profile region (or use --local)")
+            raise TrainstackError(
+                "no AWS region configured: set AWS_REGION or a profile region (or use --local)"
+            )
 
     @property
     def where(self) -> str:
-        return f"the local emulator ({self._endpoint})" if self.local else f"region {self._session.region_name}"
+        return (
+            f"the local emulator ({self._endpoint})" if self.local else f"region {self._session.region_name}"
+        )
 
     def client(self, service: str) -> Any:
         return self._session.client(service, endpoint_url=self._endpoint, config=self._config)
@@ -64,7 +73,9 @@ class Aws:
             stacks = self.client("cloudformation").describe_stacks(StackName=stack_name)["Stacks"]
         except ClientError as exc:
             if "does not exist" in str(exc):
-                raise TrainstackError(f"stack {stack_name} is not deployed in {self.where}: run {deploy_hint}") from None
+                raise TrainstackError(
+                    f"stack {stack_name} is not deployed in {self.where}: run {deploy_hint}"
+                ) from None
             raise TrainstackError(f"cannot read stack {stack_name}: {exc}") from None
         except BotoCoreError as exc:
             raise TrainstackError(f"cannot reach AWS ({self.where}): {exc}") from None

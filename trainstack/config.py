@@ -4,7 +4,8 @@
                               of every team (of `-c team` only, when given): what pipelines validate
     -c team=T                 layer recipes/teams/T/ onto the recipe
     -c set=k=v,k2=v2          overrides, as `trainstack ... --set` (values may not contain `,k=`)
-    -c image_uri=URI          a prebuilt training image (else recipe image.uri, else built from training_image/)
+    -c image_uri=URI          a prebuilt training image (else recipe image.uri, else built from
+                              training_image/)
     -c image_tag=TAG          an image a pipeline pushed to this deployment's ECR repository
     -c vpc=true               run jobs in private subnets of a new VPC (EFA security group, endpoints)
     -c inter_container_encryption=true   encrypt traffic between nodes (costs step time; see docs/cdk.md)
@@ -17,10 +18,12 @@ A recipe that is invalid or does not fit stops here with one line, before any st
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
 from trainstack import budget, loader, naming
@@ -28,9 +31,20 @@ from trainstack.errors import RecipeError, TrainstackError
 from trainstack.recipe import Recipe
 
 CONTEXT = "cdk context"
-CONTEXT_KEYS = ("recipe", "team", "set", "image_uri", "image_tag", "vpc", "inter_container_encryption",
-                "emulator", "pipeline",
-                "connection_arn", "repository", "branch")  # the last three: stacks/pipeline.py
+CONTEXT_KEYS = (
+    "recipe",
+    "team",
+    "set",
+    "image_uri",
+    "image_tag",
+    "vpc",
+    "inter_container_encryption",
+    "emulator",
+    "pipeline",
+    "connection_arn",
+    "repository",
+    "branch",
+)  # the last three: stacks/pipeline.py
 TRUE = {"true", "1", "yes", "on"}
 FALSE = {"false", "0", "no", "off", ""}
 ALL = "all"
@@ -124,7 +138,8 @@ def load(
     overrides = split_set(str(context.get("set") or ""))
     # Emulator mode: asked for, or implied by an AWS endpoint on this machine (trainstack.emulator).
     emulator = flag(context, "emulator") or env.get("AWS_ENDPOINT_URL", "").startswith(
-        ("http://localhost", "http://127.0.0.1"))
+        ("http://localhost", "http://127.0.0.1")
+    )
     region = env.get("CDK_DEFAULT_REGION") or None
     plan_of = planner or _planner()
     resolve_base = base_image_resolver or resolve_base_image
@@ -195,8 +210,13 @@ def _reason(plan: Any) -> str:
     return f"peak memory {memory.peak_gib:.1f} GiB per GPU exceeds the usable {memory.usable_gib:.1f} GiB"
 
 
-def _image_source(context: Mapping[str, Any], recipe: Recipe, emulator: bool, region: str | None,
-                  resolve_base: Callable[[str, Recipe], str]) -> ImageSource:
+def _image_source(
+    context: Mapping[str, Any],
+    recipe: Recipe,
+    emulator: bool,
+    region: str | None,
+    resolve_base: Callable[[str, Recipe], str],
+) -> ImageSource:
     uri = str(context.get("image_uri") or "").strip() or recipe.image.uri
     if uri:
         return ImageSource(uri=uri)
@@ -222,16 +242,57 @@ def _retrieve(region: str, version: str, instance_type: str) -> str:
     # Imported here: sagemaker.core takes ~2 s to import and only the build path needs it.
     from sagemaker.core import image_uris
 
-    return image_uris.retrieve(framework="pytorch", region=region, version=version, py_version="py312",
-                               instance_type=instance_type, image_scope="training")
+    return image_uris.retrieve(
+        framework="pytorch",
+        region=region,
+        version=version,
+        py_version="py312",
+        instance_type=instance_type,
+        image_scope="training",
+    )
 
 
-def resolve_base_image(region: str, recipe: Recipe) -> str:
-    """The AWS Deep Learning Container PyTorch training image for the recipe's version and region."""
+BASE_IMAGE_CACHE = Path(__file__).resolve().parent.parent / ".cache" / "base-images.json"
+
+
+def resolve_base_image(region: str, recipe: Recipe, cache: Path | None = BASE_IMAGE_CACHE) -> str:
+    """The AWS Deep Learning Container PyTorch training image for the recipe's version and region.
+
+    Answers are cached per sagemaker-core version (importing it costs ~1.5 s of every synthesis; the
+    answer only changes when the SDK's bundled image table does).
+    """
+    from importlib.metadata import version
+
+    key = "|".join(
+        (
+            region,
+            recipe.image.framework_version,
+            recipe.compute.instance_type,
+            f"sagemaker-core=={version('sagemaker-core')}",
+        )
+    )
+    known = _read_cache(cache)
+    if key in known:
+        return known[key]
     try:
-        return _retrieve(region, recipe.image.framework_version, recipe.compute.instance_type)
+        uri = _retrieve(region, recipe.image.framework_version, recipe.compute.instance_type)
     except ValueError as exc:
         raise RecipeError("recipe", "image.framework_version", str(exc).splitlines()[0]) from None
+    if cache is not None:
+        try:
+            cache.parent.mkdir(parents=True, exist_ok=True)
+            cache.write_text(json.dumps({**_read_cache(cache), key: uri}, indent=1, sort_keys=True))
+        except OSError:
+            pass  # a read-only checkout just resolves every time
+    return uri
+
+
+def _read_cache(cache: Path | None) -> dict[str, str]:
+    try:
+        data = json.loads(cache.read_text()) if cache is not None else {}
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
 
 
 def _planner() -> Callable[[Recipe], Any]:

@@ -40,7 +40,11 @@ from trainstack.errors import TrainstackError
 REGION = "us-east-1"
 ACCOUNT = "123456789012"  # moto's default account
 # Dummy credentials: the emulator accepts any, and they keep a real profile from ever being used.
-CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_SESSION_TOKEN": "testing"}
+CREDENTIALS = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_SESSION_TOKEN": "testing",
+}
 
 
 def free_port() -> int:
@@ -76,14 +80,17 @@ class Emulator:
         }
 
     def start(self, timeout_s: float = 30.0) -> Emulator:
-        server = shutil.which("moto_server", path=str(Path(sys.executable).parent)) or shutil.which("moto_server")
+        server = shutil.which("moto_server", path=str(Path(sys.executable).parent)) or shutil.which(
+            "moto_server"
+        )
         if server is None:
             raise TrainstackError("moto_server not found: run `make setup` (it installs moto[server])")
         log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
         del server  # moto_server is run through serve() below, which adds the placeholder patch
         self._process = subprocess.Popen(
             [sys.executable, "-m", "trainstack.emulator", "--serve", "--port", str(self.port)],
-            stdout=log, stderr=subprocess.STDOUT,
+            stdout=log,
+            stderr=subprocess.STDOUT,
         )
         deadline = time.monotonic() + timeout_s
         while True:
@@ -93,14 +100,18 @@ class Emulator:
             except OSError:
                 if self._process.poll() is not None or time.monotonic() > deadline:
                     self.stop()
-                    raise TrainstackError(f"the local AWS emulator did not start on port {self.port}") from None
+                    raise TrainstackError(
+                        f"the local AWS emulator did not start on port {self.port}"
+                    ) from None
                 time.sleep(0.2)
         self._configure({"stepfunctions": {"execute_state_machine": True}})
         return self
 
     def _configure(self, config: dict) -> None:
         request = urllib.request.Request(
-            f"{self.endpoint}/moto-api/config", data=json.dumps(config).encode(), method="POST",
+            f"{self.endpoint}/moto-api/config",
+            data=json.dumps(config).encode(),
+            method="POST",
             headers={"Content-Type": "application/json"},
         )
         urllib.request.urlopen(request, timeout=10).close()
@@ -138,7 +149,8 @@ def local_env(path: Path = STATE_FILE) -> dict[str, str]:
         urllib.request.urlopen(f"{state['endpoint']}/moto-api/data.json", timeout=2).close()
     except (OSError, ValueError, KeyError):
         raise TrainstackError(
-            "no local emulator is running (start one with `python -m trainstack.emulator`, or run `make demo`)"
+            "no local emulator is running "
+            "(start one with `python -m trainstack.emulator`, or run `make demo`)"
         ) from None
     emulator = Emulator(port=int(state["endpoint"].rsplit(":", 1)[1]))
     return emulator.env()
@@ -146,21 +158,28 @@ def local_env(path: Path = STATE_FILE) -> dict[str, str]:
 
 # --- EventBridge for CloudFormation stack status events (moto does not publish them) -------------
 
+
 def deliver_stack_status(env: dict[str, str], stack_name: str, status: str = "UPDATE_COMPLETE") -> list[str]:
     """Do what EventBridge does on real AWS when `stack_name` reaches `status`: start every Step
     Functions target of every rule whose pattern matches that event, with the target's Input.
     Returns the execution ARNs started. Only the pattern fields our rules use are matched."""
     import boto3
 
-    session = boto3.session.Session(region_name=env["AWS_REGION"], aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
-                                    aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"])
+    session = boto3.session.Session(
+        region_name=env["AWS_REGION"],
+        aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
+    )
     endpoint = env["AWS_ENDPOINT_URL"]
     cfn = session.client("cloudformation", endpoint_url=endpoint)
     events = session.client("events", endpoint_url=endpoint)
     sfn = session.client("stepfunctions", endpoint_url=endpoint)
     stack_id = cfn.describe_stacks(StackName=stack_name)["Stacks"][0]["StackId"]
-    event = {"source": "aws.cloudformation", "detail-type": "CloudFormation Stack Status Change",
-             "detail": {"stack-id": stack_id, "status-details": {"status": status}}}
+    event = {
+        "source": "aws.cloudformation",
+        "detail-type": "CloudFormation Stack Status Change",
+        "detail": {"stack-id": stack_id, "status-details": {"status": status}},
+    }
     started = []
     for rule in events.list_rules()["Rules"]:
         pattern = json.loads(rule.get("EventPattern") or "{}")
@@ -175,13 +194,16 @@ def deliver_stack_status(env: dict[str, str], stack_name: str, status: str = "UP
 
 def _matches(pattern: object, value: object) -> bool:
     if isinstance(pattern, dict):
-        return isinstance(value, dict) and all(k in value and _matches(v, value[k]) for k, v in pattern.items())
+        return isinstance(value, dict) and all(
+            k in value and _matches(v, value[k]) for k, v in pattern.items()
+        )
     if isinstance(pattern, list):
         return value in pattern
     return pattern == value
 
 
 # --- the server: moto, plus placeholders for resource types its CloudFormation lacks -------------
+
 
 def _placeholder_model() -> type:
     from moto.core.common_models import CloudFormationModel
@@ -215,13 +237,17 @@ def _placeholder_model() -> type:
             return f"arn:aws:{service}:{self.region}:{self.account}:placeholder/{self.name}"
 
         @classmethod
-        def create_from_cloudformation_json(cls, resource_name, cloudformation_json, account_id, region_name,
-                                            **kwargs):
-            return cls(resource_name, kwargs.get("ResourceType", "AWS::Unknown::Unknown"), region_name, account_id)
+        def create_from_cloudformation_json(
+            cls, resource_name, cloudformation_json, account_id, region_name, **kwargs
+        ):
+            return cls(
+                resource_name, kwargs.get("ResourceType", "AWS::Unknown::Unknown"), region_name, account_id
+            )
 
         @classmethod
-        def update_from_cloudformation_json(cls, original_resource, new_resource_name, cloudformation_json,
-                                            account_id, region_name):
+        def update_from_cloudformation_json(
+            cls, original_resource, new_resource_name, cloudformation_json, account_id, region_name
+        ):
             return original_resource
 
         @classmethod
@@ -286,8 +312,11 @@ def _log_error_bodies() -> None:
             body = list(app(environ, capture))
             if captured.get("status", "200")[0] in "45":
                 text = b"".join(body)[:2000].decode("utf-8", "replace")
-                print(f"emulator: {environ.get('PATH_INFO')} -> {captured['status']}: {text}", file=sys.stderr,
-                      flush=True)
+                print(
+                    f"emulator: {environ.get('PATH_INFO')} -> {captured['status']}: {text}",
+                    file=sys.stderr,
+                    flush=True,
+                )
             return body
 
         return wrapped
@@ -298,8 +327,9 @@ def _log_error_bodies() -> None:
 def _main() -> None:
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m trainstack.emulator",
-                                     description="run the local AWS emulator in the foreground")
+    parser = argparse.ArgumentParser(
+        prog="python -m trainstack.emulator", description="run the local AWS emulator in the foreground"
+    )
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -309,7 +339,9 @@ def _main() -> None:
     emulator = Emulator(port=args.port or free_port())
     with emulator:
         write_state(emulator.endpoint, os.getpid())
-        print(f"local AWS emulator on {emulator.endpoint} (state in {STATE_FILE}); Ctrl-C stops it", flush=True)
+        print(
+            f"local AWS emulator on {emulator.endpoint} (state in {STATE_FILE}); Ctrl-C stops it", flush=True
+        )
         print("export " + " ".join(f"{k}={v}" for k, v in emulator.env().items()), flush=True)
         try:
             while emulator._process is not None and emulator._process.poll() is None:

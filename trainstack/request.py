@@ -38,7 +38,9 @@ class Runtime:
     expression: str
 
 
-def execution_input(job_name: str, overrides: Mapping[str, str] | None = None, keep_alive_seconds: int = 0) -> dict:
+def execution_input(
+    job_name: str, overrides: Mapping[str, str] | None = None, keep_alive_seconds: int = 0
+) -> dict:
     """The state machine input that starts `job_name` (overrides are hyperparameters, already encoded)."""
     return {
         INPUT_JOB_NAME: job_name,
@@ -102,6 +104,7 @@ def create_training_job_request(
     team: str | None,
     *,
     job_name: str | Runtime,
+    checkpoint_name: str | Runtime | None = None,
     role_arn: str,
     image_uri: str,
     bucket_name: str,
@@ -116,16 +119,20 @@ def create_training_job_request(
     """The full CreateTrainingJob request for `recipe` as `team` runs it.
 
     `hyperparameters` defaults to the recipe's own encoding; `keep_alive_seconds` to the recipe's.
+    Checkpoints go under `checkpoint_name` (default: the job name), so retries of one run share them.
     With `subnet_ids` the job runs in a VPC (VpcConfig; network isolation and inter-container
     encryption are explicit choices). Keys whose value is a `Runtime` are emitted as `"Key.$"`.
     """
     compute = recipe.compute
     checkpoint_base = f"s3://{bucket_name}/{naming.checkpoint_prefix(recipe, team)}"
-    if isinstance(job_name, Runtime):
+    run_name = job_name if checkpoint_name is None else checkpoint_name
+    if isinstance(run_name, Runtime):
         # Each job checkpoints under its own name; SageMaker syncs /opt/ml/checkpoints there.
-        checkpoint_uri: str | Runtime = Runtime(f"States.Format('{checkpoint_base}/{{}}', {job_name.expression})")
+        checkpoint_uri: str | Runtime = Runtime(
+            f"States.Format('{checkpoint_base}/{{}}', {run_name.expression})"
+        )
     else:
-        checkpoint_uri = f"{checkpoint_base}/{job_name}"
+        checkpoint_uri = f"{checkpoint_base}/{run_name}"
 
     resource_config: dict[str, Any] = {
         "InstanceType": compute.instance_type,
@@ -134,8 +141,11 @@ def create_training_job_request(
     }
     if kms_key_arn:
         resource_config["VolumeKmsKeyId"] = kms_key_arn
-    _put(resource_config, "KeepAlivePeriodInSeconds",
-         compute.keep_alive_seconds if keep_alive_seconds is None else keep_alive_seconds)
+    _put(
+        resource_config,
+        "KeepAlivePeriodInSeconds",
+        compute.keep_alive_seconds if keep_alive_seconds is None else keep_alive_seconds,
+    )
     if compute.training_plan_arn:
         resource_config["TrainingPlanArn"] = compute.training_plan_arn
 
@@ -153,30 +163,38 @@ def create_training_job_request(
 
     request: dict[str, Any] = {}
     _put(request, "TrainingJobName", job_name)
-    request.update({
-        "RoleArn": role_arn,
-        "AlgorithmSpecification": algorithm,
-        "ResourceConfig": resource_config,
-        "StoppingCondition": stopping_condition(recipe),
-        "CheckpointConfig": checkpoint,
-        "OutputDataConfig": output,
-        "RetryStrategy": {"MaximumRetryAttempts": compute.max_retry_attempts},
-        # Health checks on the nodes before the job starts paying for a multi-day run.
-        "InfraCheckConfig": {"EnableInfraCheck": True},
-        "EnableManagedSpotTraining": compute.spot,
-        "Environment": environment(recipe),
-        "Tags": [{"Key": k, "Value": v} for k, v in tags(recipe, team).items()],
-    })
-    _put(request, "HyperParameters", to_hyperparameters(recipe) if hyperparameters is None else hyperparameters)
+    request.update(
+        {
+            "RoleArn": role_arn,
+            "AlgorithmSpecification": algorithm,
+            "ResourceConfig": resource_config,
+            "StoppingCondition": stopping_condition(recipe),
+            "CheckpointConfig": checkpoint,
+            "OutputDataConfig": output,
+            "RetryStrategy": {"MaximumRetryAttempts": compute.max_retry_attempts},
+            # Health checks on the nodes before the job starts paying for a multi-day run.
+            "InfraCheckConfig": {"EnableInfraCheck": True},
+            "EnableManagedSpotTraining": compute.spot,
+            "Environment": environment(recipe),
+            "Tags": [{"Key": k, "Value": v} for k, v in tags(recipe, team).items()],
+        }
+    )
+    _put(
+        request, "HyperParameters", to_hyperparameters(recipe) if hyperparameters is None else hyperparameters
+    )
     if recipe.data.train_s3_uri:
-        request["InputDataConfig"] = [{
-            "ChannelName": "train",
-            "DataSource": {"S3DataSource": {
-                "S3DataType": "S3Prefix",
-                "S3Uri": recipe.data.train_s3_uri,
-                "S3DataDistributionType": "FullyReplicated",
-            }},
-        }]
+        request["InputDataConfig"] = [
+            {
+                "ChannelName": "train",
+                "DataSource": {
+                    "S3DataSource": {
+                        "S3DataType": "S3Prefix",
+                        "S3Uri": recipe.data.train_s3_uri,
+                        "S3DataDistributionType": "FullyReplicated",
+                    }
+                },
+            }
+        ]
     if subnet_ids:
         request["VpcConfig"] = {"SecurityGroupIds": list(security_group_ids), "Subnets": list(subnet_ids)}
         request["EnableNetworkIsolation"] = network_isolation

@@ -28,8 +28,10 @@ def synth(context: dict[str, str], outdir: Path, env: dict[str, str] | None = No
 
 
 def templates(outdir: Path) -> dict[str, dict[str, Any]]:
-    return {p.name.removesuffix(".template.json"): json.loads(p.read_text())
-            for p in sorted(outdir.glob("*.template.json"))}
+    return {
+        p.name.removesuffix(".template.json"): json.loads(p.read_text())
+        for p in sorted(outdir.glob("*.template.json"))
+    }
 
 
 def resources(template: dict[str, Any], type_: str) -> dict[str, dict[str, Any]]:
@@ -47,8 +49,11 @@ def flatten_join(value: Any) -> str:
 
 
 def launcher_state_machine(template: dict[str, Any]) -> dict[str, Any]:
-    (machine,) = [r for k, r in resources(template, "AWS::StepFunctions::StateMachine").items()
-                  if k.startswith("LauncherStateMachine")]
+    (machine,) = [
+        r
+        for k, r in resources(template, "AWS::StepFunctions::StateMachine").items()
+        if k.startswith("LauncherStateMachine")
+    ]
     return machine
 
 

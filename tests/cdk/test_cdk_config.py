@@ -30,7 +30,12 @@ def test_one_recipe_resolves_with_plan_image_and_names() -> None:
     assert d.recipe.name == "30b-fp8" and d.team is None and d.plan.fits
     assert d.stack_prefix == "Trainstack-platform-30b-fp8"
     assert d.image.kind == "build" and d.image.base_image_uri == DLC
-    assert (cfg.account, cfg.region, cfg.emulator, cfg.network.vpc) == ("123456789012", "us-west-2", False, False)
+    assert (cfg.account, cfg.region, cfg.emulator, cfg.network.vpc) == (
+        "123456789012",
+        "us-west-2",
+        False,
+        False,
+    )
 
 
 def test_all_is_every_base_recipe_and_every_team_recipe() -> None:
@@ -55,10 +60,15 @@ def test_set_splits_only_before_a_key() -> None:
 
 
 def test_image_sources() -> None:
-    assert load(recipe="30b-fp8", image_uri="123.dkr.ecr.x/y:z").deployments[0].image.uri == "123.dkr.ecr.x/y:z"
+    assert (
+        load(recipe="30b-fp8", image_uri="123.dkr.ecr.x/y:z").deployments[0].image.uri == "123.dkr.ecr.x/y:z"
+    )
     assert load(recipe="30b-fp8", image_tag="v1").deployments[0].image.repository_tag == "v1"
     emulated = load(recipe="30b-fp8", emulator="true")
-    assert emulated.emulator and emulated.deployments[0].image.repository_tag == emulated.deployments[0].recipe_hash
+    assert (
+        emulated.emulator
+        and emulated.deployments[0].image.repository_tag == emulated.deployments[0].recipe_hash
+    )
     implied = config.load({"recipe": "30b-fp8"}, {**ENV, "AWS_ENDPOINT_URL": "http://localhost:5000"})
     assert implied.emulator
 
@@ -68,26 +78,35 @@ def test_vpc_and_encryption_are_explicit_choices() -> None:
     assert cfg.network.vpc and cfg.network.inter_container_encryption and cfg.network.network_isolation
 
 
-@pytest.mark.parametrize(("context", "expected"), [
-    ({}, "recipe: required"),
-    ({"recipe": "99b-fp4"}, "unknown recipe '99b-fp4'"),
-    ({"recipe": "99b-fp4", "team": "nlp"}, "unknown recipe '99b-fp4' for team 'nlp'"),
-    ({"recipe": "30b-fp8", "team": "nosuchteam"}, "unknown team 'nosuchteam'"),
-    ({"recipe": "30b-fp8", "set": "training.steps"}, "'training.steps' is not key.path=value"),
-    ({"recipe": "30b-fp8", "set": "training.bogus=1"}, "training.bogus: unknown key"),
-    ({"recipe": "30b-fp8", "set": "compute.instance_type=ml.p9.96xlarge"},
-     "--set: compute.instance_type: 'ml.p9.96xlarge' is not offered"),
-    ({"recipe": "30b-fp8", "set": "activation_checkpointing.mode=none,training.micro_batch=4"},
-     "does not fit: peak"),
-    ({"recipe": "30b-fp8", "vpc": "maybe"}, "vpc: expected true or false"),
-    ({"recipe": "30b-fp8", "image_tag": "bad tag"}, "image_tag: 'bad tag' is not a valid image tag"),
-])
+@pytest.mark.parametrize(
+    ("context", "expected"),
+    [
+        ({}, "recipe: required"),
+        ({"recipe": "99b-fp4"}, "unknown recipe '99b-fp4'"),
+        ({"recipe": "99b-fp4", "team": "nlp"}, "unknown recipe '99b-fp4' for team 'nlp'"),
+        ({"recipe": "30b-fp8", "team": "nosuchteam"}, "unknown team 'nosuchteam'"),
+        ({"recipe": "30b-fp8", "set": "training.steps"}, "'training.steps' is not key.path=value"),
+        ({"recipe": "30b-fp8", "set": "training.bogus=1"}, "training.bogus: unknown key"),
+        (
+            {"recipe": "30b-fp8", "set": "compute.instance_type=ml.p9.96xlarge"},
+            "--set: compute.instance_type: 'ml.p9.96xlarge' is not offered",
+        ),
+        (
+            {"recipe": "30b-fp8", "set": "activation_checkpointing.mode=none,training.micro_batch=4"},
+            "does not fit: peak",
+        ),
+        ({"recipe": "30b-fp8", "vpc": "maybe"}, "vpc: expected true or false"),
+        ({"recipe": "30b-fp8", "image_tag": "bad tag"}, "image_tag: 'bad tag' is not a valid image tag"),
+    ],
+)
 def test_bad_input_is_one_line_naming_what_is_wrong(context: dict[str, str], expected: str) -> None:
     assert expected in one_line_error(**context)
 
 
 def test_a_recipe_that_does_not_fit_names_the_file_and_the_fix() -> None:
-    message = one_line_error(recipe="30b-fp8", set="activation_checkpointing.mode=none,training.micro_batch=4")
+    message = one_line_error(
+        recipe="30b-fp8", set="activation_checkpointing.mode=none,training.micro_batch=4"
+    )
     assert message.startswith("recipes/30b-fp8.yaml: does not fit") or "30b-fp8" in message.split(":")[0]
     assert "fix:" in message
 
@@ -99,5 +118,5 @@ def test_building_the_image_needs_a_region() -> None:
 
 def test_the_base_image_comes_from_the_sagemaker_sdk() -> None:
     r = load(recipe="30b-fp8").deployments[0].recipe
-    uri = config.resolve_base_image("us-west-2", r)
+    uri = config.resolve_base_image("us-west-2", r, cache=None)
     assert uri.startswith("763104351884.dkr.ecr.us-west-2.amazonaws.com/pytorch-training:2.9")

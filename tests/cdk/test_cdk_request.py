@@ -18,8 +18,12 @@ from trainstack.request import (
     job_name,
 )
 
-ARGS = dict(role_arn="arn:aws:iam::123456789012:role/exec", image_uri="123.dkr.ecr.us-west-2.amazonaws.com/t:1",
-            bucket_name="ckpt-bucket", kms_key_arn="arn:aws:kms:us-west-2:123456789012:key/abc")
+ARGS = dict(
+    role_arn="arn:aws:iam::123456789012:role/exec",
+    image_uri="123.dkr.ecr.us-west-2.amazonaws.com/t:1",
+    bucket_name="ckpt-bucket",
+    kms_key_arn="arn:aws:kms:us-west-2:123456789012:key/abc",
+)
 ALL = [(n, None) for n in base_recipe_names()] + [(n, t) for t in team_names() for n in team_recipe_names(t)]
 
 
@@ -55,8 +59,10 @@ def test_checkpoints_go_to_the_team_recipe_prefix_under_the_job_name() -> None:
         "S3Uri": f"s3://ckpt-bucket/{naming.checkpoint_prefix(r, None)}/{name}",
     }
     assert request["CheckpointConfig"]["S3Uri"].startswith("s3://ckpt-bucket/checkpoints/platform/30b-fp8/")
-    assert request["OutputDataConfig"] == {"S3OutputPath": "s3://ckpt-bucket/output/platform/30b-fp8",
-                                           "KmsKeyId": ARGS["kms_key_arn"]}
+    assert request["OutputDataConfig"] == {
+        "S3OutputPath": "s3://ckpt-bucket/output/platform/30b-fp8",
+        "KmsKeyId": ARGS["kms_key_arn"],
+    }
     assert request["ResourceConfig"]["VolumeKmsKeyId"] == ARGS["kms_key_arn"]
 
 
@@ -84,41 +90,62 @@ def test_fp8_recipes_carry_fp8_hyperparameters() -> None:
 
 def test_spot_sets_max_wait_and_a_training_plan_its_arn() -> None:
     plan_arn = "arn:aws:sagemaker:us-west-2:123456789012:training-plan/p6"
-    r = recipe("30b-fp8", None, "compute.spot=true", "compute.max_wait_hours=100",
-               f"compute.training_plan_arn={plan_arn}")
+    r = recipe(
+        "30b-fp8",
+        None,
+        "compute.spot=true",
+        "compute.max_wait_hours=100",
+        f"compute.training_plan_arn={plan_arn}",
+    )
     request = create_training_job_request(r, None, job_name="j", **ARGS)
     validate_api(request)
     assert request["EnableManagedSpotTraining"] is True
     assert request["StoppingCondition"]["MaxWaitTimeInSeconds"] == 100 * 3600
     assert request["ResourceConfig"]["TrainingPlanArn"] == plan_arn
-    default_wait = create_training_job_request(recipe("30b-fp8", None, "compute.spot=true"), None,
-                                               job_name="j", **ARGS)["StoppingCondition"]
+    default_wait = create_training_job_request(
+        recipe("30b-fp8", None, "compute.spot=true"), None, job_name="j", **ARGS
+    )["StoppingCondition"]
     assert default_wait["MaxWaitTimeInSeconds"] >= default_wait["MaxRuntimeInSeconds"]
 
 
 def test_data_channel_and_vpc_mode() -> None:
     r = recipe("30b-fp8", None, "data.train_s3_uri=s3://corpus/tokens/v1")
-    request = create_training_job_request(r, None, job_name="j", subnet_ids=["subnet-1", "subnet-2"],
-                                          security_group_ids=["sg-1"], network_isolation=True,
-                                          inter_container_encryption=True, **ARGS)
+    request = create_training_job_request(
+        r,
+        None,
+        job_name="j",
+        subnet_ids=["subnet-1", "subnet-2"],
+        security_group_ids=["sg-1"],
+        network_isolation=True,
+        inter_container_encryption=True,
+        **ARGS,
+    )
     validate_api(request)
     (channel,) = request["InputDataConfig"]
     assert channel["DataSource"]["S3DataSource"]["S3Uri"] == "s3://corpus/tokens/v1"
     assert request["AlgorithmSpecification"]["TrainingInputMode"] == "FastFile"
     assert request["VpcConfig"] == {"SecurityGroupIds": ["sg-1"], "Subnets": ["subnet-1", "subnet-2"]}
-    assert request["EnableNetworkIsolation"] is True and request["EnableInterContainerTrafficEncryption"] is True
+    assert (
+        request["EnableNetworkIsolation"] is True and request["EnableInterContainerTrafficEncryption"] is True
+    )
 
 
 def test_runtime_values_become_step_functions_paths() -> None:
     r = recipe()
     request = create_training_job_request(
-        r, None, job_name=Runtime("$.JobName"), hyperparameters=Runtime("States.JsonMerge($.a, $.b, false)"),
-        keep_alive_seconds=Runtime("$.KeepAlivePeriodInSeconds"), **ARGS)
+        r,
+        None,
+        job_name=Runtime("$.JobName"),
+        hyperparameters=Runtime("States.JsonMerge($.a, $.b, false)"),
+        keep_alive_seconds=Runtime("$.KeepAlivePeriodInSeconds"),
+        **ARGS,
+    )
     assert request["TrainingJobName.$"] == "$.JobName" and "TrainingJobName" not in request
     assert request["HyperParameters.$"] == "States.JsonMerge($.a, $.b, false)"
     assert request["ResourceConfig"]["KeepAlivePeriodInSeconds.$"] == "$.KeepAlivePeriodInSeconds"
     assert request["CheckpointConfig"]["S3Uri.$"] == (
-        "States.Format('s3://ckpt-bucket/checkpoints/platform/30b-fp8/{}', $.JobName)")
+        "States.Format('s3://ckpt-bucket/checkpoints/platform/30b-fp8/{}', $.JobName)"
+    )
 
 
 def test_a_short_run_overrides_only_the_steps_and_gets_its_own_hash() -> None:
@@ -129,7 +156,10 @@ def test_a_short_run_overrides_only_the_steps_and_gets_its_own_hash() -> None:
     merged = {**to_hyperparameters(base), **hyperparameter_overrides(base, short)}
     assert from_hyperparameters(merged) == short
     assert execution_input("j", {"training.steps": "50"}, 1800) == {
-        "JobName": "j", "HyperParameterOverrides": {"training.steps": "50"}, "KeepAlivePeriodInSeconds": 1800}
+        "JobName": "j",
+        "HyperParameterOverrides": {"training.steps": "50"},
+        "KeepAlivePeriodInSeconds": 1800,
+    }
 
 
 @pytest.mark.parametrize("suffix", ["", "x" * 11, "bad_suffix", "a.b"])

@@ -49,7 +49,9 @@ def test_cdk_nag_fails_synthesis_on_an_unacknowledged_finding(tmp_path: Path) ->
     from stacks.app import build
 
     app = App(outdir=str(tmp_path))
-    build(app, load({"recipe": "1b-bf16", "image_uri": "123456789012.dkr.ecr.us-west-2.amazonaws.com/x:1"}, ENV))
+    build(
+        app, load({"recipe": "1b-bf16", "image_uri": "123456789012.dkr.ecr.us-west-2.amazonaws.com/x:1"}, ENV)
+    )
     s3.Bucket(Stack(app, "Careless"), "Open")
     with pytest.raises(RuntimeError, match=r"ValidationFailed(.|\n)*AwsSolutions-S10"):
         app.synth()
@@ -57,8 +59,12 @@ def test_cdk_nag_fails_synthesis_on_an_unacknowledged_finding(tmp_path: Path) ->
 
 def test_cfn_lint_reports_nothing_on_any_template(all_outdir: Path) -> None:
     files = sorted(str(p) for p in all_outdir.glob("*.template.json"))
-    lint = subprocess.run([str(Path(sys.executable).parent / "cfn-lint"), "--format", "parseable", "--", *files],
-                          capture_output=True, text=True, timeout=900)
+    lint = subprocess.run(
+        [str(Path(sys.executable).parent / "cfn-lint"), "--format", "parseable", "--", *files],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert lint.stdout.strip() == "" and lint.returncode == 0, lint.stdout[-5000:] + lint.stderr[-2000:]
 
 
@@ -73,13 +79,17 @@ def test_state_machine_request_matches_the_recipe(all_templates: dict, name: str
     assert request["ResourceConfig"]["InstanceType"] == recipe.compute.instance_type
     assert request["ResourceConfig"]["InstanceCount"] == recipe.compute.instance_count
     assert request["ResourceConfig"]["KeepAlivePeriodInSeconds.$"] == "$.KeepAlivePeriodInSeconds"
-    assert request["TrainingJobName.$"] == "$.JobName"
+    assert request["TrainingJobName.$"] == "$.Attempt.JobName"
     ckpt = request["CheckpointConfig"]["S3Uri.$"]
     assert ckpt.startswith("States.Format('s3://${") and ckpt.endswith(
-        f"/{naming.checkpoint_prefix(recipe, team)}/{{}}', $.JobName)")
+        f"/{naming.checkpoint_prefix(recipe, team)}/{{}}', $.JobName)"
+    )
     assert "BucketName" in ckpt  # the imported checkpoint bucket's name
     assert request["AlgorithmSpecification"]["MetricDefinitions"] == metric_definitions()
-    assert request["HyperParameters.$"] == "States.JsonMerge($.Recipe.HyperParameters, $.HyperParameterOverrides, false)"
+    assert (
+        request["HyperParameters.$"]
+        == "States.JsonMerge($.Recipe.HyperParameters, $.HyperParameterOverrides, false)"
+    )
     hyper = definition["States"]["LoadRecipe"]["Result"]["HyperParameters"]
     assert hyper == to_hyperparameters(recipe)
     if recipe.precision.dtype == "fp8":
@@ -90,7 +100,28 @@ def test_state_machine_request_matches_the_recipe(all_templates: dict, name: str
     assert "SageMaker.ResourceLimitExceededException" in retry["ErrorEquals"]
     assert create["Catch"][0]["ErrorEquals"] == ["SageMaker.ResourceInUseException"]
     assert definition["States"]["DescribeTrainingJob"]["ResultSelector"] == {
-        "Status.$": "$.TrainingJobStatus", "SecondaryStatus.$": "$.SecondaryStatus"}
+        "Status.$": "$.TrainingJobStatus",
+        "SecondaryStatus.$": "$.SecondaryStatus",
+    }
+
+
+def test_capacity_failures_retry_under_a_new_name_sharing_the_checkpoints(all_templates: dict) -> None:
+    definition = state_machine_definition(all_templates["Trainstack-platform-30b-fp8-Launcher"])
+    states = definition["States"]
+    assert states["FirstAttempt"]["Parameters"] == {"JobName.$": "$.JobName", "Number": 1}
+    failed = next(c for c in states["Finished"]["Choices"] if c.get("StringEquals") == "Failed")
+    assert failed["Next"] == "ReadFailure"
+    assert states["ReadFailure"]["ResultSelector"] == {"FailureReason.$": "$.FailureReason"}
+    (retry,) = states["CapacityShortage"]["Choices"]
+    assert {"Variable": "$.Failure.FailureReason", "StringMatches": "*CapacityError*"} in retry["And"]
+    assert {"Variable": "$.Attempt.Number", "NumericLessThan": 4} in retry["And"]
+    assert states[retry["Next"]]["Type"] == "Wait" and states[retry["Next"]]["Next"] == "NextAttempt"
+    assert states["NextAttempt"]["Parameters"]["JobName.$"] == (
+        "States.Format('{}-c{}', $.JobName, States.MathAdd($.Attempt.Number, 1))"
+    )
+    assert states["NextAttempt"]["Next"] == "CreateTrainingJob"
+    assert states["CapacityShortage"]["Default"] == "TrainingFailed"
+    assert states["TrainingFailed"]["CausePath"] == "$.Failure.FailureReason"
 
 
 def test_state_machine_logs_all_and_traces(all_templates: dict) -> None:
@@ -105,29 +136,43 @@ def test_stateful_resources_are_retained_and_encrypted(all_templates: dict) -> N
     for name, template in all_templates.items():
         if not name.endswith("-Data"):
             continue
-        stateful = {**resources(template, "AWS::S3::Bucket"), **resources(template, "AWS::KMS::Key"),
-                    **resources(template, "AWS::ECR::Repository")}
+        stateful = {
+            **resources(template, "AWS::S3::Bucket"),
+            **resources(template, "AWS::KMS::Key"),
+            **resources(template, "AWS::ECR::Repository"),
+        }
         assert len(stateful) == 4, name  # checkpoints, access logs, key, repository
         for logical, resource in stateful.items():
-            assert resource["DeletionPolicy"] == "Retain" and resource["UpdateReplacePolicy"] == "Retain", logical
+            assert resource["DeletionPolicy"] == "Retain" and resource["UpdateReplacePolicy"] == "Retain", (
+                logical
+            )
         (key,) = resources(template, "AWS::KMS::Key").values()
         assert key["Properties"]["EnableKeyRotation"] is True
         (key_id,) = resources(template, "AWS::KMS::Key")
         buckets = resources(template, "AWS::S3::Bucket")
         checkpoints = next(b for k, b in buckets.items() if k.startswith("CheckpointsBucket"))
         props = checkpoints["Properties"]
-        sse = props["BucketEncryption"]["ServerSideEncryptionConfiguration"][0]["ServerSideEncryptionByDefault"]
+        sse = props["BucketEncryption"]["ServerSideEncryptionConfiguration"][0][
+            "ServerSideEncryptionByDefault"
+        ]
         assert sse == {"SSEAlgorithm": "aws:kms", "KMSMasterKeyID": {"Fn::GetAtt": [key_id, "Arn"]}}
         assert props["VersioningConfiguration"] == {"Status": "Enabled"}
         assert props["PublicAccessBlockConfiguration"] == {
-            "BlockPublicAcls": True, "BlockPublicPolicy": True, "IgnorePublicAcls": True, "RestrictPublicBuckets": True}
+            "BlockPublicAcls": True,
+            "BlockPublicPolicy": True,
+            "IgnorePublicAcls": True,
+            "RestrictPublicBuckets": True,
+        }
         assert "DestinationBucketName" in props["LoggingConfiguration"]
         rules = props["LifecycleConfiguration"]["Rules"]
         assert any("AbortIncompleteMultipartUpload" in r for r in rules)
         assert any("NoncurrentVersionExpiration" in r for r in rules)
-        ssl_only = [s for p in resources(template, "AWS::S3::BucketPolicy").values()
-                    for s in p["Properties"]["PolicyDocument"]["Statement"]
-                    if s["Effect"] == "Deny" and s.get("Condition") == {"Bool": {"aws:SecureTransport": "false"}}]
+        ssl_only = [
+            s
+            for p in resources(template, "AWS::S3::BucketPolicy").values()
+            for s in p["Properties"]["PolicyDocument"]["Statement"]
+            if s["Effect"] == "Deny" and s.get("Condition") == {"Bool": {"aws:SecureTransport": "false"}}
+        ]
         assert len(ssl_only) == 2, name
         (repo,) = resources(template, "AWS::ECR::Repository").values()
         assert repo["Properties"]["ImageScanningConfiguration"] == {"ScanOnPush": True}
@@ -141,7 +186,11 @@ def test_no_iam_statement_grants_wildcard_actions(all_templates: dict) -> None:
     def statements(template: dict):
         for resource in template["Resources"].values():
             props = resource.get("Properties", {})
-            docs = [props.get("PolicyDocument"), props.get("AssumeRolePolicyDocument"), props.get("KeyPolicy")]
+            docs = [
+                props.get("PolicyDocument"),
+                props.get("AssumeRolePolicyDocument"),
+                props.get("KeyPolicy"),
+            ]
             docs += [p.get("PolicyDocument") for p in props.get("Policies", [])]
             for doc in filter(None, docs):
                 yield from doc["Statement"]
@@ -171,40 +220,94 @@ def test_termination_protection_and_tags_once(all_outdir: Path) -> None:
 
 
 def test_launch_on_deploy_rule_starts_the_recipe_hash_run(tmp_path: Path, all_templates: dict) -> None:
-    outdir = synth({"recipe": "1b-bf16", "set": "launch_on_deploy=true",
-                    "image_uri": "123456789012.dkr.ecr.us-west-2.amazonaws.com/x:1"}, tmp_path)
+    outdir = synth(
+        {
+            "recipe": "1b-bf16",
+            "set": "launch_on_deploy=true",
+            "image_uri": "123456789012.dkr.ecr.us-west-2.amazonaws.com/x:1",
+        },
+        tmp_path,
+    )
     template = json.loads((outdir / "Trainstack-platform-1b-bf16-Launcher.template.json").read_text())
-    rules = [r for r in resources(template, "AWS::Events::Rule").values()
-             if r["Properties"]["EventPattern"].get("source") == ["aws.cloudformation"]]
+    rules = [
+        r
+        for r in resources(template, "AWS::Events::Rule").values()
+        if r["Properties"]["EventPattern"].get("source") == ["aws.cloudformation"]
+    ]
     (rule,) = rules
     pattern = rule["Properties"]["EventPattern"]
     assert pattern["detail-type"] == ["CloudFormation Stack Status Change"]
-    assert pattern["detail"] == {"stack-id": [{"Ref": "AWS::StackId"}],
-                                 "status-details": {"status": ["CREATE_COMPLETE", "UPDATE_COMPLETE"]}}
+    assert pattern["detail"] == {
+        "stack-id": [{"Ref": "AWS::StackId"}],
+        "status-details": {"status": ["CREATE_COMPLETE", "UPDATE_COMPLETE"]},
+    }
     (target,) = rule["Properties"]["Targets"]
     recipe = resolve("1b-bf16", None, ["launch_on_deploy=true"]).recipe
     assert json.loads(target["Input"]) == {
         "JobName": f"{naming.job_name_prefix(recipe, None)}-{naming.recipe_hash(recipe)}-deploy",
-        "HyperParameterOverrides": {}, "KeepAlivePeriodInSeconds": recipe.compute.keep_alive_seconds}
+        "HyperParameterOverrides": {},
+        "KeepAlivePeriodInSeconds": recipe.compute.keep_alive_seconds,
+    }
     # Without the flag (no base recipe sets it) there is no such rule.
     for name, other in all_templates.items():
-        assert not [r for r in resources(other, "AWS::Events::Rule").values()
-                    if r["Properties"]["EventPattern"].get("source") == ["aws.cloudformation"]], name
+        assert not [
+            r
+            for r in resources(other, "AWS::Events::Rule").values()
+            if r["Properties"]["EventPattern"].get("source") == ["aws.cloudformation"]
+        ], name
 
 
 def test_vpc_mode_isolates_jobs_with_an_efa_group_and_endpoints(tmp_path: Path) -> None:
-    outdir = synth({"recipe": "1b-bf16", "vpc": "true", "image_uri": "123456789012.dkr.ecr.us-west-2.amazonaws.com/x:1"},
-                   tmp_path)
+    outdir = synth(
+        {"recipe": "1b-bf16", "vpc": "true", "image_uri": "123456789012.dkr.ecr.us-west-2.amazonaws.com/x:1"},
+        tmp_path,
+    )
     template = json.loads((outdir / "Trainstack-platform-1b-bf16-Launcher.template.json").read_text())
     request = state_machine_definition(template)["States"]["CreateTrainingJob"]["Parameters"]
-    assert request["EnableNetworkIsolation"] is True and request["EnableInterContainerTrafficEncryption"] is False
+    assert (
+        request["EnableNetworkIsolation"] is True
+        and request["EnableInterContainerTrafficEncryption"] is False
+    )
     assert len(request["VpcConfig"]["Subnets"]) == 2 and len(request["VpcConfig"]["SecurityGroupIds"]) == 1
-    assert not resources(template, "AWS::EC2::NatGateway") and not resources(template, "AWS::EC2::InternetGateway")
+    assert not resources(template, "AWS::EC2::NatGateway") and not resources(
+        template, "AWS::EC2::InternetGateway"
+    )
     endpoints = resources(template, "AWS::EC2::VPCEndpoint").values()
     services = {flatten_join(e["Properties"]["ServiceName"]).rsplit(".", 1)[-1] for e in endpoints}
     assert {"s3", "api", "dkr", "logs", "monitoring", "sts"} <= services
     ingress = resources(template, "AWS::EC2::SecurityGroupIngress").values()
-    assert any(i["Properties"]["IpProtocol"] == "-1"
-               and i["Properties"]["SourceSecurityGroupId"] == i["Properties"]["GroupId"] for i in ingress)
-    subprocess.run([str(Path(sys.executable).parent / "cfn-lint"), "--", str(outdir / "Trainstack-platform-1b-bf16-Launcher.template.json")],
-                   check=True, capture_output=True)
+    assert any(
+        i["Properties"]["IpProtocol"] == "-1"
+        and i["Properties"]["SourceSecurityGroupId"] == i["Properties"]["GroupId"]
+        for i in ingress
+    )
+    subprocess.run(
+        [
+            str(Path(sys.executable).parent / "cfn-lint"),
+            "--",
+            str(outdir / "Trainstack-platform-1b-bf16-Launcher.template.json"),
+        ],
+        check=True,
+        capture_output=True,
+    )
+
+
+def test_emulator_quirks_only_in_emulator_mode(tmp_path: Path, all_templates: dict) -> None:
+    """What the emulator needs (no BootstrapVersion rule, a named repository, an untagged key) appears
+    only with -c emulator=true; every real-AWS template keeps CDK's defaults."""
+    real = all_templates["Trainstack-platform-1b-bf16-Data"]
+    assert "CheckBootstrapVersion" in real["Rules"]
+    (key,) = resources(real, "AWS::KMS::Key").values()
+    assert {t["Key"] for t in key["Properties"]["Tags"]} >= {"team", "recipe", "cost-center", "project"}
+
+    outdir = synth({"recipe": "1b-bf16", "emulator": "true"}, tmp_path)
+    emulated = json.loads((outdir / "Trainstack-platform-1b-bf16-Data.template.json").read_text())
+    assert "CheckBootstrapVersion" not in emulated.get("Rules", {})
+    (repo,) = resources(emulated, "AWS::ECR::Repository").values()
+    assert repo["Properties"]["RepositoryName"] == "trainstack-platform-1b-bf16-images"
+    (key,) = resources(emulated, "AWS::KMS::Key").values()
+    assert "Tags" not in key["Properties"]
+    launcher = json.loads((outdir / "Trainstack-platform-1b-bf16-Launcher.template.json").read_text())
+    request = state_machine_definition(launcher)["States"]["CreateTrainingJob"]["Parameters"]
+    recipe = resolve("1b-bf16").recipe
+    assert request["AlgorithmSpecification"]["TrainingImage"].endswith(f":{naming.recipe_hash(recipe)}")

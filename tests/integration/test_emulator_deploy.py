@@ -33,16 +33,27 @@ TRAINSTACK = str(Path(sys.executable).parent / "trainstack")
 
 class Cloud:
     def __init__(self, emulator: Emulator, outdir: Path) -> None:
-        self.env = {**os.environ, **emulator.env(), "JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION": "1",
-                    "JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION": "20", "CDK_DISABLE_CLI_TELEMETRY": "true"}
+        self.env = {
+            **os.environ,
+            **emulator.env(),
+            "JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION": "1",
+            "JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION": "20",
+            "CDK_DISABLE_CLI_TELEMETRY": "true",
+        }
         self.outdir = outdir
-        kw = dict(endpoint_url=emulator.endpoint, region_name=REGION, aws_access_key_id="testing",
-                  aws_secret_access_key="testing")
+        kw = dict(
+            endpoint_url=emulator.endpoint,
+            region_name=REGION,
+            aws_access_key_id="testing",
+            aws_secret_access_key="testing",
+        )
         self.cfn, self.sfn = boto3.client("cloudformation", **kw), boto3.client("stepfunctions", **kw)
         self.sagemaker = boto3.client("sagemaker", **kw)
 
     def run(self, *cmd: str) -> str:
-        result = subprocess.run(list(cmd), cwd=ROOT, env=self.env, capture_output=True, text=True, timeout=900)
+        result = subprocess.run(
+            list(cmd), cwd=ROOT, env=self.env, capture_output=True, text=True, timeout=900
+        )
         assert result.returncode == 0, f"{' '.join(cmd)}:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
         return result.stdout + result.stderr
 
@@ -63,8 +74,9 @@ class Cloud:
         return {r["LogicalResourceId"]: r["PhysicalResourceId"] for r in summaries}
 
     def launch(self, recipe: str, team: str | None = None, *extra: str) -> tuple[str, str]:
-        out = self.run(TRAINSTACK, "launch", recipe, *(["--team", team] if team else []), "--local", "--wait",
-                       *extra)
+        out = self.run(
+            TRAINSTACK, "launch", recipe, *(["--team", team] if team else []), "--local", "--wait", *extra
+        )
         lines = out.splitlines()
         return lines[0].split()[1], lines[1].split()[-1]
 
@@ -85,18 +97,34 @@ def cloud(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cloud]:
         yield cloud
 
 
-def expected_request(cloud: Cloud, recipe_name: str, team: str | None, name: str, keep_alive: int,
-                     *sets: str, run_sets: tuple[str, ...] = ()) -> dict:
+def expected_request(
+    cloud: Cloud,
+    recipe_name: str,
+    team: str | None,
+    name: str,
+    keep_alive: int,
+    *sets: str,
+    run_sets: tuple[str, ...] = (),
+) -> dict:
     """The pure function's request for the deployed values; `run_sets` are the launch's own overrides."""
     deployed = resolve(recipe_name, team, sets).recipe
     recipe = resolve(recipe_name, team, (*sets, *run_sets)).recipe
     prefix = naming.stack_prefix(recipe, team)
     launcher, data = cloud.outputs(f"{prefix}-Launcher"), cloud.outputs(f"{prefix}-Data")
     # EMULATOR: no image is built; the stack references the deployed recipe's tag in its repository.
-    image = f"{ACCOUNT}.dkr.ecr.{REGION}.amazonaws.com/{data['RepositoryName']}:{naming.recipe_hash(deployed)}"
-    return create_training_job_request(recipe, team, job_name=name, role_arn=launcher["ExecutionRoleArn"],
-                                       image_uri=image, bucket_name=data["BucketName"], kms_key_arn=data["KeyArn"],
-                                       keep_alive_seconds=keep_alive)
+    image = (
+        f"{ACCOUNT}.dkr.ecr.{REGION}.amazonaws.com/{data['RepositoryName']}:{naming.recipe_hash(deployed)}"
+    )
+    return create_training_job_request(
+        recipe,
+        team,
+        job_name=name,
+        role_arn=launcher["ExecutionRoleArn"],
+        image_uri=image,
+        bucket_name=data["BucketName"],
+        kms_key_arn=data["KeyArn"],
+        keep_alive_seconds=keep_alive,
+    )
 
 
 @pytest.mark.parametrize(("recipe", "team"), [("1b-bf16", None), ("30b-fp8", None), ("8b-fp8", "nlp")])
@@ -123,10 +151,52 @@ def test_a_short_run_overrides_steps_on_a_warm_pool(cloud: Cloud) -> None:
     cloud.deploy("1b-bf16")
     name, execution = cloud.launch("1b-bf16", None, "--max-steps", "5")
     sent = cloud.sent(execution)
-    assert sent == expected_request(cloud, "1b-bf16", None, name, WARM_POOL_SECONDS,
-                                    run_sets=("training.steps=5",))
+    assert sent == expected_request(
+        cloud, "1b-bf16", None, name, WARM_POOL_SECONDS, run_sets=("training.steps=5",)
+    )
     assert sent["HyperParameters"]["training.steps"] == "5"
     assert sent["ResourceConfig"]["KeepAlivePeriodInSeconds"] == WARM_POOL_SECONDS
+
+
+def test_dry_run_prints_the_request_and_starts_nothing(cloud: Cloud) -> None:
+    cloud.deploy("1b-bf16")
+    before = cloud.sfn.list_executions(
+        stateMachineArn=cloud.outputs("Trainstack-platform-1b-bf16-Launcher")["StateMachineArn"]
+    )["executions"]
+    dry_run = subprocess.run(
+        [TRAINSTACK, "launch", "1b-bf16", "--local", "--dry-run"],
+        cwd=ROOT,
+        env=cloud.env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    printed = json.loads(dry_run.stdout)
+    recipe = resolve("1b-bf16").recipe
+    assert printed == expected_request(
+        cloud, "1b-bf16", None, printed["TrainingJobName"], recipe.compute.keep_alive_seconds
+    )
+    after = cloud.sfn.list_executions(
+        stateMachineArn=cloud.outputs("Trainstack-platform-1b-bf16-Launcher")["StateMachineArn"]
+    )["executions"]
+    assert len(after) == len(before)
+
+
+def test_launching_an_undeployed_recipe_is_one_line(cloud: Cloud) -> None:
+    result = subprocess.run(
+        [TRAINSTACK, "launch", "64b-fp8", "--local"],
+        cwd=ROOT,
+        env=cloud.env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "error: stack Trainstack-platform-64b-fp8-Launcher is not deployed in the local emulator "
+        f"({cloud.env['AWS_ENDPOINT_URL']}): run `npx cdk deploy --all -c recipe=64b-fp8`"
+    ]
 
 
 def test_redeploy_changes_nothing_and_a_changed_recipe_keeps_the_stateful_resources(cloud: Cloud) -> None:
@@ -141,10 +211,17 @@ def test_redeploy_changes_nothing_and_a_changed_recipe_keeps_the_stateful_resour
     assert "(no changes)" in changed  # the data stack: nothing in it depends on the recipe's knobs
     assert cloud.physical_ids(data_stack) == before[0]
     assert cloud.outputs(launcher_stack)["RecipeHash"] == naming.recipe_hash(
-        resolve("1b-bf16", None, ["training.steps=123"]).recipe)
+        resolve("1b-bf16", None, ["training.steps=123"]).recipe
+    )
     # The launcher refuses to start a recipe that differs from the deployed one.
-    result = subprocess.run([TRAINSTACK, "launch", "1b-bf16", "--local"], cwd=ROOT, env=cloud.env,
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [TRAINSTACK, "launch", "1b-bf16", "--local"],
+        cwd=ROOT,
+        env=cloud.env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 2 and "changed since it was deployed" in result.stderr
     cloud.deploy("1b-bf16")
 
@@ -157,7 +234,8 @@ def test_launch_on_deploy_starts_the_recipe_hash_run(cloud: Cloud) -> None:
     sent = cloud.sent(execution)
     expected_name = job_name(recipe, None, "deploy")
     assert sent["TrainingJobName"] == expected_name
-    assert sent == expected_request(cloud, "3b-bf16", None, expected_name, recipe.compute.keep_alive_seconds,
-                                    "launch_on_deploy=true")
+    assert sent == expected_request(
+        cloud, "3b-bf16", None, expected_name, recipe.compute.keep_alive_seconds, "launch_on_deploy=true"
+    )
     # Another stack's completion starts nothing.
     assert deliver_stack_status(cloud.env, "Trainstack-platform-3b-bf16-Data", "CREATE_COMPLETE") == []

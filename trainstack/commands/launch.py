@@ -17,8 +17,14 @@ import typer
 from trainstack.commands.plan_options import RecipeArg, RecipesDirOpt, TeamOpt
 from trainstack.errors import TrainstackError
 
-LocalOpt = Annotated[bool, typer.Option(
-    "--local", help="Use the local AWS emulator (AWS_ENDPOINT_URL, or the one `python -m trainstack.emulator` runs).")]
+LocalOpt = Annotated[
+    bool,
+    typer.Option(
+        "--local",
+        help="Use the local AWS emulator (AWS_ENDPOINT_URL, or the one `python -m trainstack.emulator` "
+        "runs).",
+    ),
+]
 
 
 def register(app: typer.Typer) -> None:
@@ -28,15 +34,29 @@ def register(app: typer.Typer) -> None:
 def launch(
     recipe: RecipeArg,
     team: TeamOpt = None,
-    max_steps: Annotated[int | None, typer.Option(
-        "--max-steps", min=1, help="A short tuning run: the same recipe with training.steps set to this.")] = None,
-    keep_alive: Annotated[int | None, typer.Option(
-        "--keep-alive", min=0, max=3600,
-        help="Warm-pool seconds after the job (default: 1800 with --max-steps, else the recipe's).")] = None,
+    max_steps: Annotated[
+        int | None,
+        typer.Option(
+            "--max-steps", min=1, help="A short tuning run: the same recipe with training.steps set to this."
+        ),
+    ] = None,
+    keep_alive: Annotated[
+        int | None,
+        typer.Option(
+            "--keep-alive",
+            min=0,
+            max=3600,
+            help="Warm-pool seconds after the job (default: 1800 with --max-steps, else the recipe's).",
+        ),
+    ] = None,
     local: LocalOpt = False,
     wait: Annotated[bool, typer.Option("--wait", help="Wait until the training job is created.")] = False,
-    dry_run: Annotated[bool, typer.Option(
-        "--dry-run", help="Print the CreateTrainingJob request this launch would make; start nothing.")] = False,
+    dry_run: Annotated[
+        bool,
+        typer.Option(
+            "--dry-run", help="Print the CreateTrainingJob request this launch would make; start nothing."
+        ),
+    ] = False,
     recipes_dir: RecipesDirOpt = None,
 ) -> None:
     """Start a training run of RECIPE through its deployed launcher (see `npx cdk deploy -c recipe=...`)."""
@@ -52,9 +72,15 @@ def launch(
         data = deployed.model_dump(mode="json", exclude={"extends"})
         data["training"]["steps"] = max_steps
         run = Recipe.model_validate(data)
-    keep = keep_alive if keep_alive is not None else (
-        max(request.WARM_POOL_SECONDS, deployed.compute.keep_alive_seconds) if max_steps is not None
-        else deployed.compute.keep_alive_seconds)
+    keep = (
+        keep_alive
+        if keep_alive is not None
+        else (
+            max(request.WARM_POOL_SECONDS, deployed.compute.keep_alive_seconds)
+            if max_steps is not None
+            else deployed.compute.keep_alive_seconds
+        )
+    )
     prefix = naming.stack_prefix(deployed, team)
     deploy_hint = f"`npx cdk deploy --all -c recipe={deployed.name}" + (f" -c team={team}`" if team else "`")
 
@@ -63,8 +89,10 @@ def launch(
     deployed_hash, local_hash = outputs.get("RecipeHash"), naming.recipe_hash(deployed)
     if deployed_hash != local_hash:
         raise TrainstackError(
-            f"recipe {deployed.name} changed since it was deployed (deployed {deployed_hash}, local {local_hash}): "
-            f"run {deploy_hint} first")
+            f"recipe {deployed.name} changed since it was deployed (deployed {deployed_hash}, "
+            f"local {local_hash}): "
+            f"run {deploy_hint} first"
+        )
     job_name = request.job_name(run, team, _suffix(max_steps))
     overrides = request.hyperparameter_overrides(deployed, run)
     execution_input = request.execution_input(job_name, overrides, keep)
@@ -72,9 +100,15 @@ def launch(
     if dry_run:
         data_outputs = aws.stack_outputs(f"{prefix}-Data", deploy_hint)
         body = request.create_training_job_request(
-            run, team, job_name=job_name, role_arn=outputs["ExecutionRoleArn"],
-            image_uri=_deployed_image(aws, outputs["StateMachineArn"]), bucket_name=data_outputs["BucketName"],
-            kms_key_arn=data_outputs["KeyArn"], keep_alive_seconds=keep)
+            run,
+            team,
+            job_name=job_name,
+            role_arn=outputs["ExecutionRoleArn"],
+            image_uri=_deployed_image(aws, outputs["StateMachineArn"]),
+            bucket_name=data_outputs["BucketName"],
+            kms_key_arn=data_outputs["KeyArn"],
+            keep_alive_seconds=keep,
+        )
         typer.echo(json.dumps(body, indent=2))
         return
 
@@ -82,8 +116,9 @@ def launch(
 
     sfn = aws.client("stepfunctions")
     try:
-        started = sfn.start_execution(stateMachineArn=outputs["StateMachineArn"], name=job_name,
-                                      input=json.dumps(execution_input))
+        started = sfn.start_execution(
+            stateMachineArn=outputs["StateMachineArn"], name=job_name, input=json.dumps(execution_input)
+        )
     except (ClientError, BotoCoreError) as exc:
         raise TrainstackError(f"could not start {job_name} in {aws.where}: {exc}") from None
     typer.echo(f"launched {job_name} ({run.training.steps} steps, warm pool {keep}s) in {aws.where}")
@@ -102,8 +137,9 @@ def _suffix(max_steps: int | None) -> str:
 
 
 def _deployed_image(aws, state_machine_arn: str) -> str:
-    definition = json.loads(aws.client("stepfunctions").describe_state_machine(
-        stateMachineArn=state_machine_arn)["definition"])
+    definition = json.loads(
+        aws.client("stepfunctions").describe_state_machine(stateMachineArn=state_machine_arn)["definition"]
+    )
     return definition["States"]["CreateTrainingJob"]["Parameters"]["AlgorithmSpecification"]["TrainingImage"]
 
 
@@ -113,12 +149,16 @@ def _wait_for_job(aws, execution_arn: str, job_name: str, timeout_s: float = 120
     while time.monotonic() < deadline:
         execution = sfn.describe_execution(executionArn=execution_arn)
         if execution["status"] in ("FAILED", "TIMED_OUT", "ABORTED"):
-            raise TrainstackError(f"launch of {job_name} {execution['status'].lower()}: "
-                                  f"{execution.get('error', '')} {execution.get('cause', '')}".strip())
+            raise TrainstackError(
+                f"launch of {job_name} {execution['status'].lower()}: "
+                f"{execution.get('error', '')} {execution.get('cause', '')}".strip()
+            )
         try:
             job = sagemaker.describe_training_job(TrainingJobName=job_name)
             typer.echo(f"training job {job_name}: {job['TrainingJobStatus']}")
             return
         except sagemaker.exceptions.ClientError:
             time.sleep(1)
-    raise TrainstackError(f"no training job {job_name} after {timeout_s:.0f} s; see execution {execution_arn}")
+    raise TrainstackError(
+        f"no training job {job_name} after {timeout_s:.0f} s; see execution {execution_arn}"
+    )
