@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from aws_cdk import Stack
+from aws_cdk import ArnFormat, Stack
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_s3 as s3
@@ -79,7 +79,7 @@ class ExecutionRole(Construct):
                             service="logs",
                             resource="log-group",
                             resource_name=f"{TRAINING_LOG_GROUP}:*",
-                            arn_format=_colon(),
+                            arn_format=ArnFormat.COLON_RESOURCE_NAME,
                         )
                     ],
                 ),
@@ -136,9 +136,3 @@ class ExecutionRole(Construct):
                 conditions={"StringLike": {"s3:prefix": [f"{prefix}*" if prefix else "*"]}},
             ),
         )
-
-
-def _colon():
-    from aws_cdk import ArnFormat
-
-    return ArnFormat.COLON_RESOURCE_NAME

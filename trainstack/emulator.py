@@ -7,8 +7,8 @@ gaps and our workarounds (../shared/README.md section 7):
 - the endpoint must be `localhost` (moto parses CDK's TemplateURL by host name);
 - Step Functions executions only run after `POST /moto-api/config` enables them;
 - it cannot run containers or Lambda: training jobs go straight to Completed, nothing trains;
-- resource types its CloudFormation does not implement (CloudWatch alarms, dashboards' alarm
-  references, bucket/topic policies, ...) become placeholders: `serve()` below gives them a physical
+- resource types its CloudFormation does not implement (CloudWatch alarms, bucket and topic
+  policies, ...) become placeholders: `serve()` below gives them a physical
   id and answers `Fn::GetAtt` with a made-up ARN, so templates that reference them deploy. They
   are never created, so template assertions (tests/cdk), not the emulator, check them;
 - it names state machines past Step Functions' 80-character limit and then rejects them: `serve()`

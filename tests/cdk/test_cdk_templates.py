@@ -311,3 +311,17 @@ def test_emulator_quirks_only_in_emulator_mode(tmp_path: Path, all_templates: di
     request = state_machine_definition(launcher)["States"]["CreateTrainingJob"]["Parameters"]
     recipe = resolve("1b-bf16").recipe
     assert request["AlgorithmSpecification"]["TrainingImage"].endswith(f":{naming.recipe_hash(recipe)}")
+
+
+def test_the_image_is_built_from_training_image_on_the_regions_dlc(all_outdir: Path) -> None:
+    assets = json.loads((all_outdir / "Trainstack-platform-30b-fp8-Launcher.assets.json").read_text())
+    (image,) = assets["dockerImages"].values()
+    source = image["source"]
+    assert source["dockerFile"] == "training_image/Dockerfile"
+    assert source["dockerBuildArgs"] == {
+        "BASE_IMAGE": "763104351884.dkr.ecr.us-west-2.amazonaws.com/pytorch-training:2.9-gpu-py312"
+    }
+    context = all_outdir / source["directory"]
+    sent = {p.name for p in context.iterdir()}
+    assert {"training_image", "trainstack", "recipes"} <= sent
+    assert not sent & {".venv", "node_modules", "tests", ".git"}  # .dockerignore keeps the context small

@@ -97,22 +97,28 @@ def launch(
     overrides = request.hyperparameter_overrides(deployed, run)
     execution_input = request.execution_input(job_name, overrides, keep)
 
+    from botocore.exceptions import BotoCoreError, ClientError
+
     if dry_run:
         data_outputs = aws.stack_outputs(f"{prefix}-Data", deploy_hint)
+        try:
+            image_uri = _deployed_image(aws, outputs["StateMachineArn"])
+        except (ClientError, BotoCoreError) as exc:
+            raise TrainstackError(
+                f"could not read the deployed state machine in {aws.where}: {exc}"
+            ) from None
         body = request.create_training_job_request(
             run,
             team,
             job_name=job_name,
             role_arn=outputs["ExecutionRoleArn"],
-            image_uri=_deployed_image(aws, outputs["StateMachineArn"]),
+            image_uri=image_uri,
             bucket_name=data_outputs["BucketName"],
             kms_key_arn=data_outputs["KeyArn"],
             keep_alive_seconds=keep,
         )
         typer.echo(json.dumps(body, indent=2))
         return
-
-    from botocore.exceptions import BotoCoreError, ClientError
 
     sfn = aws.client("stepfunctions")
     try:
@@ -124,7 +130,12 @@ def launch(
     typer.echo(f"launched {job_name} ({run.training.steps} steps, warm pool {keep}s) in {aws.where}")
     typer.echo(f"execution: {started['executionArn']}")
     if wait:
-        _wait_for_job(aws, started["executionArn"], job_name)
+        try:
+            _wait_for_job(aws, started["executionArn"], job_name)
+        except BotoCoreError as exc:  # ClientErrors are handled inside
+            raise TrainstackError(
+                f"lost contact with {aws.where} while waiting for {job_name}: {exc}"
+            ) from None
 
 
 def _suffix(max_steps: int | None) -> str:
@@ -144,6 +155,8 @@ def _deployed_image(aws, state_machine_arn: str) -> str:
 
 
 def _wait_for_job(aws, execution_arn: str, job_name: str, timeout_s: float = 120.0) -> None:
+    from botocore.exceptions import ClientError
+
     sfn, sagemaker = aws.client("stepfunctions"), aws.client("sagemaker")
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -157,7 +170,7 @@ def _wait_for_job(aws, execution_arn: str, job_name: str, timeout_s: float = 120
             job = sagemaker.describe_training_job(TrainingJobName=job_name)
             typer.echo(f"training job {job_name}: {job['TrainingJobStatus']}")
             return
-        except sagemaker.exceptions.ClientError:
+        except ClientError:
             time.sleep(1)
     raise TrainstackError(
         f"no training job {job_name} after {timeout_s:.0f} s; see execution {execution_arn}"
