@@ -58,20 +58,35 @@ SLICE_8B = {"hidden": 4096, "heads": 32, "kv_heads": 8, "ffn": 14336, "vocab": 1
 SMOKE = {"hidden": 64, "heads": 4, "kv_heads": 2, "ffn": 176, "vocab": 256, "rope_theta": 10000.0}
 
 
-def bench_recipe(shape: dict, layers: int, seq_len: int, micro_batch: int, dtype: str,
-                 fp8_recipe: str | None, ac: str, instance_type: str) -> Recipe:
+def bench_recipe(
+    shape: dict,
+    layers: int,
+    seq_len: int,
+    micro_batch: int,
+    dtype: str,
+    fp8_recipe: str | None,
+    ac: str,
+    instance_type: str,
+) -> Recipe:
     """The per-GPU configuration as a recipe the planner understands: one node, shard_group 1 (each GPU
     holds the whole model, as the single benchmark GPU does), global batch = micro_batch x 8."""
-    return Recipe.model_validate({
-        "name": "bench-trainer-gpu",
-        "model": {**shape, "layers": layers},
-        "training": {"seq_len": seq_len, "micro_batch": micro_batch, "global_batch": micro_batch * 8,
-                     "steps": 1000, "loss_chunk_tokens": min(8192, seq_len * micro_batch)},
-        "precision": {"dtype": dtype, "fp8_recipe": fp8_recipe},
-        "activation_checkpointing": {"mode": ac},
-        "parallelism": {"shard_group": 1},
-        "compute": {"instance_type": instance_type, "instance_count": 1},
-    })
+    return Recipe.model_validate(
+        {
+            "name": "bench-trainer-gpu",
+            "model": {**shape, "layers": layers},
+            "training": {
+                "seq_len": seq_len,
+                "micro_batch": micro_batch,
+                "global_batch": micro_batch * 8,
+                "steps": 1000,
+                "loss_chunk_tokens": min(8192, seq_len * micro_batch),
+            },
+            "precision": {"dtype": dtype, "fp8_recipe": fp8_recipe},
+            "activation_checkpointing": {"mode": ac},
+            "parallelism": {"shard_group": 1},
+            "compute": {"instance_type": instance_type, "instance_count": 1},
+        }
+    )
 
 
 def ensure_transformer_engine(allow_install: bool) -> tuple[object | None, str]:
@@ -85,8 +100,14 @@ def ensure_transformer_engine(allow_install: bool) -> tuple[object | None, str]:
     # TE ships its core as wheels (per CUDA major) but its PyTorch extension as a source distribution
     # (TE install docs); compiling it takes far longer than this benchmark's budget, so wheels only.
     core = "core_cu13" if (torch.version.cuda or "").startswith("13") else "core_cu12"
-    command = [sys.executable, "-m", "pip", "install", "--only-binary=:all:",
-               f"transformer_engine[pytorch,{core}]=={TE_VERSION}"]
+    command = [
+        sys.executable,
+        "-m",
+        "pip",
+        "install",
+        "--only-binary=:all:",
+        f"transformer_engine[pytorch,{core}]=={TE_VERSION}",
+    ]
     print(f"# transformer_engine missing: {' '.join(command)}", flush=True)
     try:
         result = subprocess.run(command, capture_output=True, text=True, timeout=240)
@@ -139,7 +160,9 @@ def measure(recipe: Recipe, backend, device: torch.device, warmup: int, steps: i
         "mfu_against": peak_of,
         "peak_allocated_gib": peak_memory_gib(device),
         "peak_reserved_gib": torch.cuda.max_memory_reserved(device) / GIB if device.type == "cuda" else None,
-        "loss_first": losses[0], "loss_last": losses[-1], "step_time_s": elapsed / steps,
+        "loss_first": losses[0],
+        "loss_last": losses[-1],
+        "step_time_s": elapsed / steps,
     }
     del model, optimizer
     gc.collect()
@@ -154,15 +177,21 @@ def planned(recipe: Recipe) -> dict:
     except ImportError:
         return {"planned_peak_gib": None, "note": "trainstack.planner.plan not available"}
     p = plan(recipe)
-    return {"planned_peak_gib": p.memory.allocator_peak_gib, "planned_total_gib": p.memory.peak_gib,
-            "planned_tokens_per_sec_per_gpu": p.throughput.tokens_per_sec_per_gpu,
-            "planned_mfu": p.throughput.mfu, "planned_breakdown_gib": p.memory.breakdown}
+    return {
+        "planned_peak_gib": p.memory.allocator_peak_gib,
+        "planned_total_gib": p.memory.peak_gib,
+        "planned_tokens_per_sec_per_gpu": p.throughput.tokens_per_sec_per_gpu,
+        "planned_mfu": p.throughput.mfu,
+        "planned_breakdown_gib": p.memory.breakdown,
+    }
 
 
 def format_row(row: dict, device_type: str) -> str:
-    text = (f"{row['precision']:>8}: {row['tokens_per_sec_per_gpu']:10.1f} tokens/s/GPU  "
-            f"{row['tflops_per_gpu']:9.4g} TFLOP/s  MFU {row['mfu']:.4g} (vs {row['mfu_against']})  "
-            f"peak {row['peak_allocated_gib']:.3g} GiB")
+    text = (
+        f"{row['precision']:>8}: {row['tokens_per_sec_per_gpu']:10.1f} tokens/s/GPU  "
+        f"{row['tflops_per_gpu']:9.4g} TFLOP/s  MFU {row['mfu']:.4g} (vs {row['mfu_against']})  "
+        f"peak {row['peak_allocated_gib']:.3g} GiB"
+    )
     text += f" alloc / {row['peak_reserved_gib']:.3g} reserved" if row["peak_reserved_gib"] else " (RSS)"
     if row.get("planned_peak_gib") is not None:
         text += f"  planner {row['planned_peak_gib']:.3g} GiB"
@@ -214,12 +243,18 @@ def main(argv: list[str] | None = None) -> int:
             (configs.append(("fp8", name)) if ok else skipped.append((name, reason)))
         cpu = f"CPU ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)"
         header = {
-            "date": time.strftime("%Y-%m-%d", time.gmtime()), "machine": platform.node(),
+            "date": time.strftime("%Y-%m-%d", time.gmtime()),
+            "machine": platform.node(),
             "device": torch.cuda.get_device_name(device) if device_type == "cuda" else cpu,
-            "torch": torch.__version__, "cuda": torch.version.cuda, "backend": backend.name,
+            "torch": torch.__version__,
+            "cuda": torch.version.cuda,
+            "backend": backend.name,
             "transformer_engine": te_note,
-            "shape": {**shape, "layers": layers}, "seq_len": seq_len, "micro_batch": args.micro_batch,
-            "activation_checkpointing": args.checkpointing, "planner_instance": instance_type,
+            "shape": {**shape, "layers": layers},
+            "seq_len": seq_len,
+            "micro_batch": args.micro_batch,
+            "activation_checkpointing": args.checkpointing,
+            "planner_instance": instance_type,
         }
         print(json.dumps(header), flush=True)
         if te_backend is None and device_type == "cuda":
@@ -228,10 +263,14 @@ def main(argv: list[str] | None = None) -> int:
             print(f"# fp8 {name}: skipped ({reason})", flush=True)
         results = []
         for dtype, fp8_recipe in configs:
-            recipe = bench_recipe(shape, layers, seq_len, args.micro_batch, dtype, fp8_recipe,
-                                  args.checkpointing, instance_type)
-            row = {"precision": fp8_recipe or dtype,
-                   **measure(recipe, backend, device, args.warmup, args.steps), **planned(recipe)}
+            recipe = bench_recipe(
+                shape, layers, seq_len, args.micro_batch, dtype, fp8_recipe, args.checkpointing, instance_type
+            )
+            row = {
+                "precision": fp8_recipe or dtype,
+                **measure(recipe, backend, device, args.warmup, args.steps),
+                **planned(recipe),
+            }
             measured_peak = row["peak_reserved_gib"] or row["peak_allocated_gib"]
             if row.get("planned_peak_gib") is not None and device_type == "cuda":
                 row["planner_memory_error"] = (row["planned_peak_gib"] - measured_peak) / measured_peak

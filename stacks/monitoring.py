@@ -4,20 +4,20 @@ A P6-B200 cluster costs on the order of a hundred dollars an hour per node, so a
 silently slow run has to reach a person within minutes. Composed into the launcher stack as
 `Monitoring(...)`; it reads nothing from the environment, only the typed values it is given.
 
-Job names exist only at run time (`<job prefix>-<recipe hash>-<suffix>`, see trainstack.naming), so:
+Job names exist only at run time (`ts-<team>-<recipe>--<recipe hash>-<suffix>`, see trainstack.naming),
+so:
 - the dashboard uses SEARCH expressions over `/aws/sagemaker/TrainingJobs` filtered on the prefix;
 - the per-run alarms (idle GPUs, near OOM, slow, stalled, disk) are put for the exact job by a small
   state machine when SageMaker reports the job Training, and deleted when it ends (see RunAlarms);
-- the job state rules match `detail.TrainingJobName` by prefix and the recipe name the job's
-  hyperparameters carry (see `this_recipe`).
-Known limit: a recipe whose name extends this one's (`8b-fp8` and `8b-fp8-128k`) shares the prefix, so
-the dashboard's SEARCH lines also show the other's jobs; `trainstack status` and `logs` filter exactly
-on the recipe hash that follows the prefix (trainstack.runs.job_name_regex).
+- the job state rules match `detail.TrainingJobName` by the job-name prefix, which is exact: no other
+  recipe's or team's job names start with it (see `this_recipe`).
+Known limit: SEARCH matches tokens, not string prefixes (see `search_expression`), so the dashboard of
+`8b-fp8` also draws the jobs of a recipe whose name extends it (`8b-fp8-128k`); the rules, the alarms'
+IAM scope and `trainstack status` and `logs` (trainstack.runs.is_recipe_job) use the exact prefix.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -65,38 +65,33 @@ def search_expression(
 
     `Host=<prefix>` unquoted is a partial match: CloudWatch splits the prefix and the dimension values
     into tokens at non-alphanumeric characters and matches the prefix's tokens appearing consecutively,
-    so `ts-platform-30b-fp8` finds `ts-platform-30b-fp8-7eca0ce4-r1/algo-1` but not `ts-nlp-30b-fp8-...`.
+    so `ts-platform-30b-fp8` finds `ts-platform-30b-fp8--7eca0ce4-r1/algo-1` but not `ts-nlp-30b-fp8--...`.
+    Separators are not tokens, so the `--` that ends the job-name prefix cannot make this exact:
+    `ts-nlp-8b-fp8` also finds `ts-nlp-8b-fp8-128k--...` (SEARCH has no string-prefix operator).
     (Quoted, it would be an exact match of the whole value and find nothing.)
     """
+    terms = prefix.rstrip("-")  # the tokens; a trailing separator adds nothing to match
     return (
         f"SEARCH('{{{quoted(NAMESPACE)},{dimension}}} MetricName={quoted(metric)} "
-        f"{dimension}={prefix}', '{stat}', {period_s})"
+        f"{dimension}={terms}', '{stat}', {period_s})"
     )
 
 
-def this_recipe(prefix: str, recipe_name: str) -> dict[str, Any]:
-    """EventBridge `detail` conditions selecting this recipe's jobs.
+def this_recipe(prefix: str) -> dict[str, Any]:
+    """EventBridge `detail` conditions selecting this recipe's jobs: their names start with `prefix`.
 
-    The job-name prefix alone also selects a recipe whose name extends this one (`8b-fp8` and
-    `8b-fp8-128k`, both base recipes). The job's hyperparameters carry the resolved recipe, its name
-    JSON-encoded (`trainstack.recipe.to_hyperparameters`), so the event says whose job it is; an event
-    without hyperparameters still matches by prefix rather than being dropped.
+    The job-name prefix (`ts-<team>-<recipe>--`) is exact, so `8b-fp8`'s rule does not match the jobs
+    of `8b-fp8-128k` (`ts-<team>-8b-fp8-128k--...`) nor the same recipe's jobs of another team.
     """
-    return {
-        "TrainingJobName": [{"prefix": f"{prefix}-"}],
-        "$or": [
-            {"HyperParameters": {"name": [json.dumps(recipe_name)]}},
-            {"HyperParameters": {"name": [{"exists": False}]}},
-        ],
-    }
+    return {"TrainingJobName": [{"prefix": prefix}]}
 
 
-def job_state_pattern(prefix: str, recipe_name: str) -> dict[str, Any]:
+def job_state_pattern(prefix: str) -> dict[str, Any]:
     """EventBridge pattern (CloudFormation form) for this recipe's jobs failing, stopping or completing."""
     return {
         "source": ["aws.sagemaker"],
         "detail-type": [JOB_STATE_CHANGE],
-        "detail": {**this_recipe(prefix, recipe_name), "TrainingJobStatus": list(NOTIFY_STATES)},
+        "detail": {**this_recipe(prefix), "TrainingJobStatus": list(NOTIFY_STATES)},
     }
 
 
@@ -174,7 +169,7 @@ class Notifications(Construct):
         if recipe.monitoring.notification_email:
             self.topic.add_subscription(subs.EmailSubscription(recipe.monitoring.notification_email))
 
-        self.pattern = job_state_pattern(prefix, recipe.name)
+        self.pattern = job_state_pattern(prefix)
         self.rule = events.Rule(
             self,
             "JobStateChanged",
@@ -364,7 +359,7 @@ class RunAlarms(Construct):
             stack.format_arn(
                 service="cloudwatch",
                 resource="alarm",
-                resource_name=f"{prefix}-*",
+                resource_name=f"{prefix}*",
                 arn_format=ArnFormat.COLON_RESOURCE_NAME,
             )
         ]
@@ -496,11 +491,11 @@ class RunAlarms(Construct):
         # Keep only the dependency on the role's policy, which the GetAtt does not imply.
         policy = self.state_machine.role.node.find_child("DefaultPolicy").node.default_child
         self.state_machine.node.default_child.add_override("DependsOn", [stack.get_logical_id(policy)])
-        self.pattern = run_state_pattern(prefix, recipe.name)
+        self.pattern = run_state_pattern(prefix)
         self.rule = events.Rule(
             self,
             "RunStateChanged",
-            description=f"Put and delete the alarms of {prefix}-* training jobs",
+            description=f"Put and delete the alarms of {prefix}* training jobs",
             event_pattern=events.EventPattern(
                 source=self.pattern["source"],
                 detail_type=self.pattern["detail-type"],
@@ -512,16 +507,16 @@ class RunAlarms(Construct):
         nag.acknowledge(
             self.state_machine,
             "AwsSolutions-IAM5:run-alarms",
-            [nag.arn_finding(self, "cloudwatch", f"alarm:{prefix}-*")],
+            [nag.arn_finding(self, "cloudwatch", f"alarm:{prefix}*")],
         )
 
 
-def run_state_pattern(prefix: str, recipe_name: str) -> dict[str, Any]:
+def run_state_pattern(prefix: str) -> dict[str, Any]:
     """Job state changes that create (Training) or delete (ended) a run's alarms."""
     return {
         "source": ["aws.sagemaker"],
         "detail-type": [JOB_STATE_CHANGE],
-        "detail": {**this_recipe(prefix, recipe_name), "TrainingJobStatus": ["InProgress", *NOTIFY_STATES]},
+        "detail": {**this_recipe(prefix), "TrainingJobStatus": ["InProgress", *NOTIFY_STATES]},
     }
 
 
@@ -650,7 +645,7 @@ class Dashboard(Construct):
             f"{recipe.model.total_params / 1e9:.1f}B parameters, {recipe.precision.dtype}"
             f"{f' ({recipe.precision.fp8_recipe})' if recipe.precision.fp8_recipe else ''}, "
             f"{recipe.compute.instance_count} x {recipe.compute.instance_type} ({recipe.world_size} GPUs), "
-            f"{recipe.training.steps:,} steps. Jobs `{prefix}-*`.\n\n"
+            f"{recipe.training.steps:,} steps. Jobs `{prefix}*`.\n\n"
             f"Plan: {plan.throughput.tokens_per_sec_per_gpu:,.0f} tokens/s per GPU, "
             f"MFU {plan.throughput.mfu:.1%}, "
             f"step {plan.throughput.step_time_s:.2f} s, peak memory {plan.memory.peak_gib:.0f} of "

@@ -26,7 +26,8 @@ REASONS: dict[str, str] = {
     ),
     "AwsSolutions-IAM5:training-jobs": (
         "Training job names exist only at run time; the resource is narrowed to this recipe's "
-        "job-name prefix (training-job/<prefix>-*), never all jobs."
+        "job-name prefix (training-job/ts-<team>-<recipe>--*, which no other recipe's or team's jobs "
+        "start with), never all jobs."
     ),
     "AwsSolutions-IAM5:checkpoint-prefix": (
         "The execution role reads and writes objects under this team/recipe's own prefixes of the "
@@ -50,7 +51,8 @@ REASONS: dict[str, str] = {
     "AwsSolutions-IAM5:run-alarms": (
         "The alarm manager puts and deletes the alarms of each run, named <job>-<alarm> after a training "
         "job that exists only at run time; the resource is narrowed to this recipe's job-name prefix "
-        "(alarm:<prefix>-*), never all alarms."
+        "(alarm:ts-<team>-<recipe>--*, which no other recipe's or team's alarms start with), never "
+        "all alarms."
     ),
     # GitOps pipeline (stacks/pipeline.py): the artifact store, and what CDK Pipelines generates.
     "AwsSolutions-S1:pipeline-access-logs": (

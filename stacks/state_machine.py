@@ -46,6 +46,7 @@ HYPERPARAMETERS_EXPRESSION = (
 JOB_NAME_PATH = f"$.{INPUT_JOB_NAME}"  # the run's name: checkpoints live under it
 ATTEMPT_JOB_NAME_PATH = "$.Attempt.JobName"  # this attempt's training job
 MAX_CAPACITY_ATTEMPTS = 4  # `-c2` .. `-c4` still fit SageMaker's 63 characters (trainstack.naming)
+assert MAX_CAPACITY_ATTEMPTS <= 9  # one digit: naming.ATTEMPT_SUFFIX_MAX
 CAPACITY_WAIT = Duration.minutes(15)
 CAPACITY_FAILURE = "*CapacityError*"  # FailureReason "CapacityError: Unable to provision requested ..."
 
@@ -201,7 +202,7 @@ class TrainingStateMachine(Construct):
         policy = self.state_machine.role.node.find_child("DefaultPolicy").node.default_child
         self.state_machine.node.default_child.add_override("DependsOn", [stack.get_logical_id(policy)])
         jobs = stack.format_arn(
-            service="sagemaker", resource="training-job", resource_name=f"{job_name_prefix}-*"
+            service="sagemaker", resource="training-job", resource_name=f"{job_name_prefix}*"
         )
         self.state_machine.add_to_role_policy(
             iam.PolicyStatement(
@@ -225,7 +226,7 @@ class TrainingStateMachine(Construct):
         nag.acknowledge(
             self,
             "AwsSolutions-IAM5:training-jobs",
-            [nag.arn_finding(self, "sagemaker", f"training-job/{job_name_prefix}-*")],
+            [nag.arn_finding(self, "sagemaker", f"training-job/{job_name_prefix}*")],
         )
         # Encrypted volumes and output: SageMaker creates grants on the key for the job's resources.
         self.state_machine.add_to_role_policy(

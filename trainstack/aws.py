@@ -50,10 +50,13 @@ class Aws:
                 region_name=env["AWS_REGION"],
             )
         else:
-            self._session = boto3.session.Session()
+            # boto3 reads only AWS_DEFAULT_REGION and profiles; the CDK CLI and other SDKs also honour
+            # AWS_REGION, so a user who set it for `cdk deploy` expects the CLI to follow it too.
+            self._session = boto3.session.Session(region_name=env.get("AWS_REGION") or None)
         if not self._session.region_name:
             raise TrainstackError(
-                "no AWS region configured: set AWS_REGION or a profile region (or use --local)"
+                "no AWS region configured: set AWS_REGION (or AWS_DEFAULT_REGION, or a profile region), "
+                "or use --local"
             )
 
     @property

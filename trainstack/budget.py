@@ -50,20 +50,26 @@ def check(recipe: Recipe, plan: Plan | None) -> BudgetCheck:
     budget, compute = recipe.budget, recipe.compute
     overruns: list[Overrun] = []
     if budget.max_instance_count is not None and compute.instance_count > budget.max_instance_count:
-        overruns.append(Overrun(
-            "compute.instance_count", "budget.max_instance_count",
-            f"{compute.instance_count} instances is over the team cap "
-            f"budget.max_instance_count = {budget.max_instance_count}",
-        ))
+        overruns.append(
+            Overrun(
+                "compute.instance_count",
+                "budget.max_instance_count",
+                f"{compute.instance_count} instances is over the team cap "
+                f"budget.max_instance_count = {budget.max_instance_count}",
+            )
+        )
     cost = getattr(plan, "cost", None)  # None: no plan (or a test double without costs)
     run_usd = float(cost.total_usd) if cost is not None else None
     if budget.max_run_usd is not None and run_usd is not None and run_usd > budget.max_run_usd:
-        overruns.append(Overrun(
-            "budget.max_run_usd", "budget.max_run_usd",
-            f"planned run cost {usd(run_usd)} ({compute.instance_count} x {compute.instance_type} for "
-            f"{cost.hours:,.1f} h at {usd(cost.usd_per_hour)}/h) is over the team cap "
-            f"budget.max_run_usd = {usd(budget.max_run_usd)}",
-        ))
+        overruns.append(
+            Overrun(
+                "budget.max_run_usd",
+                "budget.max_run_usd",
+                f"planned run cost {usd(run_usd)} ({compute.instance_count} x {compute.instance_type} for "
+                f"{cost.hours:,.1f} h at {usd(cost.usd_per_hour)}/h) is over the team cap "
+                f"budget.max_run_usd = {usd(budget.max_run_usd)}",
+            )
+        )
     return BudgetCheck(run_usd=run_usd, approval_usd=budget.approval_usd, overruns=tuple(overruns))
 
 

@@ -23,9 +23,9 @@ gaps and our workarounds (../shared/README.md section 7):
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -80,13 +80,10 @@ class Emulator:
         }
 
     def start(self, timeout_s: float = 30.0) -> Emulator:
-        server = shutil.which("moto_server", path=str(Path(sys.executable).parent)) or shutil.which(
-            "moto_server"
-        )
-        if server is None:
-            raise TrainstackError("moto_server not found: run `make setup` (it installs moto[server])")
+        if importlib.util.find_spec("moto") is None or importlib.util.find_spec("flask") is None:
+            raise TrainstackError("moto[server] is not installed: run `make setup`")
         log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
-        del server  # moto_server is run through serve() below, which adds the placeholder patch
+        # moto's server runs through serve() below (not the moto_server script): it adds our patches.
         self._process = subprocess.Popen(
             [sys.executable, "-m", "trainstack.emulator", "--serve", "--port", str(self.port)],
             stdout=log,

@@ -95,18 +95,20 @@ class PlanDiff:
 
     def matrix(self) -> dict:
         """GitHub Actions `strategy.matrix` for the deploy workflow: one job per deployed target."""
-        return {"include": [
-            {
-                "recipe": t.recipe,
-                "team": t.team or "",
-                "stack": t.stack,
-                "account": t.after.account or "" if t.after else "",
-                "region": t.after.region or "" if t.after else "",
-                "cost_usd": round(t.after.figures.total_usd, 2) if t.after and t.after.figures else None,
-                "environment": "training-approval" if t.after and t.after.needs_approval else "training",
-            }
-            for t in self.deploys
-        ]}
+        return {
+            "include": [
+                {
+                    "recipe": t.recipe,
+                    "team": t.team or "",
+                    "stack": t.stack,
+                    "account": t.after.account or "" if t.after else "",
+                    "region": t.after.region or "" if t.after else "",
+                    "cost_usd": round(t.after.figures.total_usd, 2) if t.after and t.after.figures else None,
+                    "environment": "training-approval" if t.after and t.after.needs_approval else "training",
+                }
+                for t in self.deploys
+            ]
+        }
 
     def to_dict(self) -> dict:
         return {
@@ -115,9 +117,7 @@ class PlanDiff:
             "changed_files": list(self.changed_files),
             "deploy_count": len(self.deploys),
             "matrix": self.matrix(),
-            "targets": [
-                {**asdict(t), "stack": t.stack, "deploys": t.deploys} for t in self.shown
-            ],
+            "targets": [{**asdict(t), "stack": t.stack, "deploys": t.deploys} for t in self.shown],
         }
 
 
@@ -132,8 +132,14 @@ def deploy_targets(recipes_dir: Path) -> list[tuple[str, str | None]]:
 def compute(base: str, repo: Path | str | None = None) -> PlanDiff:
     """The plan diff between the working tree of the git repository at `repo` (default: cwd) and `base`."""
     root = repo_root(Path(repo) if repo is not None else Path.cwd())
-    commit = _git(root, "rev-parse", "--verify", "--quiet", f"{base}^{{commit}}",
-                  error=f"--base: {base!r} is not a commit in {root}").strip()
+    commit = _git(
+        root,
+        "rev-parse",
+        "--verify",
+        "--quiet",
+        f"{base}^{{commit}}",
+        error=f"--base: {base!r} is not a commit in {root}",
+    ).strip()
     changed = changed_files(root, commit)
     code = tuple(f for f in changed if f.startswith(INFRA_PATHS))
     with recipes_at(root, commit) as before_dir:
@@ -169,7 +175,9 @@ def recipes_at(root: Path, commit: str) -> Iterator[Path]:
         if _git(root, "ls-tree", "--name-only", commit, RECIPES).strip():
             archive = subprocess.run(
                 ["git", "archive", "--format=tar", commit, RECIPES],
-                cwd=root, capture_output=True, check=True,
+                cwd=root,
+                capture_output=True,
+                check=True,
             ).stdout
             with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
                 tar.extractall(tmp, filter="data")
@@ -189,9 +197,13 @@ def _side(recipes_dir: Path, recipe: str, team: str | None) -> Side:
     stack = stack_prefix(resolved.recipe, team)
     p = plan(resolved.recipe)
     figures = Figures(
-        fits=bool(p.fits), peak_gib=p.memory.peak_gib, usable_gib=p.memory.usable_gib,
-        tokens_per_sec_per_gpu=p.throughput.tokens_per_sec_per_gpu, mfu=p.throughput.mfu,
-        hours=p.cost.hours, total_usd=p.cost.total_usd,
+        fits=bool(p.fits),
+        peak_gib=p.memory.peak_gib,
+        usable_gib=p.memory.usable_gib,
+        tokens_per_sec_per_gpu=p.throughput.tokens_per_sec_per_gpu,
+        mfu=p.throughput.mfu,
+        hours=p.cost.hours,
+        total_usd=p.cost.total_usd,
     )
     error = None
     try:
@@ -201,13 +213,26 @@ def _side(recipes_dir: Path, recipe: str, team: str | None) -> Side:
     if error is None and not p.fits:
         error = f"does not fit: peak {p.memory.peak_gib:.1f} GiB > usable {p.memory.usable_gib:.1f} GiB"
     deploy = resolved.recipe.deploy
-    return Side(stack=stack, hash=recipe_hash(resolved.recipe), figures=figures,
-                needs_approval=guard.needs_approval, error=error, files=files,
-                account=deploy.account, region=deploy.region)
+    return Side(
+        stack=stack,
+        hash=recipe_hash(resolved.recipe),
+        figures=figures,
+        needs_approval=guard.needs_approval,
+        error=error,
+        files=files,
+        account=deploy.account,
+        region=deploy.region,
+    )
 
 
-def _classify(recipe: str, team: str | None, before: Side | None, after: Side | None,
-              changed: tuple[str, ...], code: tuple[str, ...]) -> TargetDiff:
+def _classify(
+    recipe: str,
+    team: str | None,
+    before: Side | None,
+    after: Side | None,
+    changed: tuple[str, ...],
+    code: tuple[str, ...],
+) -> TargetDiff:
     files = set((before.files if before else ()) + (after.files if after else ()))
     reasons = tuple(f for f in changed if f in files)
     if after is None:
@@ -309,11 +334,18 @@ def to_markdown(diff: PlanDiff) -> str:
     code = next((t.reasons for t in diff.targets if t.status == "code"), ())
     if code:
         more = f" and {len(code) - 10} more" if len(code) > 10 else ""
-        lines += ["Infrastructure code changed, so every unchanged recipe redeploys too: "
-                  + ", ".join(f"`{f}`" for f in code[:10]) + more, ""]
+        lines += [
+            "Infrastructure code changed, so every unchanged recipe redeploys too: "
+            + ", ".join(f"`{f}`" for f in code[:10])
+            + more,
+            "",
+        ]
     if any(t.status == "removed" for t in diff.targets):
-        lines += ["Removed targets are not destroyed by a merge: run `npx cdk destroy` for them deliberately "
-                  "(checkpoint buckets are retained either way).", ""]
+        lines += [
+            "Removed targets are not destroyed by a merge: run `npx cdk destroy` for them deliberately "
+            "(checkpoint buckets are retained either way).",
+            "",
+        ]
     if any(t.status == "invalid" for t in diff.targets):
         lines += ["**Invalid targets block the merge:** fix them before merging (`trainstack validate`).", ""]
     return "\n".join(lines)

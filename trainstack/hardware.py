@@ -35,23 +35,62 @@ class Instance:
         return self.gpu.fp8_tflops if dtype == "fp8" else self.gpu.bf16_tflops
 
 
-B200 = GPU("B200", "blackwell", usable_gib=179.0, bf16_tflops=2250.0, fp8_tflops=4500.0,
-           supports_mxfp8=True, nvlink_gbps=1800.0)
-H100 = GPU("H100", "hopper", usable_gib=79.6, bf16_tflops=989.0, fp8_tflops=1979.0,
-           supports_mxfp8=False, nvlink_gbps=900.0)
-H200 = GPU("H200", "hopper", usable_gib=139.8, bf16_tflops=989.0, fp8_tflops=1979.0,
-           supports_mxfp8=False, nvlink_gbps=900.0)
+B200 = GPU(
+    "B200",
+    "blackwell",
+    usable_gib=179.0,
+    bf16_tflops=2250.0,
+    fp8_tflops=4500.0,
+    supports_mxfp8=True,
+    nvlink_gbps=1800.0,
+)
+H100 = GPU(
+    "H100",
+    "hopper",
+    usable_gib=79.6,
+    bf16_tflops=989.0,
+    fp8_tflops=1979.0,
+    supports_mxfp8=False,
+    nvlink_gbps=900.0,
+)
+H200 = GPU(
+    "H200",
+    "hopper",
+    usable_gib=139.8,
+    bf16_tflops=989.0,
+    fp8_tflops=1979.0,
+    supports_mxfp8=False,
+    nvlink_gbps=900.0,
+)
 
 INSTANCES: dict[str, Instance] = {
     i.instance_type: i
     for i in (
-        Instance("ml.p6-b200.48xlarge", B200, gpus=8, efa_gbps=3200.0, usd_per_hour=114.0,
-                 price_source="about 114 USD/h EC2 on-demand (unverified third-party figure; "
-                              "SageMaker price not published where we looked)"),
-        Instance("ml.p5.48xlarge", H100, gpus=8, efa_gbps=3200.0, usd_per_hour=55.04,
-                 price_source="EC2 on-demand us-east-1 after the June 2025 price cut (estimate)"),
-        Instance("ml.p5en.48xlarge", H200, gpus=8, efa_gbps=3200.0, usd_per_hour=63.30,
-                 price_source="EC2 on-demand us-east-1 (estimate)"),
+        Instance(
+            "ml.p6-b200.48xlarge",
+            B200,
+            gpus=8,
+            efa_gbps=3200.0,
+            usd_per_hour=114.0,
+            price_source="about 114 USD/h EC2 on-demand (unverified third-party figure; "
+            "SageMaker price not published where we looked)",
+        ),
+        Instance(
+            "ml.p5.48xlarge",
+            H100,
+            gpus=8,
+            efa_gbps=3200.0,
+            usd_per_hour=55.04,
+            price_source="EC2 on-demand us-east-1 after the June 2025 price cut (estimate)",
+        ),
+        Instance(
+            "ml.p5en.48xlarge",
+            H200,
+            gpus=8,
+            efa_gbps=3200.0,
+            usd_per_hour=63.30,
+            price_source="EC2 on-demand us-east-1 (estimate)",
+        ),
     )
 }
 

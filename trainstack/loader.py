@@ -21,7 +21,7 @@ import yaml
 from pydantic import ValidationError
 
 from trainstack.errors import RecipeError
-from trainstack.recipe import Recipe
+from trainstack.recipe import Recipe, team_name_problem
 
 DEFAULT_RECIPES_DIR = Path(__file__).resolve().parent.parent / "recipes"
 TEAM_DEFAULTS = "defaults.yaml"
@@ -55,8 +55,13 @@ def base_recipe_names(recipes_dir: Path | str | None = None) -> list[str]:
 
 
 def team_names(recipes_dir: Path | str | None = None) -> list[str]:
+    """The team directories under recipes/teams; a directory that is not a valid team name is refused."""
     teams = recipes_dir_or_default(recipes_dir) / "teams"
-    return sorted(p.name for p in teams.iterdir() if p.is_dir()) if teams.is_dir() else []
+    names = sorted(p.name for p in teams.iterdir() if p.is_dir()) if teams.is_dir() else []
+    for name in names:
+        if (problem := team_name_problem(name)) is not None:
+            raise RecipeError(_display(teams / name), None, f"{problem} (rename the directory)")
+    return names
 
 
 def team_recipe_names(team: str, recipes_dir: Path | str | None = None) -> list[str]:
@@ -122,6 +127,8 @@ def resolve(
     root = recipes_dir_or_default(recipes_dir)
     layers: list[_Layer] = []
     is_path = name_or_path.endswith((".yaml", ".yml")) or "/" in name_or_path
+    if team is not None and (problem := team_name_problem(team)) is not None:
+        raise RecipeError("--team", None, problem)  # before any lookup: the name is in stack and job names
     team_dir = root / "teams" / team if team else None
     if team is not None and (team_dir is None or not team_dir.is_dir()):
         known = ", ".join(team_names(root)) or "none"
@@ -150,7 +157,8 @@ def resolve(
         if defaults.is_file():
             layers.append(_team_layer(defaults, name, may_extend=False))
         overlay = team_dir / f"{name}.yaml"
-        if overlay.is_file() and overlay.resolve() not in {Path(l.source).resolve() for l in layers if "/" in l.source}:
+        already_read = {Path(layer.source).resolve() for layer in layers if "/" in layer.source}
+        if overlay.is_file() and overlay.resolve() not in already_read:
             layers.append(_team_layer(overlay, name, may_extend=False))
 
     if overrides:
@@ -168,7 +176,9 @@ def resolve(
         recipe = Recipe.model_validate(merged)
     except ValidationError as exc:
         raise _first_error(exc, sources, layers[0].source) from None
-    files = tuple(l.source for l in layers if l.source not in (SET_SOURCE,) and not l.source.startswith("--"))
+    files = tuple(
+        layer.source for layer in layers if layer.source != SET_SOURCE and not layer.source.startswith("--")
+    )
     return ResolvedRecipe(recipe=recipe, team=team, sources=sources, files=files)
 
 
@@ -194,25 +204,63 @@ def _extends_chain(path: Path, root: Path) -> list[_Layer]:
             current = root / f"{parent}.yaml"
             if not current.is_file():
                 known = ", ".join(base_recipe_names(root))
-                raise RecipeError(_display(Path(chain[-1].source)), "extends",
-                                  f"no base recipe named {parent!r} (known: {known})")
+                raise RecipeError(
+                    _display(Path(chain[-1].source)),
+                    "extends",
+                    f"no base recipe named {parent!r} (known: {known})",
+                )
     return list(reversed(chain))
 
 
 # Team files are owned by teams (see docs/gitops.md); the security gates are not. A team file may not
 # touch encryption, retention/removal or cdk-nag handling, whatever the recipe schema grows to hold:
 # whole sections by top-level name, and any key with one of these names at any depth.
-GATE_SECTIONS = frozenset({
-    "security", "storage", "encryption", "kms", "bucket", "repository", "nag", "cdk_nag",
-})
-GATE_KEYS = frozenset({
-    "encryption", "encrypted", "encrypt", "kms", "kms_key", "kms_key_id", "kms_key_arn",
-    "sse", "sse_algorithm", "enforce_ssl", "ssl", "versioned", "versioning",
-    "block_public_access", "public_access",
-    "removal_policy", "retain", "retention", "retention_days", "termination_protection",
-    "deletion_protection", "auto_delete_objects", "nag", "cdk_nag", "nag_suppressions", "suppressions",
-    "suppress", "acknowledgments", "acknowledge", "skip_nag",
-})
+GATE_SECTIONS = frozenset(
+    {
+        "security",
+        "storage",
+        "encryption",
+        "kms",
+        "bucket",
+        "repository",
+        "nag",
+        "cdk_nag",
+    }
+)
+GATE_KEYS = frozenset(
+    {
+        "encryption",
+        "encrypted",
+        "encrypt",
+        "kms",
+        "kms_key",
+        "kms_key_id",
+        "kms_key_arn",
+        "sse",
+        "sse_algorithm",
+        "enforce_ssl",
+        "ssl",
+        "versioned",
+        "versioning",
+        "block_public_access",
+        "public_access",
+        "removal_policy",
+        "retain",
+        "retention",
+        "retention_days",
+        "termination_protection",
+        "deletion_protection",
+        "auto_delete_objects",
+        "nag",
+        "cdk_nag",
+        "nag_suppressions",
+        "suppressions",
+        "suppress",
+        "acknowledgments",
+        "acknowledge",
+        "skip_nag",
+    }
+)
 GATES_MESSAGE = (
     "a team file cannot change a security gate (encryption, retention, nag findings); "
     "they are fixed for every team"
@@ -223,7 +271,9 @@ def _team_layer(path: Path, name: str, may_extend: bool) -> _Layer:
     data = read_yaml(path)
     for key in ("name", "extends"):
         if key in data and not may_extend:
-            raise RecipeError(_display(path), key, "a team override cannot set this; it layers onto the base recipe")
+            raise RecipeError(
+                _display(path), key, "a team override cannot set this; it layers onto the base recipe"
+            )
     return _refuse_gates(_Layer(_display(path), data))
 
 
@@ -271,7 +321,8 @@ def _first_error(exc: ValidationError, sources: dict[str, str], base_source: str
     if not path and (named := re.match(r"^([a-z_]+(?:\.[a-z_0-9]+)+): (.*)$", message)):
         path, message = named.groups()  # a cross-section check that names its own field
     elif error["type"] == "value_error" and (named := re.match(r"^([a-z_][a-z_0-9]*): (.*)$", message)):
-        path, message = f"{path}.{named.group(1)}" if path else named.group(1), named.group(2)  # a section check
+        # a section check
+        path, message = f"{path}.{named.group(1)}" if path else named.group(1), named.group(2)
     if error["type"] == "extra_forbidden":
         message = "unknown key"
     elif error["type"] == "missing":
@@ -279,10 +330,15 @@ def _first_error(exc: ValidationError, sources: dict[str, str], base_source: str
     # The file that wrote the offending value, else the deepest layer that wrote anything under it.
     # Else the last layer that wrote a sibling in the same section (a section check or missing field).
     parent = path.rpartition(".")[0]
-    source = sources.get(path) or next(
-        (src for p, src in reversed(list(sources.items())) if path and p.startswith(path + ".")), None
-    ) or next(
-        (src for p, src in reversed(list(sources.items())) if parent and p.startswith(parent + ".")), base_source
+    source = (
+        sources.get(path)
+        or next(
+            (src for p, src in reversed(list(sources.items())) if path and p.startswith(path + ".")), None
+        )
+        or next(
+            (src for p, src in reversed(list(sources.items())) if parent and p.startswith(parent + ".")),
+            base_source,
+        )
     )
     return RecipeError(source, path or None, message)
 

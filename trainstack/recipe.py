@@ -11,7 +11,7 @@ import json
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from trainstack.hardware import INSTANCES, Instance, get_instance
 
@@ -21,7 +21,49 @@ PosFloat = Annotated[float, Field(gt=0)]
 Fraction = Annotated[float, Field(gt=0, le=1)]
 Percent = Annotated[float, Field(gt=0, le=100)]
 S3Uri = Annotated[str, Field(pattern=r"^s3://[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9](/.*)?$")]
-RECIPE_NAME = r"^[a-z0-9][a-z0-9\-]{0,39}$"  # short: it appears in stack and job names
+
+# Team and recipe names are joined by hyphens into stack and job names (`Trainstack-<team>-<recipe>`,
+# `ts-<team>-<recipe>--<hash>-<suffix>`, see trainstack.naming). A team name has no hyphen, so the first
+# hyphen after the project marks where the recipe begins; a recipe name never has two hyphens in a row
+# nor one at its end, so the `--` after it marks where it ends. The lengths keep job names within
+# SageMaker's 63 characters.
+TEAM_NAME_MAX = 16
+TEAM_NAME = rf"^[a-z][a-z0-9]{{0,{TEAM_NAME_MAX - 1}}}$"
+TEAM_NAME_RULE = f"1-{TEAM_NAME_MAX} lowercase letters and digits, starting with a letter, no hyphens"
+RECIPE_NAME_MAX = 22
+RECIPE_NAME = rf"^(?=.{{1,{RECIPE_NAME_MAX}}}$)[a-z0-9]+(-[a-z0-9]+)*$"
+RECIPE_NAME_RULE = (
+    f"at most {RECIPE_NAME_MAX} characters: words of lowercase letters and digits joined by single hyphens "
+    "(no leading, trailing or double hyphen)"
+)
+
+
+def team_name_problem(name: str) -> str | None:
+    """Why `name` cannot be a team name (one line, stating the rule), or None if it can."""
+    if re.fullmatch(TEAM_NAME, name):
+        return None
+    return f"invalid team name {name!r}: a team name is {TEAM_NAME_RULE}"
+
+
+def recipe_name_problem(name: str) -> str | None:
+    """Why `name` cannot be a recipe name (one line, stating the rule), or None if it can."""
+    if re.fullmatch(RECIPE_NAME, name):
+        return None
+    return f"invalid recipe name {name!r}: a recipe name is {RECIPE_NAME_RULE}"
+
+
+def _checked(problem):  # a pydantic validator whose error states the rule, not the raw regex
+    def check(value: str) -> str:
+        if (message := problem(value)) is not None:
+            raise ValueError(message)
+        return value
+
+    return AfterValidator(check)
+
+
+# The pattern stays in the JSON Schema (editors check names as people type); the validator gives the error.
+TeamName = Annotated[str, _checked(team_name_problem), Field(json_schema_extra={"pattern": TEAM_NAME})]
+RecipeName = Annotated[str, _checked(recipe_name_problem), Field(json_schema_extra={"pattern": RECIPE_NAME})]
 
 
 class Section(BaseModel):
@@ -42,11 +84,13 @@ class ModelShape(Section):
 
     @model_validator(mode="after")
     def _divisible(self) -> ModelShape:
-        # Messages start with the field they blame (relative to this section); the loader prefixes the section.
+        # Messages start with the field they blame (relative to this section); the loader adds the section.
         if self.hidden % self.heads:
             raise ValueError(f"hidden: {self.hidden} must be divisible by heads ({self.heads})")
         if self.heads % self.kv_heads:
-            raise ValueError(f"kv_heads: heads ({self.heads}) must be divisible by kv_heads ({self.kv_heads})")
+            raise ValueError(
+                f"kv_heads: heads ({self.heads}) must be divisible by kv_heads ({self.kv_heads})"
+            )
         return self
 
     @property
@@ -135,7 +179,8 @@ class Compute(Section):
     def _known_instance(self) -> Compute:
         if self.instance_type not in INSTANCES:
             raise ValueError(
-                f"instance_type: {self.instance_type!r} is not offered; supported: {', '.join(sorted(INSTANCES))}"
+                f"instance_type: {self.instance_type!r} is not offered; "
+                f"supported: {', '.join(sorted(INSTANCES))}"
             )
         if self.max_wait_hours is not None and not self.spot:
             raise ValueError("max_wait_hours: only applies with spot: true")
@@ -170,7 +215,7 @@ class Monitoring(Section):
 
 
 class Tags(Section):
-    team: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9\-]{0,29}$")] = "platform"
+    team: TeamName = "platform"
     cost_center: str = "ml-training"
     extra: dict[str, str] = Field(default_factory=dict)
 
@@ -191,7 +236,7 @@ class Deploy(Section):
 
 
 class Recipe(Section):
-    name: Annotated[str, Field(pattern=RECIPE_NAME)]
+    name: RecipeName
     extends: str | None = None
     description: str = ""
     model: ModelShape
@@ -218,9 +263,15 @@ class Recipe(Section):
             raise ValueError(f"training.seq_len: {tr.seq_len} is not divisible by parallelism.cp = {par.cp}")
         model_parallel = par.shard_group * par.tp * par.cp
         if model_parallel > world:
-            raise ValueError(f"parallelism.shard_group: shard_group x tp x cp = {model_parallel} exceeds the {world} GPUs available")
+            raise ValueError(
+                f"parallelism.shard_group: shard_group x tp x cp = {model_parallel} exceeds the "
+                f"{world} GPUs available"
+            )
         if world % model_parallel:
-            raise ValueError(f"parallelism.shard_group: {world} GPUs are not divisible by shard_group x tp x cp = {model_parallel}")
+            raise ValueError(
+                f"parallelism.shard_group: {world} GPUs are not divisible by shard_group x tp x cp = "
+                f"{model_parallel}"
+            )
         per_step = tr.micro_batch * self.data_parallel
         if tr.global_batch % per_step:
             raise ValueError(

@@ -50,10 +50,16 @@ def execution_input(
 
 
 def job_name(recipe: Recipe, team: str | None, suffix: str) -> str:
-    """`<job-name prefix>-<recipe hash>-<suffix>`: the hash names the run, the suffix the attempt."""
-    if not suffix or len(suffix) > 10 or not suffix.replace("-", "").isalnum():
-        raise ValueError(f"job name suffix must be 1-10 characters of [a-zA-Z0-9-], got {suffix!r}")
-    return f"{naming.job_name_prefix(recipe, team)}-{naming.recipe_hash(recipe)}-{suffix}"
+    """`<job-name prefix><recipe hash>-<suffix>`: the hash names the run, the suffix the attempt.
+
+    The prefix (`ts-<team>-<recipe>--`, trainstack.naming) already ends in the separator. The suffix is
+    short enough to leave room for a capacity retry's `-c<n>` within SageMaker's 63 characters.
+    """
+    if not suffix or len(suffix) > naming.RUN_SUFFIX_MAX or not suffix.replace("-", "").isalnum():
+        raise ValueError(
+            f"job name suffix must be 1-{naming.RUN_SUFFIX_MAX} characters of [a-zA-Z0-9-], got {suffix!r}"
+        )
+    return f"{naming.job_name_prefix(recipe, team)}{naming.recipe_hash(recipe)}-{suffix}"
 
 
 def output_prefix(recipe: Recipe, team: str | None) -> str:

@@ -15,7 +15,6 @@ Where SageMaker puts things (../shared/README.md section 6):
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -31,23 +30,18 @@ LOG_GROUP = "/aws/sagemaker/TrainingJobs"
 JOB_DIMENSION = "TrainingJobName"  # algorithm (MetricDefinitions) metrics
 HOST_DIMENSION = "Host"  # built-in instance metrics: "<job>/algo-<n>"
 TERMINAL_STATES = frozenset({"Completed", "Failed", "Stopped"})
-HASH_LEN = 8  # trainstack.naming.recipe_hash
 
 
 # --- Which jobs belong to a recipe ----------------------------------------------------------------
 
 
-def job_name_regex(prefix: str) -> re.Pattern[str]:
-    """Job names of one recipe and team: `<prefix>-<8 hex>` and an optional `-<suffix>`.
-
-    A plain `startswith(prefix)` is not enough: the jobs of `8b-fp8-128k` start with the prefix of
-    `8b-fp8`. The eight-hex recipe hash right after the prefix tells them apart.
-    """
-    return re.compile(rf"^{re.escape(prefix)}-[0-9a-f]{{{HASH_LEN}}}(?:-[A-Za-z0-9-]*)?$")
-
-
 def is_recipe_job(name: str, prefix: str) -> bool:
-    return job_name_regex(prefix).match(name) is not None
+    """Whether `name` is a job (or launcher execution) of the recipe and team with this job-name prefix.
+
+    The prefix (`ts-<team>-<recipe>--`, trainstack.naming.job_name_prefix) is exact: the jobs of
+    `8b-fp8-128k` do not start with the prefix of `8b-fp8`, nor one team's with another's.
+    """
+    return name.startswith(prefix)
 
 
 # --- Training jobs --------------------------------------------------------------------------------

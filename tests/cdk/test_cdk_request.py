@@ -162,7 +162,7 @@ def test_a_short_run_overrides_only_the_steps_and_gets_its_own_hash() -> None:
     }
 
 
-@pytest.mark.parametrize("suffix", ["", "x" * 11, "bad_suffix", "a.b"])
+@pytest.mark.parametrize("suffix", ["", "x" * 8, "x" * 11, "bad_suffix", "a.b"])
 def test_job_name_suffix_is_checked(suffix: str) -> None:
     with pytest.raises(ValueError, match="suffix"):
         job_name(recipe(), None, suffix)

@@ -4,6 +4,7 @@ per-recipe assertions that the deployed state machine carries exactly the recipe
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import subprocess
 import sys
@@ -209,6 +210,33 @@ def test_no_iam_statement_grants_wildcard_actions(all_templates: dict) -> None:
     assert checked > 100
 
 
+def test_each_launcher_may_touch_only_its_own_recipes_training_jobs(all_templates: dict) -> None:
+    """The IAM resource `training-job/<job-name prefix>*` of one recipe and team matches none of the job
+    names of another (`8b-fp8` vs `8b-fp8-128k`, one team vs another), and all of its own."""
+    from trainstack.request import job_name
+
+    def as_list(value):
+        return value if isinstance(value, list) else [value]
+
+    jobs = {(n, t): job_name(resolve(n, t).recipe, t, "deploy") for n, t in ALL}
+    assert len(set(jobs.values())) == len(ALL)
+    for (name, team), own_job in jobs.items():
+        _, launcher = names(name, team)
+        granted = {
+            flatten_join(resource).rpartition(":training-job/")[2]
+            for policy in resources(all_templates[launcher], "AWS::IAM::Policy").values()
+            for statement in policy["Properties"]["PolicyDocument"]["Statement"]
+            if any(a.startswith("sagemaker:") and "TrainingJob" in a for a in as_list(statement["Action"]))
+            for resource in as_list(statement["Resource"])
+        }
+        prefix = naming.job_name_prefix(resolve(name, team).recipe, team)
+        assert granted == {f"{prefix}*"}, (launcher, granted)
+        (pattern,) = granted
+        matched = {key for key, job in jobs.items() if fnmatch.fnmatchcase(job, pattern)}
+        assert matched == {(name, team)}, (pattern, matched)
+        assert fnmatch.fnmatchcase(own_job, pattern)
+
+
 def test_termination_protection_and_tags_once(all_outdir: Path) -> None:
     manifest = json.loads((all_outdir / "manifest.json").read_text())
     for name, artifact in manifest["artifacts"].items():
@@ -244,7 +272,7 @@ def test_launch_on_deploy_rule_starts_the_recipe_hash_run(tmp_path: Path, all_te
     (target,) = rule["Properties"]["Targets"]
     recipe = resolve("1b-bf16", None, ["launch_on_deploy=true"]).recipe
     assert json.loads(target["Input"]) == {
-        "JobName": f"{naming.job_name_prefix(recipe, None)}-{naming.recipe_hash(recipe)}-deploy",
+        "JobName": f"{naming.job_name_prefix(recipe, None)}{naming.recipe_hash(recipe)}-deploy",
         "HyperParameterOverrides": {},
         "KeepAlivePeriodInSeconds": recipe.compute.keep_alive_seconds,
     }

@@ -36,9 +36,22 @@ def write_tree(root: Path, files: dict[str, str]) -> Path:
 
 def git(root: Path, *args: str) -> str:
     return subprocess.run(
-        ["git", "-c", "user.name=trainstack-test", "-c", "user.email=test@example.com",
-         "-c", "commit.gpgsign=false", "-c", "init.defaultBranch=main", *args],
-        cwd=root, check=True, capture_output=True, text=True,
+        [
+            "git",
+            "-c",
+            "user.name=trainstack-test",
+            "-c",
+            "user.email=test@example.com",
+            "-c",
+            "commit.gpgsign=false",
+            "-c",
+            "init.defaultBranch=main",
+            *args,
+        ],
+        cwd=root,
+        check=True,
+        capture_output=True,
+        text=True,
     ).stdout
 
 

@@ -18,10 +18,13 @@ from trainstack.planner import plan
 @pytest.fixture
 def recipes(tmp_path, monkeypatch, h):
     monkeypatch.chdir(tmp_path)
-    return h.write_tree(tmp_path, {
-        "recipes/small.yaml": h.base_recipe("small", nodes=2),
-        "recipes/teams/nlp/defaults.yaml": "budget: {max_instance_count: 1}\n",
-    })
+    return h.write_tree(
+        tmp_path,
+        {
+            "recipes/small.yaml": h.base_recipe("small", nodes=2),
+            "recipes/teams/nlp/defaults.yaml": "budget: {max_instance_count: 1}\n",
+        },
+    )
 
 
 def test_over_the_instance_cap_is_refused_with_both_numbers(recipes):
@@ -54,8 +57,13 @@ def test_within_the_caps_passes_and_approval_follows_the_threshold(recipes):
     p = plan(resolved.recipe)
     cap = p.cost.total_usd * 1.01
     for threshold, needs in ((p.cost.total_usd * 0.99, True), (p.cost.total_usd * 1.01, False)):
-        recipe = resolved.recipe.model_copy(update={"budget": resolved.recipe.budget.model_copy(
-            update={"max_instance_count": 2, "max_run_usd": cap, "approval_usd": threshold})})
+        recipe = resolved.recipe.model_copy(
+            update={
+                "budget": resolved.recipe.budget.model_copy(
+                    update={"max_instance_count": 2, "max_run_usd": cap, "approval_usd": threshold}
+                )
+            }
+        )
         result = budget.check(recipe, p)
         assert result.ok and result.run_usd == pytest.approx(p.cost.total_usd)
         assert result.needs_approval is needs
@@ -70,15 +78,21 @@ def test_without_a_plan_only_the_instance_cap_is_checked(recipes):
 
 def test_validate_and_plan_refuse_an_over_cap_team_recipe_with_exit_2(recipes):
     cli = shutil.which("trainstack", path=str(Path(sys.executable).parent))
-    done = subprocess.run([cli, "validate", "--recipes-dir", str(recipes)], capture_output=True, text=True,
-                          cwd=recipes.parent)
+    done = subprocess.run(
+        [cli, "validate", "--recipes-dir", str(recipes)], capture_output=True, text=True, cwd=recipes.parent
+    )
     assert done.returncode == 2
-    assert ("invalid recipes/small.yaml: compute.instance_count: 2 instances is over the team cap "
-            "budget.max_instance_count = 1 (set in recipes/teams/nlp/defaults.yaml) [small --team nlp]"
-            ) in done.stderr
+    assert (
+        "invalid recipes/small.yaml: compute.instance_count: 2 instances is over the team cap "
+        "budget.max_instance_count = 1 (set in recipes/teams/nlp/defaults.yaml) [small --team nlp]"
+    ) in done.stderr
     assert "ok      " in done.stdout  # the base recipe alone has no cap
 
-    done = subprocess.run([cli, "plan", "small", "--team", "nlp", "--recipes-dir", str(recipes)],
-                          capture_output=True, text=True, cwd=recipes.parent)
+    done = subprocess.run(
+        [cli, "plan", "small", "--team", "nlp", "--recipes-dir", str(recipes)],
+        capture_output=True,
+        text=True,
+        cwd=recipes.parent,
+    )
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert "2 instances is over the team cap budget.max_instance_count = 1" in done.stderr

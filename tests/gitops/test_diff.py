@@ -30,8 +30,11 @@ TREE = {
 @pytest.fixture
 def repo(tmp_path, h):
     """A committed repository, plus `before`: an untouched copy of its recipes to plan expectations from."""
-    files = {**TREE, "recipes/small.yaml": h.base_recipe("small"),
-             "recipes/medium.yaml": h.base_recipe("medium", micro_batch=2, nodes=2)}
+    files = {
+        **TREE,
+        "recipes/small.yaml": h.base_recipe("small"),
+        "recipes/medium.yaml": h.base_recipe("medium", micro_batch=2, nodes=2),
+    }
     root = tmp_path / "repo"
     h.write_tree(root, files)
     h.git(root, "init", "--quiet")
@@ -44,9 +47,13 @@ def repo(tmp_path, h):
 def expected_figures(recipes_dir: Path, recipe: str, team: str | None) -> gitdiff.Figures:
     p = plan(resolve(recipe, team=team, recipes_dir=recipes_dir).recipe)
     return gitdiff.Figures(
-        fits=p.fits, peak_gib=p.memory.peak_gib, usable_gib=p.memory.usable_gib,
-        tokens_per_sec_per_gpu=p.throughput.tokens_per_sec_per_gpu, mfu=p.throughput.mfu,
-        hours=p.cost.hours, total_usd=p.cost.total_usd,
+        fits=p.fits,
+        peak_gib=p.memory.peak_gib,
+        usable_gib=p.memory.usable_gib,
+        tokens_per_sec_per_gpu=p.throughput.tokens_per_sec_per_gpu,
+        mfu=p.throughput.mfu,
+        hours=p.cost.hours,
+        total_usd=p.cost.total_usd,
     )
 
 
@@ -76,8 +83,9 @@ def test_changed_team_defaults_deploy_exactly_that_teams_stacks_with_right_figur
 
 def test_changed_base_recipe_deploys_it_for_every_team(repo):
     root, before = repo
-    (root / "recipes/small.yaml").write_text((before / "small.yaml").read_text().replace("micro_batch: 4",
-                                                                                        "micro_batch: 8"))
+    (root / "recipes/small.yaml").write_text(
+        (before / "small.yaml").read_text().replace("micro_batch: 4", "micro_batch: 8")
+    )
     diff = gitdiff.compute("HEAD", root)
     # nlp overrides micro_batch itself, so its small recipe resolves to the same thing: no deploy.
     assert deployed(diff) == {"Trainstack-platform-small", "Trainstack-vision-small"}
@@ -101,7 +109,9 @@ def test_new_team_adds_its_stacks_and_infra_code_redeploys_everything(repo, h):
     h.write_tree(root, {"recipes/teams/speech/defaults.yaml": "tags: {cost_center: speech}\n"})
     diff = gitdiff.compute("HEAD", root)
     assert {(t.stack, t.status) for t in diff.deploys} == {
-        ("Trainstack-speech-small", "added"), ("Trainstack-speech-medium", "added")}
+        ("Trainstack-speech-small", "added"),
+        ("Trainstack-speech-medium", "added"),
+    }
     assert all(t.before is None for t in diff.deploys)
 
     (root / "app.py").write_text("# changed\n")
@@ -116,8 +126,12 @@ def test_removed_and_invalid_targets_are_shown_but_not_deployed(repo):
     (root / "recipes/teams/nlp/small.yaml").write_text("training: {micro_batch: 3}\n")
     diff = gitdiff.compute("HEAD", root)
     status = {t.stack: t.status for t in diff.shown}
-    assert status == {"Trainstack-platform-medium": "removed", "Trainstack-nlp-medium": "removed",
-                      "Trainstack-vision-medium": "removed", "Trainstack-nlp-small": "invalid"}
+    assert status == {
+        "Trainstack-platform-medium": "removed",
+        "Trainstack-nlp-medium": "removed",
+        "Trainstack-vision-medium": "removed",
+        "Trainstack-nlp-small": "invalid",
+    }
     assert diff.deploys == ()
     invalid = next(t for t in diff.shown if t.status == "invalid")
     assert invalid.reasons == ("recipes/teams/nlp/small.yaml",)
@@ -129,7 +143,8 @@ def test_removed_and_invalid_targets_are_shown_but_not_deployed(repo):
 def test_markdown_json_and_cli_tell_the_same_story(repo):
     root, before = repo
     (root / "recipes/teams/vision/defaults.yaml").write_text(
-        "tags: {cost_center: vision}\nbudget: {approval_usd: 0}\ntraining: {steps: 3000}\n")
+        "tags: {cost_center: vision}\nbudget: {approval_usd: 0}\ntraining: {steps: 3000}\n"
+    )
     diff = gitdiff.compute("HEAD", root)
     assert deployed(diff) == {"Trainstack-vision-small", "Trainstack-vision-medium"}
 
@@ -143,23 +158,31 @@ def test_markdown_json_and_cli_tell_the_same_story(repo):
         assert f"${b.total_usd:,.0f}{gitdiff.ARROW}${a.total_usd:,.0f}" in markdown
 
     cli = shutil.which("trainstack", path=str(Path(sys.executable).parent))
-    done = subprocess.run([cli, "diff", "--base", "HEAD", "--json", "--repo", str(root)],
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        [cli, "diff", "--base", "HEAD", "--json", "--repo", str(root)], capture_output=True, text=True
+    )
     assert done.returncode == 0, done.stderr
     data = json.loads(done.stdout)
     assert data["deploy_count"] == 2
     assert data["matrix"] == json.loads(json.dumps(diff.matrix()))
     assert {m["environment"] for m in data["matrix"]["include"]} == {"training-approval"}  # approval_usd: 0
-    assert {(m["recipe"], m["team"]) for m in data["matrix"]["include"]} == {("small", "vision"),
-                                                                             ("medium", "vision")}
+    assert {(m["recipe"], m["team"]) for m in data["matrix"]["include"]} == {
+        ("small", "vision"),
+        ("medium", "vision"),
+    }
 
-    done = subprocess.run([cli, "diff", "--base", "HEAD", "--markdown", "--repo", str(root)],
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        [cli, "diff", "--base", "HEAD", "--markdown", "--repo", str(root)], capture_output=True, text=True
+    )
     assert done.returncode == 0 and done.stdout.strip() == markdown.strip()
 
     # The terminal table: the same rows, cell by cell.
-    done = subprocess.run([cli, "diff", "--base", "HEAD", "--repo", str(root)],
-                          capture_output=True, text=True, env={**os.environ, "COLUMNS": "250"})
+    done = subprocess.run(
+        [cli, "diff", "--base", "HEAD", "--repo", str(root)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "COLUMNS": "250"},
+    )
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     for t in diff.deploys:
@@ -174,8 +197,9 @@ def test_unknown_base_ref_is_one_line_and_exit_2(repo):
     with pytest.raises(TrainstackError, match=r"^--base: 'no-such-branch' is not a commit in "):
         gitdiff.compute("no-such-branch", root)
     cli = shutil.which("trainstack", path=str(Path(sys.executable).parent))
-    done = subprocess.run([cli, "diff", "--base", "no-such-branch", "--repo", str(root)],
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        [cli, "diff", "--base", "no-such-branch", "--repo", str(root)], capture_output=True, text=True
+    )
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr.count("\n") == 1 and "not a commit" in done.stderr and "Traceback" not in done.stderr
 

@@ -44,8 +44,16 @@ def test_role_trusts_only_this_repositorys_deploy_environments_and_only_assumes_
     (policy,) = [r for r in template["Resources"].values() if r["Type"] == "AWS::IAM::Policy"]
     (statement,) = policy["Properties"]["PolicyDocument"]["Statement"]
     assert statement["Action"] == "sts:AssumeRole"
-    assert statement["Condition"] == {"StringEquals": {"iam:ResourceTag/aws-cdk:bootstrap-role": [
-        "deploy", "file-publishing", "image-publishing", "lookup"]}}
+    assert statement["Condition"] == {
+        "StringEquals": {
+            "iam:ResourceTag/aws-cdk:bootstrap-role": [
+                "deploy",
+                "file-publishing",
+                "image-publishing",
+                "lookup",
+            ]
+        }
+    }
 
     cfn_lint = str(Path(sys.executable).parent / "cfn-lint")
     templates = map(str, tmp_path.glob("*.template.json"))
@@ -63,11 +71,16 @@ def test_an_existing_oidc_provider_is_reused(tmp_path):
     assert not [r for r in template["Resources"].values() if r["Type"] == "AWS::IAM::OIDCProvider"]
 
 
-@pytest.mark.parametrize(("context", "message"), [
-    ({}, "repository: expected OWNER/NAME"),
-    ({"repository": "acme/trainstack", "oidc_provider_arn": "arn:aws:iam::123456789012:role/x"},
-     "oidc_provider_arn: 'arn:aws:iam::123456789012:role/x' is not"),
-])
+@pytest.mark.parametrize(
+    ("context", "message"),
+    [
+        ({}, "repository: expected OWNER/NAME"),
+        (
+            {"repository": "acme/trainstack", "oidc_provider_arn": "arn:aws:iam::123456789012:role/x"},
+            "oidc_provider_arn: 'arn:aws:iam::123456789012:role/x' is not",
+        ),
+    ],
+)
 def test_bad_context_is_one_line(context, message):
     from aws_cdk import App
 

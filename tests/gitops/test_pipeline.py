@@ -109,10 +109,16 @@ def test_cdk_nag_checks_the_pipeline_and_its_acknowledgments_are_needed(monkeypa
     with pytest.raises(RuntimeError, match="^ValidationFailed: "):
         app.synth()
     report = json.loads((tmp_path / "validation-report.json").read_text())
-    found = {(v["ruleName"], c["constructPath"]) for r in report["pluginReports"] for v in r["violations"]
-             for c in v["violatingConstructs"]}
-    assert {rule for rule, _ in found} == {"AwsSolutions-IAM5[Resource::*]",
-                                           "AwsSolutions-IAM5[Resource::arn:*:iam::123456789012:role/*]"}
+    found = {
+        (v["ruleName"], c["constructPath"])
+        for r in report["pluginReports"]
+        for v in r["violations"]
+        for c in v["violatingConstructs"]
+    }
+    assert {rule for rule, _ in found} == {
+        "AwsSolutions-IAM5[Resource::*]",
+        "AwsSolutions-IAM5[Resource::arn:*:iam::123456789012:role/*]",
+    }
     self_mutation = "Trainstack-Pipeline/Pipeline/UpdatePipeline/SelfMutation/"
     assert all(path.startswith(self_mutation) for _, path in found)
 

@@ -16,10 +16,13 @@ ENV = {"CDK_DEFAULT_ACCOUNT": "111111111111", "CDK_DEFAULT_REGION": "us-west-2"}
 @pytest.fixture
 def recipes(tmp_path, monkeypatch, h):
     monkeypatch.chdir(tmp_path)
-    return h.write_tree(tmp_path, {
-        "recipes/small.yaml": h.base_recipe("small"),
-        "recipes/teams/vision/defaults.yaml": 'deploy: {account: "222222222222", region: eu-west-1}\n',
-    })
+    return h.write_tree(
+        tmp_path,
+        {
+            "recipes/small.yaml": h.base_recipe("small"),
+            "recipes/teams/vision/defaults.yaml": 'deploy: {account: "222222222222", region: eu-west-1}\n',
+        },
+    )
 
 
 def test_the_app_deploys_a_team_where_its_defaults_say(recipes):
@@ -31,12 +34,15 @@ def test_the_app_deploys_a_team_where_its_defaults_say(recipes):
     config = load({"recipe": "all", **IMAGE}, ENV, recipes_dir=str(recipes))
     assert (config.account, config.region) == ("111111111111", "us-west-2")
     assert {(r.team, r.account, r.region) for r in rollouts(config)} == {
-        ("platform", "111111111111", "us-west-2"), ("vision", "222222222222", "eu-west-1")}
+        ("platform", "111111111111", "us-west-2"),
+        ("vision", "222222222222", "eu-west-1"),
+    }
 
 
 def test_the_emulator_ignores_deploy_targets(recipes):
-    config = load({"recipe": "small", "team": "vision", "emulator": "true", **IMAGE}, ENV,
-                  recipes_dir=str(recipes))
+    config = load(
+        {"recipe": "small", "team": "vision", "emulator": "true", **IMAGE}, ENV, recipes_dir=str(recipes)
+    )
     assert (config.account, config.region) == ("111111111111", "us-west-2")
 
 
@@ -46,7 +52,11 @@ def test_the_deploy_matrix_carries_the_region(recipes, h):
     h.git(root, "add", ".")
     h.git(root, "commit", "--quiet", "-m", "recipes")
     (recipes / "teams/vision/defaults.yaml").write_text(
-        'deploy: {account: "222222222222", region: eu-central-1}\n')
+        'deploy: {account: "222222222222", region: eu-central-1}\n'
+    )
     (job,) = gitdiff.compute("HEAD", root).matrix()["include"]
-    assert (job["stack"], job["account"], job["region"]) == ("Trainstack-vision-small", "222222222222",
-                                                            "eu-central-1")
+    assert (job["stack"], job["account"], job["region"]) == (
+        "Trainstack-vision-small",
+        "222222222222",
+        "eu-central-1",
+    )

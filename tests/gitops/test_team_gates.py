@@ -11,22 +11,28 @@ from trainstack.loader import GATES_MESSAGE, resolve
 @pytest.fixture
 def recipes(tmp_path, monkeypatch, h):
     monkeypatch.chdir(tmp_path)  # loader errors name files relative to the working directory
-    return h.write_tree(tmp_path, {
-        "recipes/small.yaml": h.base_recipe("small"),
-        "recipes/teams/nlp/defaults.yaml": "tags: {cost_center: nlp-research}\n",
-    })
+    return h.write_tree(
+        tmp_path,
+        {
+            "recipes/small.yaml": h.base_recipe("small"),
+            "recipes/teams/nlp/defaults.yaml": "tags: {cost_center: nlp-research}\n",
+        },
+    )
 
 
-@pytest.mark.parametrize(("file", "text", "key"), [
-    ("defaults.yaml", "security: {encryption: false}\n", "security"),
-    ("defaults.yaml", "storage: {removal_policy: destroy}\n", "storage"),
-    ("small.yaml", "checkpointing: {retain: false}\n", "checkpointing.retain"),
-    ("small.yaml", "compute: {Encryption: none}\n", "compute.Encryption"),
-    ("defaults.yaml", "monitoring: {retention_days: 1}\n", "monitoring.retention_days"),
-    ("small.yaml", "nag_suppressions: [{id: AwsSolutions-S1, reason: x}]\n", "nag_suppressions"),
-    ("defaults.yaml", "data: {kms-key: alias/mine}\n", "data.kms-key"),
-    ("small.yaml", "compute: {termination_protection: false}\n", "compute.termination_protection"),
-])
+@pytest.mark.parametrize(
+    ("file", "text", "key"),
+    [
+        ("defaults.yaml", "security: {encryption: false}\n", "security"),
+        ("defaults.yaml", "storage: {removal_policy: destroy}\n", "storage"),
+        ("small.yaml", "checkpointing: {retain: false}\n", "checkpointing.retain"),
+        ("small.yaml", "compute: {Encryption: none}\n", "compute.Encryption"),
+        ("defaults.yaml", "monitoring: {retention_days: 1}\n", "monitoring.retention_days"),
+        ("small.yaml", "nag_suppressions: [{id: AwsSolutions-S1, reason: x}]\n", "nag_suppressions"),
+        ("defaults.yaml", "data: {kms-key: alias/mine}\n", "data.kms-key"),
+        ("small.yaml", "compute: {termination_protection: false}\n", "compute.termination_protection"),
+    ],
+)
 def test_team_file_touching_a_gate_is_refused_naming_file_and_key(recipes, file, text, key):
     (recipes / "teams" / "nlp" / file).write_text(text)
     with pytest.raises(RecipeError) as info:

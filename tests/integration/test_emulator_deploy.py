@@ -132,7 +132,7 @@ def test_deploy_and_launch_sends_the_full_request(cloud: Cloud, recipe: str, tea
     cloud.deploy(recipe, team)
     name, execution = cloud.launch(recipe, team)
     resolved = resolve(recipe, team).recipe
-    assert name.startswith(f"{naming.job_name_prefix(resolved, team)}-{naming.recipe_hash(resolved)}-r")
+    assert name.startswith(f"{naming.job_name_prefix(resolved, team)}{naming.recipe_hash(resolved)}-r")
     sent = cloud.sent(execution)
     assert sent == expected_request(cloud, recipe, team, name, resolved.compute.keep_alive_seconds)
     job = cloud.sagemaker.describe_training_job(TrainingJobName=name)

@@ -48,14 +48,14 @@ def test_every_metric_definition_is_graphed_by_its_exact_name(s, widgets):
 
 
 def test_trainer_metrics_are_searched_by_job_and_host_metrics_by_host(s, widgets):
-    prefix = job_name_prefix(s.recipe, None)
+    terms = job_name_prefix(s.recipe, None).rstrip("-")  # SEARCH matches tokens; separators are none
     defined = {d["Name"] for d in metric_definitions()}
     for e in expressions(widgets):
         metric = re.search(r'MetricName="([^"]+)"', e).group(1)
         dimension = "TrainingJobName" if metric in defined else "Host"
         assert e.startswith(f'SEARCH(\'{{"/aws/sagemaker/TrainingJobs",{dimension}}} '), e
-        assert e.endswith(f" {dimension}={prefix}', 'Average', 60)") or e.endswith(
-            f" {dimension}={prefix}', 'Maximum', 60)"
+        assert e.endswith(f" {dimension}={terms}', 'Average', 60)") or e.endswith(
+            f" {dimension}={terms}', 'Maximum', 60)"
         ), e
     host_metrics = {re.search(r'MetricName="([^"]+)"', e).group(1) for e in expressions(widgets)} - defined
     assert host_metrics == {

@@ -116,25 +116,31 @@ def test_ignores_other_recipes_and_teams(s, matches):
     assert not matches(event_for("89c96cc8-dded-4739-afcc-6f1dc936701d", "Failed"))  # AWS's own sample job
 
 
-def test_with_the_launchers_hyperparameters_the_recipe_is_told_apart_from_one_extending_its_name():
+def test_the_job_name_prefix_tells_the_recipe_apart_from_one_extending_its_name():
     from trainstack.loader import resolve
 
     s = synth("8b-fp8")
     (props,) = [
         r["Properties"] for k, r in s.resources("AWS::Events::Rule").items() if "JobStateChanged" in k
     ]
+    assert props["EventPattern"]["detail"]["TrainingJobName"] == [{"prefix": job_name_prefix(s.recipe, None)}]
     match = EventPattern.load(json.dumps(props["EventPattern"])).matches_event
     longer = resolve("8b-fp8-128k").recipe
     theirs = job_name(longer, None, "a1")
-    assert theirs.startswith(job_name_prefix(s.recipe, None) + "-")  # the prefix alone cannot tell
+    assert theirs.startswith("ts-platform-8b-fp8-")  # the names overlap as strings ...
+    assert not theirs.startswith(job_name_prefix(s.recipe, None))  # ... the prefix does not
+    # with or without the hyperparameters that name the recipe: the name alone decides
     assert not match(event_for(theirs, "Failed", recipe=longer))
+    assert not match(event_for(theirs, "Failed"))
     assert match(event_for(job_name(s.recipe, None, "a1"), "Failed", recipe=s.recipe))
+    assert match(event_for(job_name(s.recipe, None, "a1"), "Failed"))
     # the same holds for the rule that puts and deletes the run alarms
     (run_rule,) = [
         r["Properties"] for k, r in s.resources("AWS::Events::Rule").items() if "RunStateChanged" in k
     ]
     run_match = EventPattern.load(json.dumps(run_rule["EventPattern"])).matches_event
     assert not run_match(event_for(theirs, "Failed", recipe=longer))
+    assert not run_match(event_for(theirs, "Failed"))
     assert run_match(event_for(job_name(s.recipe, None, "a1"), "Failed", recipe=s.recipe))
 
 

@@ -35,7 +35,7 @@ def the_plan(recipe):
 
 
 def test_jobs_named_by_the_request_builder_belong_to_their_recipe(recipe):
-    name = job_name(recipe, None, "20261130")
+    name = job_name(recipe, None, "r261130")
     assert is_recipe_job(name, job_name_prefix(recipe, None))
     assert not is_recipe_job(name, job_name_prefix(recipe, "nlp"))
 
@@ -44,8 +44,8 @@ def test_a_recipe_whose_name_extends_another_is_not_its_run(recipe):
     longer = recipe.model_copy(update={"name": f"{recipe.name}-128k"})
     other = job_name(longer, None, "x1")
     prefix = job_name_prefix(recipe, None)
-    assert other.startswith(prefix)  # the trap a prefix match falls into
-    assert not is_recipe_job(other, prefix)
+    assert other.startswith(f"ts-{recipe.tags.team}-{recipe.name}-")  # the names overlap as strings ...
+    assert not is_recipe_job(other, prefix)  # ... but not the job-name prefix
     assert is_recipe_job(other, job_name_prefix(longer, None))
 
 
@@ -131,7 +131,7 @@ def test_a_finished_run_costs_what_it_ran(recipe, the_plan):
 
 
 def test_metric_queries_ask_for_every_trainer_metric_by_job():
-    queries = metric_queries("ts-platform-30b-fp8-0123abcd-x")
+    queries = metric_queries("ts-platform-30b-fp8--0123abcd-x")
     names = {q["MetricStat"]["Metric"]["MetricName"] for q in queries}
     assert names == {f.metric_name for f in FIELDS}
     dims = {d["Name"] for q in queries for d in q["MetricStat"]["Metric"]["Dimensions"]}
@@ -152,5 +152,5 @@ def test_latest_value_wins_and_nan_is_skipped():
 
 def test_recipe_hash_is_the_segment_after_the_prefix(recipe):
     name = job_name(recipe, None, "s")
-    assert name.split(job_name_prefix(recipe, None) + "-", 1)[1].startswith(recipe_hash(recipe))
+    assert name.removeprefix(job_name_prefix(recipe, None)).startswith(f"{recipe_hash(recipe)}-")
     assert Job(name=name, status="Failed", secondary_status="Failed", created=NOW).running is False

@@ -14,8 +14,14 @@ pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("trainer")]
 
 def test_smoke_run_measures_bf16_and_reports_the_planner_peak(tmp_path):
     out = tmp_path / "bench.json"
-    result = subprocess.run([sys.executable, "bench/trainer_gpu.py", "--smoke", "--json", str(out)],
-                            cwd=REPO, env=trainer_env(), capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "bench/trainer_gpu.py", "--smoke", "--json", str(out)],
+        cwd=REPO,
+        env=trainer_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(out.read_text())
     (bf16,) = report["results"]  # no Transformer Engine on CPU: FP8 recipes are skipped, and said so

@@ -27,8 +27,10 @@ def test_base_image_is_a_build_argument_and_transformer_engine_is_pinned():
 
 
 def test_core_dependencies_are_pinned_as_in_pyproject():
-    pins = {re.split("==", d)[0]: d for d in tomllib.loads((REPO / "pyproject.toml").read_text())
-            ["project"]["dependencies"]}
+    pins = {
+        re.split("==", d)[0]: d
+        for d in tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    }
     text = DOCKERFILE.read_text()
     for name in ("pydantic", "pyyaml"):
         assert f'"{pins[name]}"' in text, pins[name]

@@ -22,17 +22,35 @@ FIXTURES = Path(__file__).resolve().parent / "fixtures"
 def test_one_node_runs_standalone_with_8_processes():
     config = read_resource_config(FIXTURES / "one_node" / "resourceconfig.json")
     command = build_command(config, 8, [], python="python")
-    assert command == ["python", "-m", "torch.distributed.run", "--nproc-per-node=8", "--standalone",
-                       "-m", "trainer"]
+    assert command == [
+        "python",
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node=8",
+        "--standalone",
+        "-m",
+        "trainer",
+    ]
 
 
 def test_four_nodes_rendezvous_on_algo_1_with_this_hosts_rank():
     config = read_resource_config(FIXTURES / "four_nodes" / "resourceconfig.json")
     assert config.hosts == ("algo-1", "algo-2", "algo-3", "algo-4")  # file order is not trusted
     command = build_command(config, 8, ["--max-steps", "5"], python="python")
-    assert command == ["python", "-m", "torch.distributed.run", "--nproc-per-node=8", "--nnodes=4",
-                       "--node-rank=2", "--master-addr=algo-1", "--master-port=29500",
-                       "-m", "trainer", "--max-steps", "5"]
+    assert command == [
+        "python",
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node=8",
+        "--nnodes=4",
+        "--node-rank=2",
+        "--master-addr=algo-1",
+        "--master-port=29500",
+        "-m",
+        "trainer",
+        "--max-steps",
+        "5",
+    ]
 
 
 def test_environment_sets_efa_allocator_and_shutdown_grace_without_overriding_the_job():
@@ -47,18 +65,29 @@ def test_environment_sets_efa_allocator_and_shutdown_grace_without_overriding_th
 
 
 def test_dry_run_prints_the_command_sagemaker_style_invocation(capsys):
-    code = main(["train", "--resource-config", str(FIXTURES / "four_nodes" / "resourceconfig.json"),
-                 "--nproc-per-node", "8", "--dry-run"])
+    code = main(
+        [
+            "train",
+            "--resource-config",
+            str(FIXTURES / "four_nodes" / "resourceconfig.json"),
+            "--nproc-per-node",
+            "8",
+            "--dry-run",
+        ]
+    )
     assert code == 0
     printed = json.loads(capsys.readouterr().out)
     assert "--node-rank=2" in printed["command"] and printed["command"][-2:] == ["-m", "trainer"]
 
 
-@pytest.mark.parametrize("content, message", [
-    ('{"current_host": "algo-9", "hosts": ["algo-1"]}', "current_host"),
-    ('{"current_host": "algo-1", "hosts": []}', "hosts"),
-    ("{not json", "not valid JSON"),
-])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ('{"current_host": "algo-9", "hosts": ["algo-1"]}', "current_host"),
+        ('{"current_host": "algo-1", "hosts": []}', "hosts"),
+        ("{not json", "not valid JSON"),
+    ],
+)
 def test_bad_resource_config_is_one_clear_line(tmp_path, content, message):
     path = tmp_path / "resourceconfig.json"
     path.write_text(content)
@@ -66,6 +95,8 @@ def test_bad_resource_config_is_one_clear_line(tmp_path, content, message):
         read_resource_config(path)
     result = subprocess.run(
         [sys.executable, "-m", "trainer.entrypoint", "train", "--resource-config", str(path)],
-        capture_output=True, text=True)
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode == 2
     assert result.stderr.strip().count("\n") == 0 and str(path) in result.stderr

@@ -49,8 +49,17 @@ def all_samples(trace_dir: Path) -> list[int]:
 def straight(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
     """30 steps without interruption on 2 ranks (FSDP over 2)."""
     root = tmp_path_factory.mktemp("straight")
-    result = torchrun(2, "--recipe", str(TINY), "--max-steps", "30", "--checkpoint-dir", str(root / "ck"),
-                      "--trace-dir", str(root / "trace"))
+    result = torchrun(
+        2,
+        "--recipe",
+        str(TINY),
+        "--max-steps",
+        "30",
+        "--checkpoint-dir",
+        str(root / "ck"),
+        "--trace-dir",
+        str(root / "trace"),
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     return root, result
 
@@ -59,8 +68,17 @@ def straight(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
 def first_20(tmp_path_factory) -> Path:
     """The first 20 steps of the same run, stopped there (checkpoints at 10 and 20)."""
     root = tmp_path_factory.mktemp("first20")
-    result = torchrun(2, "--recipe", str(TINY), "--max-steps", "20", "--checkpoint-dir", str(root / "ck"),
-                      "--trace-dir", str(root / "trace"))
+    result = torchrun(
+        2,
+        "--recipe",
+        str(TINY),
+        "--max-steps",
+        "20",
+        "--checkpoint-dir",
+        str(root / "ck"),
+        "--trace-dir",
+        str(root / "trace"),
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     return root
 
@@ -77,8 +95,17 @@ def test_fsdp_loss_falls_on_the_synthetic_set(straight):
 def test_resume_is_exact_and_the_data_position_continues(straight, first_20, tmp_path):
     run = tmp_path / "resumed"
     shutil.copytree(first_20, run)
-    result = torchrun(2, "--recipe", str(TINY), "--max-steps", "30", "--checkpoint-dir", str(run / "ck"),
-                      "--trace-dir", str(run / "trace"))
+    result = torchrun(
+        2,
+        "--recipe",
+        str(TINY),
+        "--max-steps",
+        "30",
+        "--checkpoint-dir",
+        str(run / "ck"),
+        "--trace-dir",
+        str(run / "trace"),
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "resumed from" in result.stderr and "step 20, data position 320" in result.stderr
     reference, resumed = read_trace(straight[0] / "trace"), read_trace(run / "trace")
@@ -99,8 +126,17 @@ def test_truncated_checkpoint_is_skipped_for_the_previous_complete_one(straight,
     with shard.open("r+b") as f:  # killed mid-write / half-synced from S3
         f.truncate(shard.stat().st_size // 2)
     assert "truncated" in completeness_problem(newest)
-    result = torchrun(2, "--recipe", str(TINY), "--max-steps", "30", "--checkpoint-dir", str(run / "ck"),
-                      "--trace-dir", str(run / "trace"))
+    result = torchrun(
+        2,
+        "--recipe",
+        str(TINY),
+        "--max-steps",
+        "30",
+        "--checkpoint-dir",
+        str(run / "ck"),
+        "--trace-dir",
+        str(run / "trace"),
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "skipping checkpoint" in result.stderr and "step-000000020" in result.stderr
     assert "step 10, data position 160" in result.stderr
@@ -119,8 +155,19 @@ def test_checkpoint_without_marker_is_skipped(first_20, tmp_path):
 
 def test_hsdp_2x2_mesh_trains_like_fsdp(straight, tmp_path):
     # shard_group 2 on 4 ranks: 2 replicas x 2-way shard; global batch and samples per step unchanged.
-    result = torchrun(4, "--recipe", str(TINY), "--set", "parallelism.shard_group=2", "--max-steps", "6",
-                      "--checkpoint-dir", str(tmp_path / "ck"), "--trace-dir", str(tmp_path / "trace"))
+    result = torchrun(
+        4,
+        "--recipe",
+        str(TINY),
+        "--set",
+        "parallelism.shard_group=2",
+        "--max-steps",
+        "6",
+        "--checkpoint-dir",
+        str(tmp_path / "ck"),
+        "--trace-dir",
+        str(tmp_path / "trace"),
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "HSDP: 2 replicas x 2-way shard" in result.stderr
     hsdp, fsdp = read_trace(tmp_path / "trace"), read_trace(straight[0] / "trace")
@@ -133,9 +180,27 @@ def test_hsdp_2x2_mesh_trains_like_fsdp(straight, tmp_path):
 def test_one_process_computes_the_same_losses_as_two_ranks(straight, tmp_path):
     # Initialisation and the data each step sees do not depend on the layout: only reduction order does.
     result = subprocess.run(
-        [sys.executable, "-m", "trainer", "--recipe", str(TINY), "--device", "cpu", "--max-steps", "3",
-         "--checkpoint-dir", str(tmp_path / "ck"), "--trace-dir", str(tmp_path / "trace")],
-        cwd=REPO, env=trainer_env(), capture_output=True, text=True, timeout=240)
+        [
+            sys.executable,
+            "-m",
+            "trainer",
+            "--recipe",
+            str(TINY),
+            "--device",
+            "cpu",
+            "--max-steps",
+            "3",
+            "--checkpoint-dir",
+            str(tmp_path / "ck"),
+            "--trace-dir",
+            str(tmp_path / "trace"),
+        ],
+        cwd=REPO,
+        env=trainer_env(),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "FSDP over 1 ranks" in result.stderr and "8 accumulation" in result.stderr
     single, fsdp = read_trace(tmp_path / "trace"), read_trace(straight[0] / "trace")
@@ -149,9 +214,13 @@ def test_every_metric_regex_matches_real_lines_and_only_the_intended_numbers(str
     assert lines
     # The MetricDefinitions the launcher actually sends in CreateTrainingJob, from the one definition.
     request = create_training_job_request(
-        resolve(str(TINY)).recipe, None, job_name="ts-test-tiny-1",
+        resolve(str(TINY)).recipe,
+        None,
+        job_name="ts-test-tiny-1",
         role_arn="arn:aws:iam::123456789012:role/t",
-        image_uri="123456789012.dkr.ecr.us-west-2.amazonaws.com/t:1", bucket_name="bucket-t")
+        image_uri="123456789012.dkr.ecr.us-west-2.amazonaws.com/t:1",
+        bucket_name="bucket-t",
+    )
     definitions = request["AlgorithmSpecification"]["MetricDefinitions"]
     assert definitions == metric_definitions()
     assert [d["Name"] for d in definitions] == [f.metric_name for f in FIELDS]
@@ -175,10 +244,29 @@ def test_sigterm_through_the_entrypoint_saves_and_exits_zero(tmp_path):
     checkpoints = tmp_path / "ck"
     out = (tmp_path / "out.txt").open("w")
     process = subprocess.Popen(
-        [sys.executable, "-m", "trainer.entrypoint", "train", "--resource-config", str(resource_config),
-         "--nproc-per-node", "2", "--", "--recipe", str(hyperparameters), "--device", "cpu",
-         "--checkpoint-dir", str(checkpoints)],
-        cwd=REPO, env=trainer_env(), stdout=out, stderr=subprocess.STDOUT, text=True)
+        [
+            sys.executable,
+            "-m",
+            "trainer.entrypoint",
+            "train",
+            "--resource-config",
+            str(resource_config),
+            "--nproc-per-node",
+            "2",
+            "--",
+            "--recipe",
+            str(hyperparameters),
+            "--device",
+            "cpu",
+            "--checkpoint-dir",
+            str(checkpoints),
+        ],
+        cwd=REPO,
+        env=trainer_env(),
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     deadline = time.monotonic() + 180
     while "step=13 " not in (tmp_path / "out.txt").read_text():
         assert process.poll() is None and time.monotonic() < deadline, (tmp_path / "out.txt").read_text()
@@ -199,9 +287,21 @@ def test_sigterm_through_the_entrypoint_saves_and_exits_zero(tmp_path):
 
 def test_nan_loss_exits_non_zero_and_saves_nothing_after_it(tmp_path):
     # A learning rate this high diverges within a few steps: the realistic way to a NaN.
-    result = torchrun(2, "--recipe", str(TINY), "--set", "training.lr=1e30",
-                      "--set", "training.warmup_steps=0", "--set", "checkpointing.interval_steps=1",
-                      "--max-steps", "20", "--checkpoint-dir", str(tmp_path / "ck"))
+    result = torchrun(
+        2,
+        "--recipe",
+        str(TINY),
+        "--set",
+        "training.lr=1e30",
+        "--set",
+        "training.warmup_steps=0",
+        "--set",
+        "checkpointing.interval_steps=1",
+        "--max-steps",
+        "20",
+        "--checkpoint-dir",
+        str(tmp_path / "ck"),
+    )
     assert result.returncode != 0
     message = re.search(r"error: non-finite loss or gradient at step (\d+)", result.stderr)
     assert message, result.stderr[-3000:]
@@ -217,12 +317,38 @@ def test_trains_from_token_shards_written_by_make_shards(tmp_path):
         path = tmp_path / f"doc{i}.txt"
         path.write_text((f"the quick brown fox jumps over the lazy dog {i}. ") * 40)
         texts.append(str(path))
-    made = subprocess.run([sys.executable, "-m", "trainer.make_shards", "--tokenizer", "bytes",
-                           "--shard-tokens", "4000", "--out", str(tmp_path / "shards"), *texts],
-                          cwd=REPO, env=trainer_env(), capture_output=True, text=True)
+    made = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "trainer.make_shards",
+            "--tokenizer",
+            "bytes",
+            "--shard-tokens",
+            "4000",
+            "--out",
+            str(tmp_path / "shards"),
+            *texts,
+        ],
+        cwd=REPO,
+        env=trainer_env(),
+        capture_output=True,
+        text=True,
+    )
     assert made.returncode == 0, made.stderr
-    result = torchrun(2, "--recipe", str(TINY), "--set", "model.vocab=257", "--max-steps", "12",
-                      "--data-dir", str(tmp_path / "shards"), "--checkpoint-dir", str(tmp_path / "ck"))
+    result = torchrun(
+        2,
+        "--recipe",
+        str(TINY),
+        "--set",
+        "model.vocab=257",
+        "--max-steps",
+        "12",
+        "--data-dir",
+        str(tmp_path / "shards"),
+        "--checkpoint-dir",
+        str(tmp_path / "ck"),
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "data shards:" in result.stderr
     losses = [parse_line(line)["loss"] for line in metric_lines(result.stdout)]
@@ -236,7 +362,10 @@ def test_node_local_checkpoint_directories_resume_after_an_s3_style_merge(straig
     nodes = (tmp_path / "node0", tmp_path / "node1")
     two_nodes(nodes, "--recipe", str(TINY), "--max-steps", "20", "--trace-dir", str(tmp_path / "trace"))
     assert {p.name for p in (nodes[1] / "step-000000020").iterdir()} == {
-        "__1_0.distcp", "rank-00001.pt", "manifest-rank00001.json"}  # no marker on node 1
+        "__1_0.distcp",
+        "rank-00001.pt",
+        "manifest-rank00001.json",
+    }  # no marker on node 1
     only_node0 = tmp_path / "s3-partial"
     shutil.copytree(nodes[0], only_node0)
     assert "manifest-rank00001.json is missing" in completeness_problem(only_node0 / "step-000000020")
@@ -246,8 +375,9 @@ def test_node_local_checkpoint_directories_resume_after_an_s3_style_merge(straig
     for node in nodes:
         shutil.copytree(s3, node, dirs_exist_ok=True)
     assert completeness_problem(nodes[0] / "step-000000020") is None
-    outputs = two_nodes(nodes, "--recipe", str(TINY), "--max-steps", "30",
-                        "--trace-dir", str(tmp_path / "trace"))
+    outputs = two_nodes(
+        nodes, "--recipe", str(TINY), "--max-steps", "30", "--trace-dir", str(tmp_path / "trace")
+    )
     assert "step 20, data position 320" in outputs[0]
     resumed, reference = read_trace(tmp_path / "trace"), read_trace(straight[0] / "trace")
     assert abs(resumed[0][30]["loss"] - reference[0][30]["loss"]) <= 1e-6

@@ -83,9 +83,15 @@ def test_activation_checkpointing_changes_memory_not_math(tiny):
     assert torch.allclose(grads[0], grads[1], atol=1e-6)
 
 
-@pytest.mark.parametrize("mode, every, expected", [
-    ("none", 2, []), ("full", 2, [0, 1, 2, 3, 4]), ("selective", 2, [0, 2, 4]), ("selective", 3, [0, 3]),
-])
+@pytest.mark.parametrize(
+    "mode, every, expected",
+    [
+        ("none", 2, []),
+        ("full", 2, [0, 1, 2, 3, 4]),
+        ("selective", 2, [0, 2, 4]),
+        ("selective", 3, [0, 3]),
+    ],
+)
 def test_checkpointed_blocks_follow_the_recipe(mode, every, expected):
     assert checkpointed_blocks(ActivationCheckpointing(mode=mode, every=every), 5) == expected
 
@@ -115,12 +121,15 @@ def test_every_base_recipe_lays_out_on_its_planned_world(name):
     assert layout.shard == recipe.parallelism.shard_group
 
 
-@pytest.mark.parametrize("update, world, field", [
-    ({"parallelism": {"shard_group": 4, "tp": 2}}, 2, "parallelism.tp"),
-    ({"parallelism": {"shard_group": 4, "cp": 2}}, 2, "parallelism.cp"),
-    ({"parallelism": {"shard_group": 4}}, 6, "parallelism.shard_group"),
-    ({}, 3, "training.global_batch"),
-])
+@pytest.mark.parametrize(
+    "update, world, field",
+    [
+        ({"parallelism": {"shard_group": 4, "tp": 2}}, 2, "parallelism.tp"),
+        ({"parallelism": {"shard_group": 4, "cp": 2}}, 2, "parallelism.cp"),
+        ({"parallelism": {"shard_group": 4}}, 6, "parallelism.shard_group"),
+        ({}, 3, "training.global_batch"),
+    ],
+)
 def test_layout_refusals_name_the_field(tiny, update, world, field):
     data = tiny.model_dump()
     for section, values in update.items():
@@ -151,8 +160,11 @@ def test_mxfp8_on_a_hopper_gpu_fails_at_start_with_a_clear_message(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H100 80GB HBM3")
     monkeypatch.setattr(precision, "_te_support", lambda name: None)  # decide by compute capability
-    with pytest.raises(TrainstackError, match=r"^precision.fp8_recipe: mxfp8 cannot run on NVIDIA H100 .*"
-                       r"needs compute capability 10.0\+.*MXFP8 needs Blackwell; use current or delayed"):
+    with pytest.raises(
+        TrainstackError,
+        match=r"^precision.fp8_recipe: mxfp8 cannot run on NVIDIA H100 .*"
+        r"needs compute capability 10.0\+.*MXFP8 needs Blackwell; use current or delayed",
+    ):
         check_precision(Precision(dtype="fp8", fp8_recipe="mxfp8"), "cuda", "transformer_engine")
     check_precision(Precision(dtype="fp8", fp8_recipe="current"), "cuda", "transformer_engine")
 
@@ -160,8 +172,12 @@ def test_mxfp8_on_a_hopper_gpu_fails_at_start_with_a_clear_message(monkeypatch):
 # --- data -----------------------------------------------------------------------------------------
 def test_each_step_takes_exactly_the_next_global_batch_of_samples():
     world, accum, micro, position = 4, 3, 2, 48
-    taken = [i for m in range(accum) for r in range(world)
-             for i in micro_batch_indices(position, m, r, world, micro)]
+    taken = [
+        i
+        for m in range(accum)
+        for r in range(world)
+        for i in micro_batch_indices(position, m, r, world, micro)
+    ]
     assert sorted(taken) == list(range(position, position + world * accum * micro))
 
 
@@ -180,15 +196,18 @@ def test_shards_round_trip_through_make_shards(tmp_path):
         docs.append(tmp_path / f"{i}.txt")
     index = write_shards(docs, tmp_path / "out", "bytes", shard_tokens=20, seed=0)
     assert index["vocab_size"] == 257 and index["dtype"] == "uint16"
-    stream = np.concatenate([np.fromfile(tmp_path / "out" / s["file"], dtype=np.uint16)
-                             for s in index["shards"]])
+    stream = np.concatenate(
+        [np.fromfile(tmp_path / "out" / s["file"], dtype=np.uint16) for s in index["shards"]]
+    )
     assert (stream == 256).sum() == 3  # one end-of-document per file
     assert sorted(bytes(stream[stream != 256].astype(np.uint8)).decode().replace("x" * 50, "X")) == sorted(
-        "hello world" + "ünïcode text" + "X")
+        "hello world" + "ünïcode text" + "X"
+    )
     source = ShardedTokens(tmp_path / "out", seq_len=8, model_vocab=257)
     first = source.sample(0)
-    assert len(first) == 9 and np.array_equal(first, np.fromfile(tmp_path / "out" / "shard-00000.bin",
-                                                                  dtype=np.uint16)[:9])
+    assert len(first) == 9 and np.array_equal(
+        first, np.fromfile(tmp_path / "out" / "shard-00000.bin", dtype=np.uint16)[:9]
+    )
     assert np.array_equal(source.sample(source.total_windows), first)  # next epoch wraps
 
 
@@ -222,18 +241,30 @@ def test_bad_hyperparameters_name_file_and_field(tiny, tmp_path):
         recipe_from_json(path)
 
 
-@pytest.mark.parametrize("args, expected", [
-    ([], "--recipe: not given, and /opt/ml/input/config/hyperparameters.json does not exist"),
-    (["--recipe", "does/not/exist.yaml"], "does/not/exist.yaml: file not found"),
-    (["--recipe", str(TINY), "--set", "parallelism.tp=2", "--set", "parallelism.shard_group=4"],
-     "parallelism.tp: 2: tensor parallelism is not implemented"),
-    (["--recipe", str(TINY), "--set", "precision.dtype=fp8", "--set", "precision.fp8_recipe=current"],
-     "precision.dtype: fp8 needs an NVIDIA GPU"),
-])
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        ([], "--recipe: not given, and /opt/ml/input/config/hyperparameters.json does not exist"),
+        (["--recipe", "does/not/exist.yaml"], "does/not/exist.yaml: file not found"),
+        (
+            ["--recipe", str(TINY), "--set", "parallelism.tp=2", "--set", "parallelism.shard_group=4"],
+            "parallelism.tp: 2: tensor parallelism is not implemented",
+        ),
+        (
+            ["--recipe", str(TINY), "--set", "precision.dtype=fp8", "--set", "precision.fp8_recipe=current"],
+            "precision.dtype: fp8 needs an NVIDIA GPU",
+        ),
+    ],
+)
 def test_cli_mistakes_exit_2_with_one_line(args, expected, tmp_path):
-    result = subprocess.run([sys.executable, "-m", "trainer", "--device", "cpu",
-                             "--checkpoint-dir", str(tmp_path), *args],
-                            cwd=REPO, env=trainer_env(), capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-m", "trainer", "--device", "cpu", "--checkpoint-dir", str(tmp_path), *args],
+        cwd=REPO,
+        env=trainer_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 2, result.stderr[-2000:]
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and expected in errors[0], result.stderr[-2000:]

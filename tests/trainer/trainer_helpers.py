@@ -21,10 +21,21 @@ def trainer_env() -> dict[str, str]:
 
 def torchrun(nproc: int, *trainer_args: str, timeout: float = 240) -> subprocess.CompletedProcess:
     """`torchrun --standalone --nproc-per-node N -m trainer ...` on CPU; stdout and stderr captured."""
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-               "-m", "trainer", "--device", "cpu", *trainer_args]
-    return subprocess.run(command, cwd=REPO, env=trainer_env(), capture_output=True, text=True,
-                          timeout=timeout)
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={nproc}",
+        "-m",
+        "trainer",
+        "--device",
+        "cpu",
+        *trainer_args,
+    ]
+    return subprocess.run(
+        command, cwd=REPO, env=trainer_env(), capture_output=True, text=True, timeout=timeout
+    )
 
 
 def metric_lines(output: str) -> list[str]:
@@ -45,11 +56,33 @@ def two_nodes(checkpoint_dirs: tuple[Path, Path], *trainer_args: str, timeout: f
     port = str(free_port())
     processes = []
     for node, directory in enumerate(checkpoint_dirs):
-        command = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", f"--node-rank={node}",
-                   "--nproc-per-node=1", "--master-addr=127.0.0.1", f"--master-port={port}",
-                   "-m", "trainer", "--device", "cpu", "--checkpoint-dir", str(directory), *trainer_args]
-        processes.append(subprocess.Popen(command, cwd=REPO, env=trainer_env(), stdout=subprocess.PIPE,
-                                          stderr=subprocess.STDOUT, text=True))
+        command = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nnodes=2",
+            f"--node-rank={node}",
+            "--nproc-per-node=1",
+            "--master-addr=127.0.0.1",
+            f"--master-port={port}",
+            "-m",
+            "trainer",
+            "--device",
+            "cpu",
+            "--checkpoint-dir",
+            str(directory),
+            *trainer_args,
+        ]
+        processes.append(
+            subprocess.Popen(
+                command,
+                cwd=REPO,
+                env=trainer_env(),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        )
     outputs = [p.communicate(timeout=timeout)[0] for p in processes]
     for p, out in zip(processes, outputs, strict=True):
         assert p.returncode == 0, out[-3000:]

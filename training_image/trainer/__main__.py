@@ -30,29 +30,56 @@ def default_checkpoint_dir() -> Path:
 
 def parse_args(argv: list[str] | None) -> RunOptions:
     parser = argparse.ArgumentParser(prog="python -m trainer", description="Train a trainstack recipe.")
-    parser.add_argument("--recipe", help="recipe YAML (or name), recipe JSON, or hyperparameters JSON; "
-                        "default: /opt/ml/input/config/hyperparameters.json")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a recipe field (YAML recipes only), e.g. training.steps=100")
+    parser.add_argument(
+        "--recipe",
+        help="recipe YAML (or name), recipe JSON, or hyperparameters JSON; "
+        "default: /opt/ml/input/config/hyperparameters.json",
+    )
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a recipe field (YAML recipes only), e.g. training.steps=100",
+    )
     parser.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda when available")
-    parser.add_argument("--max-steps", type=int, default=_env_int("TRAINSTACK_MAX_STEPS"),
-                        help="stop after this many optimizer steps in total (the LR schedule still "
-                        "follows training.steps); default: $TRAINSTACK_MAX_STEPS or training.steps")
-    parser.add_argument("--checkpoint-dir", type=Path, default=default_checkpoint_dir(),
-                        help="default: $TRAINSTACK_CHECKPOINT_DIR, else /opt/ml/checkpoints on SageMaker, "
-                        "else ./checkpoints")
-    parser.add_argument("--data-dir", type=Path, default=default_data_dir(),
-                        help="token shards; default: $SM_CHANNEL_TRAIN or /opt/ml/input/data/train")
+    parser.add_argument(
+        "--max-steps",
+        type=int,
+        default=_env_int("TRAINSTACK_MAX_STEPS"),
+        help="stop after this many optimizer steps in total (the LR schedule still "
+        "follows training.steps); default: $TRAINSTACK_MAX_STEPS or training.steps",
+    )
+    parser.add_argument(
+        "--checkpoint-dir",
+        type=Path,
+        default=default_checkpoint_dir(),
+        help="default: $TRAINSTACK_CHECKPOINT_DIR, else /opt/ml/checkpoints on SageMaker, else ./checkpoints",
+    )
+    parser.add_argument(
+        "--data-dir",
+        type=Path,
+        default=default_data_dir(),
+        help="token shards; default: $SM_CHANNEL_TRAIN or /opt/ml/input/data/train",
+    )
     parser.add_argument("--synthetic", action="store_true", help="train on the synthetic token set")
     parser.add_argument("--sync-checkpoints", action="store_true", help="save synchronously (debugging)")
     parser.add_argument("--trace-dir", type=Path, help="write per-step loss and sample indices (tests)")
     args = parser.parse_args(argv)
     if args.max_steps is not None and args.max_steps < 0:
         parser.error("--max-steps must be >= 0")
-    return RunOptions(recipe=args.recipe, overrides=tuple(args.overrides), device=args.device,
-                      max_steps=args.max_steps, checkpoint_dir=args.checkpoint_dir, data_dir=args.data_dir,
-                      synthetic=args.synthetic, trace_dir=args.trace_dir,
-                      async_checkpoint=not args.sync_checkpoints)
+    return RunOptions(
+        recipe=args.recipe,
+        overrides=tuple(args.overrides),
+        device=args.device,
+        max_steps=args.max_steps,
+        checkpoint_dir=args.checkpoint_dir,
+        data_dir=args.data_dir,
+        synthetic=args.synthetic,
+        trace_dir=args.trace_dir,
+        async_checkpoint=not args.sync_checkpoints,
+    )
 
 
 def _env_int(name: str) -> int | None:

@@ -125,8 +125,9 @@ def _set_rng_state(state: dict[str, torch.Tensor]) -> None:
 
 
 class CheckpointManager:
-    def __init__(self, root: Path, keep: int, rank: int, world: int, local_rank: int = 0,
-                 asynchronous: bool = True):
+    def __init__(
+        self, root: Path, keep: int, rank: int, world: int, local_rank: int = 0, asynchronous: bool = True
+    ):
         self.root, self.keep, self.rank, self.world = Path(root), keep, rank, world
         self.local_rank = local_rank
         self.asynchronous = asynchronous
@@ -136,8 +137,14 @@ class CheckpointManager:
         self._pending: tuple[Future, Path, TrainerState] | None = None
 
     # --- save ---------------------------------------------------------------------------------------
-    def save(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any,
-             state: TrainerState, blocking: bool = False) -> Path:
+    def save(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        scheduler: Any,
+        state: TrainerState,
+        blocking: bool = False,
+    ) -> Path:
         self.wait()
         directory = self.root / step_dir_name(state.step)
         if self.local_rank == 0 and directory.exists():  # an interrupted earlier attempt at this step
@@ -183,8 +190,12 @@ class CheckpointManager:
         manifest = {"step": state.step, "rank": self.rank, "files": self._own_files(directory)}
         _write_atomic(directory / manifest_name(self.rank), json.dumps(manifest, indent=1) + "\n")
         if self.rank == 0:
-            marker = {"step": state.step, "samples_consumed": state.samples_consumed,
-                      "world_size": state.world_size, "data_source": state.data_source}
+            marker = {
+                "step": state.step,
+                "samples_consumed": state.samples_consumed,
+                "world_size": state.world_size,
+                "data_source": state.data_source,
+            }
             _write_atomic(directory / MARKER, json.dumps(marker, indent=1) + "\n")
             log.info("checkpoint complete: %s", directory)
         if self.local_rank == 0:
@@ -212,8 +223,9 @@ class CheckpointManager:
         return Path(choice[0]) if choice[0] else None
 
     # --- load ---------------------------------------------------------------------------------------
-    def load(self, directory: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-             scheduler: Any) -> TrainerState:
+    def load(
+        self, directory: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any
+    ) -> TrainerState:
         model_state, optim_state = get_state_dict(model, optimizer)
         payload = {"model": model_state, "optim": optim_state}
         dcp.load(payload, checkpoint_id=str(directory), process_group=self.group)
@@ -225,6 +237,7 @@ class CheckpointManager:
         if state.world_size == self.world:
             _set_rng_state(extras["rng"])
         else:  # resharded resume: model and optimizer reshard exactly; per-rank RNG streams cannot
-            log.warning("checkpoint from %d ranks resumed on %d: RNG states start fresh",
-                        state.world_size, self.world)
+            log.warning(
+                "checkpoint from %d ranks resumed on %d: RNG states start fresh", state.world_size, self.world
+            )
         return state

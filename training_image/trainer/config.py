@@ -88,18 +88,29 @@ class Layout:
 def resolve_layout(recipe: Recipe, world: int, source: str) -> Layout:
     par, tr = recipe.parallelism, recipe.training
     if par.tp > 1:
-        raise RecipeError(source, "parallelism.tp", f"{par.tp}: tensor parallelism is not implemented in "
-                          "the trainer; use tp: 1 (FSDP/HSDP only)")
+        raise RecipeError(
+            source,
+            "parallelism.tp",
+            f"{par.tp}: tensor parallelism is not implemented in the trainer; use tp: 1 (FSDP/HSDP only)",
+        )
     if par.cp > 1:
-        raise RecipeError(source, "parallelism.cp", f"{par.cp}: context parallelism is not implemented in "
-                          "the trainer; use cp: 1 with full activation checkpointing for long context")
+        raise RecipeError(
+            source,
+            "parallelism.cp",
+            f"{par.cp}: context parallelism is not implemented in "
+            "the trainer; use cp: 1 with full activation checkpointing for long context",
+        )
     shard = min(par.shard_group, world)
     if world % shard:
-        raise RecipeError(source, "parallelism.shard_group",
-                          f"{par.shard_group} does not divide the {world} ranks running")
+        raise RecipeError(
+            source, "parallelism.shard_group", f"{par.shard_group} does not divide the {world} ranks running"
+        )
     per_micro_step = tr.micro_batch * world
     if tr.global_batch % per_micro_step:
-        raise RecipeError(source, "training.global_batch",
-                          f"{tr.global_batch} is not a multiple of micro_batch x ranks = "
-                          f"{tr.micro_batch} x {world} = {per_micro_step}")
+        raise RecipeError(
+            source,
+            "training.global_batch",
+            f"{tr.global_batch} is not a multiple of micro_batch x ranks = "
+            f"{tr.micro_batch} x {world} = {per_micro_step}",
+        )
     return Layout(world, shard, tr.micro_batch, tr.global_batch // per_micro_step, tr.global_batch)

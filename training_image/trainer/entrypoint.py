@@ -78,14 +78,23 @@ def gpus_per_node() -> int:
     return count or GPUS_PER_NODE_DEFAULT
 
 
-def build_command(config: ResourceConfig, nproc_per_node: int, trainer_args: list[str],
-                  python: str = sys.executable, port: int = RENDEZVOUS_PORT) -> list[str]:
+def build_command(
+    config: ResourceConfig,
+    nproc_per_node: int,
+    trainer_args: list[str],
+    python: str = sys.executable,
+    port: int = RENDEZVOUS_PORT,
+) -> list[str]:
     command = [python, "-m", "torch.distributed.run", f"--nproc-per-node={nproc_per_node}"]
     if len(config.hosts) == 1:
         command.append("--standalone")
     else:
-        command += [f"--nnodes={len(config.hosts)}", f"--node-rank={config.node_rank}",
-                    f"--master-addr={config.hosts[0]}", f"--master-port={port}"]
+        command += [
+            f"--nnodes={len(config.hosts)}",
+            f"--node-rank={config.node_rank}",
+            f"--master-addr={config.hosts[0]}",
+            f"--master-port={port}",
+        ]
     return command + ["-m", "trainer", *trainer_args]
 
 
@@ -158,8 +167,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     command = build_command(config, args.nproc_per_node or gpus_per_node(), trainer_args)
     env = build_environment(config, dict(os.environ))
-    print(f"entrypoint: host {config.current_host} (node {config.node_rank} of {len(config.hosts)}): "
-          f"{' '.join(command)}", file=sys.stderr, flush=True)
+    print(
+        f"entrypoint: host {config.current_host} (node {config.node_rank} of {len(config.hosts)}): "
+        f"{' '.join(command)}",
+        file=sys.stderr,
+        flush=True,
+    )
     if args.dry_run:
         added = {k: env[k] for k in sorted(env) if k not in os.environ}
         print(json.dumps({"command": command, "env": added}))

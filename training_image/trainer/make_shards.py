@@ -52,8 +52,12 @@ def load_tokenizer(spec: str, eos_token: str | None) -> tuple[Callable[[str], li
 
 
 def write_shards(
-    texts: Iterable[Path], out: Path, tokenizer: str = "bytes", eos_token: str | None = None,
-    shard_tokens: int = 1 << 28, seed: int = 0,
+    texts: Iterable[Path],
+    out: Path,
+    tokenizer: str = "bytes",
+    eos_token: str | None = None,
+    shard_tokens: int = 1 << 28,
+    seed: int = 0,
 ) -> dict:
     encode, vocab, eos_id, description = load_tokenizer(tokenizer, eos_token)
     dtype = "uint16" if vocab <= np.iinfo(np.uint16).max + 1 else "uint32"
@@ -79,8 +83,14 @@ def write_shards(
             flush()
     if buffer:
         flush()
-    index = {"format": FORMAT, "dtype": dtype, "vocab_size": vocab, "eos_id": eos_id,
-             "tokenizer": description, "shards": shards}
+    index = {
+        "format": FORMAT,
+        "dtype": dtype,
+        "vocab_size": vocab,
+        "eos_id": eos_id,
+        "tokenizer": description,
+        "shards": shards,
+    }
     # index.json last and atomically: a directory without it is visibly unfinished.
     tmp = out / (INDEX_FILE + ".tmp")
     tmp.write_text(json.dumps(index, indent=1) + "\n")
@@ -89,8 +99,9 @@ def write_shards(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m trainer.make_shards",
-                                     description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m trainer.make_shards", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("texts", nargs="+", type=Path, help="text files, one document each")
     parser.add_argument("--out", type=Path, required=True, help="output directory")
     parser.add_argument("--tokenizer", default="bytes", help="'bytes' or a local tokenizer.json")
@@ -99,14 +110,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="document shuffle seed")
     args = parser.parse_args(argv)
     try:
-        index = write_shards(args.texts, args.out, args.tokenizer, args.eos_token,
-                             args.shard_tokens, args.seed)
+        index = write_shards(
+            args.texts, args.out, args.tokenizer, args.eos_token, args.shard_tokens, args.seed
+        )
     except TrainstackError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     tokens = sum(s["tokens"] for s in index["shards"])
-    print(f"wrote {len(index['shards'])} shard(s), {tokens} tokens, "
-          f"vocab {index['vocab_size']} to {args.out}")
+    print(
+        f"wrote {len(index['shards'])} shard(s), {tokens} tokens, vocab {index['vocab_size']} to {args.out}"
+    )
     return 0
 
 

@@ -71,8 +71,9 @@ def select_backend(device_type: str) -> Backend:
     return pytorch_backend()
 
 
-def rotary_tables(head_dim: int, seq_len: int, theta: float,
-                  device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+def rotary_tables(
+    head_dim: int, seq_len: int, theta: float, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim))
     angles = torch.outer(torch.arange(seq_len, device=device, dtype=torch.float32), inv_freq)
     return angles.cos(), angles.sin()  # (seq, head_dim/2) each

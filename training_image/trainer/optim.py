@@ -30,11 +30,14 @@ def build_optimizer(model: nn.Module, training: Training, device_type: str) -> t
     decay, no_decay = [], []
     for _, param in model.named_parameters():
         (decay if param.ndim >= 2 else no_decay).append(param)
-    groups = [{"params": decay, "weight_decay": training.weight_decay},
-              {"params": no_decay, "weight_decay": 0.0}]
+    groups = [
+        {"params": decay, "weight_decay": training.weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
     fused = device_type == "cuda"  # one kernel per step over all DTensor shards; foreach on CPU
-    return torch.optim.AdamW(groups, lr=training.lr, betas=(0.9, 0.95), eps=1e-8,
-                             fused=fused, foreach=None if fused else True)
+    return torch.optim.AdamW(
+        groups, lr=training.lr, betas=(0.9, 0.95), eps=1e-8, fused=fused, foreach=None if fused else True
+    )
 
 
 def build_scheduler(optimizer: torch.optim.Optimizer, training: Training) -> LambdaLR:

@@ -44,8 +44,11 @@ def _te_support(fp8_recipe: str) -> tuple[bool, str] | None:
     TE moved and renamed these checks over versions (fp8.check_*_support() -> (ok, reason);
     is_*_available(return_reason=True)); try each, never guess from a failure."""
     check_name, available_name = TE_SUPPORT_CHECK[fp8_recipe]
-    for module_name in ("transformer_engine.pytorch", "transformer_engine.pytorch.quantization",
-                        "transformer_engine.pytorch.fp8"):
+    for module_name in (
+        "transformer_engine.pytorch",
+        "transformer_engine.pytorch.quantization",
+        "transformer_engine.pytorch.fp8",
+    ):
         try:
             module = importlib.import_module(module_name)
         except ImportError:

@@ -76,8 +76,9 @@ def _free_port() -> int:
 def init_distributed(device_type: str) -> tuple[int, int, torch.device]:
     """(rank, world, device); a single process without torchrun becomes a world of one."""
     if "RANK" not in os.environ:
-        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
-                          MASTER_PORT=str(_free_port()))
+        os.environ.update(
+            RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port())
+        )
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if device_type == "cuda":
         device = torch.device("cuda", local_rank)
@@ -91,7 +92,9 @@ def init_distributed(device_type: str) -> tuple[int, int, torch.device]:
 
 def setup_logging(rank: int) -> None:
     logging.basicConfig(
-        level=logging.INFO if rank == 0 else logging.WARNING, stream=sys.stderr, force=True,
+        level=logging.INFO if rank == 0 else logging.WARNING,
+        stream=sys.stderr,
+        force=True,
         format=f"%(asctime)s rank{rank} %(levelname)s %(name)s: %(message)s",
     )
 
@@ -125,19 +128,33 @@ def run(options: RunOptions) -> int:
         dist.destroy_process_group()
 
 
-def _train(recipe: Recipe, source: str, options: RunOptions, rank: int, world: int,
-           device: torch.device, stop: StopRequest) -> int:
+def _train(
+    recipe: Recipe,
+    source: str,
+    options: RunOptions,
+    rank: int,
+    world: int,
+    device: torch.device,
+    stop: StopRequest,
+) -> int:
     layout = resolve_layout(recipe, world, source)
     if world != recipe.world_size:
-        log.warning("recipe %s plans %d GPUs (%s x %d); laying out the %d ranks running instead",
-                    recipe.name, recipe.world_size, recipe.compute.instance_type,
-                    recipe.compute.instance_count, world)
+        log.warning(
+            "recipe %s plans %d GPUs (%s x %d); laying out the %d ranks running instead",
+            recipe.name,
+            recipe.world_size,
+            recipe.compute.instance_type,
+            recipe.compute.instance_count,
+            world,
+        )
     backend = select_backend(device.type)
     check_precision(recipe.precision, device.type, backend.name)
     data_dir = None if options.synthetic else options.data_dir
     if data_dir is None and recipe.data.train_s3_uri and not options.synthetic:
-        raise TrainstackError(f"data.train_s3_uri is {recipe.data.train_s3_uri} but no --data-dir / training "
-                              "channel is mounted (pass --synthetic to train on synthetic tokens anyway)")
+        raise TrainstackError(
+            f"data.train_s3_uri is {recipe.data.train_s3_uri} but no --data-dir / training "
+            "channel is mounted (pass --synthetic to train on synthetic tokens anyway)"
+        )
     token_source = open_source(data_dir, recipe.training.seq_len, recipe.model.vocab, recipe.training.seed)
 
     torch.manual_seed(recipe.training.seed)
@@ -149,45 +166,97 @@ def _train(recipe: Recipe, source: str, options: RunOptions, rank: int, world: i
     model.init_weights()
     optimizer = build_optimizer(model, recipe.training, device.type)
     scheduler = build_scheduler(optimizer, recipe.training)
-    log.info("model %s: %.1fM params, backend %s, precision %s%s, "
-             "activation checkpointing %s (%d of %d blocks)",
-             recipe.name, recipe.model.total_params / 1e6, backend.name, recipe.precision.dtype,
-             f"/{recipe.precision.fp8_recipe}" if recipe.precision.fp8_recipe else "",
-             recipe.activation_checkpointing.mode, len(recomputed), recipe.model.layers)
-    log.info("layout: %s; micro_batch %d x %d ranks x %d accumulation = global_batch %d; data %s",
-             mesh_description(mesh), layout.micro_batch, world, layout.grad_accum, layout.global_batch,
-             token_source.name)
+    log.info(
+        "model %s: %.1fM params, backend %s, precision %s%s, activation checkpointing %s (%d of %d blocks)",
+        recipe.name,
+        recipe.model.total_params / 1e6,
+        backend.name,
+        recipe.precision.dtype,
+        f"/{recipe.precision.fp8_recipe}" if recipe.precision.fp8_recipe else "",
+        recipe.activation_checkpointing.mode,
+        len(recomputed),
+        recipe.model.layers,
+    )
+    log.info(
+        "layout: %s; micro_batch %d x %d ranks x %d accumulation = global_batch %d; data %s",
+        mesh_description(mesh),
+        layout.micro_batch,
+        world,
+        layout.grad_accum,
+        layout.global_batch,
+        token_source.name,
+    )
 
-    checkpoints = CheckpointManager(options.checkpoint_dir, recipe.checkpointing.keep, rank, world,
-                                    local_rank=int(os.environ.get("LOCAL_RANK", "0")),
-                                    asynchronous=options.async_checkpoint)
+    checkpoints = CheckpointManager(
+        options.checkpoint_dir,
+        recipe.checkpointing.keep,
+        rank,
+        world,
+        local_rank=int(os.environ.get("LOCAL_RANK", "0")),
+        asynchronous=options.async_checkpoint,
+    )
     state = TrainerState(step=0, samples_consumed=0, data_source=token_source.name, world_size=world)
     latest = checkpoints.newest_complete()
     if latest is not None:
         state = checkpoints.load(latest, model, optimizer, scheduler)
         if state.data_source != token_source.name:
-            raise TrainstackError(f"{latest}: was trained on {state.data_source}, this run reads "
-                                  f"{token_source.name}; use a new checkpoint directory for new data")
+            raise TrainstackError(
+                f"{latest}: was trained on {state.data_source}, this run reads "
+                f"{token_source.name}; use a new checkpoint directory for new data"
+            )
         log.info("resumed from %s: step %d, data position %d", latest, state.step, state.samples_consumed)
     else:
         log.info("no complete checkpoint in %s: starting at step 0", options.checkpoint_dir)
     max_steps = options.max_steps if options.max_steps is not None else recipe.training.steps
     try:
-        return _loop(recipe, layout, options, rank, world, device, model, optimizer, scheduler,
-                     token_source, checkpoints, state, max_steps, stop)
+        return _loop(
+            recipe,
+            layout,
+            options,
+            rank,
+            world,
+            device,
+            model,
+            optimizer,
+            scheduler,
+            token_source,
+            checkpoints,
+            state,
+            max_steps,
+            stop,
+        )
     finally:
         checkpoints.wait()
 
 
-def _loop(recipe, layout: Layout, options, rank, world, device, model, optimizer, scheduler, token_source,
-          checkpoints: CheckpointManager, state: TrainerState, max_steps: int, stop: StopRequest) -> int:
+def _loop(
+    recipe,
+    layout: Layout,
+    options,
+    rank,
+    world,
+    device,
+    model,
+    optimizer,
+    scheduler,
+    token_source,
+    checkpoints: CheckpointManager,
+    state: TrainerState,
+    max_steps: int,
+    stop: StopRequest,
+) -> int:
     autocast = autocast_factory(recipe.precision)
     trace = Trace(options.trace_dir, rank)
     tr = recipe.training
     flops = flops_per_token(recipe.model, tr.seq_len)
     peak, peak_of = peak_tflops(recipe, device)
-    log.info("MFU against %s dense %s peak %.0f TFLOP/s; %.3g FLOPs/token (PaLM 6N+12LHQT)",
-             peak_of, recipe.precision.dtype, peak, flops)
+    log.info(
+        "MFU against %s dense %s peak %.0f TFLOP/s; %.3g FLOPs/token (PaLM 6N+12LHQT)",
+        peak_of,
+        recipe.precision.dtype,
+        peak,
+        flops,
+    )
     tokens_per_rank_step = layout.micro_batch * layout.grad_accum * tr.seq_len
     step, position = state.step, state.samples_consumed
     interval_losses: list[float] = []
@@ -210,15 +279,18 @@ def _loop(recipe, layout: Layout, options, rank, world, device, model, optimizer
         if hasattr(grad_norm, "full_tensor"):
             grad_norm = grad_norm.full_tensor()
         # One collective for the step's loss and the stop flag, so every rank stops at the same step.
-        shared = torch.stack([loss_sum / layout.grad_accum,
-                              torch.tensor(float(stop.requested), device=device)])
+        shared = torch.stack(
+            [loss_sum / layout.grad_accum, torch.tensor(float(stop.requested), device=device)]
+        )
         dist.all_reduce(shared)
         mean_loss, stopping = shared[0].item() / world, shared[1].item() > 0
         if not (math.isfinite(mean_loss) and math.isfinite(grad_norm.item())):
-            raise NonFiniteLoss(f"non-finite loss or gradient at step {step + 1} (loss={mean_loss}, "
-                                f"grad_norm={grad_norm.item()}); "
-                                "stopped before the optimizer step, nothing saved from this step on "
-                                "(lower training.lr or raise warmup_steps, and check the data)")
+            raise NonFiniteLoss(
+                f"non-finite loss or gradient at step {step + 1} (loss={mean_loss}, "
+                f"grad_norm={grad_norm.item()}); "
+                "stopped before the optimizer step, nothing saved from this step on "
+                "(lower training.lr or raise warmup_steps, and check the data)"
+            )
         lr = optimizer.param_groups[0]["lr"]
         optimizer.step()
         scheduler.step()
@@ -232,9 +304,16 @@ def _loop(recipe, layout: Layout, options, rank, world, device, model, optimizer
             elapsed = time.perf_counter() - interval_start
             tokens_per_sec = tokens_per_rank_step * len(interval_losses) / elapsed
             tflops = tokens_per_sec * flops / 1e12
-            line = format_line(step=step, loss=sum(interval_losses) / len(interval_losses), lr=lr,
-                               tokens_per_sec=tokens_per_sec, tflops_per_gpu=tflops, mfu=tflops / peak,
-                               mem_gib=peak_memory_gib(device), step_time_s=elapsed / len(interval_losses))
+            line = format_line(
+                step=step,
+                loss=sum(interval_losses) / len(interval_losses),
+                lr=lr,
+                tokens_per_sec=tokens_per_sec,
+                tflops_per_gpu=tflops,
+                mfu=tflops / peak,
+                mem_gib=peak_memory_gib(device),
+                step_time_s=elapsed / len(interval_losses),
+            )
             if rank == 0:
                 print(line, flush=True)
             interval_losses, interval_start = [], time.perf_counter()

@@ -1,1 +1,1 @@
-"""CLI commands: one module per command, each with `register(app)`; listed in trainstack.cli.COMMAND_MODULES."""
+"""CLI command modules: each exposes `register(app)`, listed in trainstack.cli.COMMAND_MODULES."""

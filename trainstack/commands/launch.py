@@ -3,7 +3,7 @@
 Starts an execution of the recipe's deployed launcher state machine (stack `<prefix>-Launcher`),
 which creates the training job with the request from `trainstack.request`. A short tuning run is the
 same recipe with `training.steps` overridden (--max-steps), on a warm pool so the next try skips
-provisioning. The job is named `<prefix>-<hash of the run's recipe>-<suffix>`.
+provisioning. The job is named `ts-<team>-<recipe>--<hash of the run's recipe>-<suffix>`.
 """
 
 from __future__ import annotations
@@ -139,7 +139,8 @@ def launch(
 
 
 def _suffix(max_steps: int | None) -> str:
-    """`t<base36 seconds>` for a tuning run, `r<...>` for a full one: unique per second, 8 characters."""
+    """`t<base36 seconds>` for a tuning run, `r<...>` for a full one: unique per second, 7 characters
+    (naming.RUN_SUFFIX_MAX) until December 2038."""
     n, digits = int(time.time()), ""
     while n:
         n, d = divmod(n, 36)
