@@ -31,6 +31,7 @@ from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
 from stacks import nag
+from stacks.storage import add_logged_kms_bucket
 from trainstack import budget
 from trainstack.config import CONTEXT, Deployment, DeploymentConfig
 from trainstack.errors import TrainstackError
@@ -156,44 +157,16 @@ class ArtifactStore(Construct):
             enable_key_rotation=True,
             removal_policy=RemovalPolicy.RETAIN,
         )
-        # S3 delivers server access logs only to SSE-S3 buckets.
-        self.access_logs = s3.Bucket(
+        self.bucket, self.access_logs = add_logged_kms_bucket(
             self,
-            "AccessLogs",
-            encryption=s3.BucketEncryption.S3_MANAGED,
-            block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
-            enforce_ssl=True,
-            versioned=True,
-            object_ownership=s3.ObjectOwnership.BUCKET_OWNER_PREFERRED,
-            lifecycle_rules=[
-                s3.LifecycleRule(
-                    expiration=Duration.days(365),
-                    noncurrent_version_expiration=Duration.days(1),
-                    abort_incomplete_multipart_upload_after=Duration.days(1),
-                )
-            ],
-            removal_policy=RemovalPolicy.RETAIN,
-        )
-        nag.acknowledge(self.access_logs, "AwsSolutions-S1:pipeline-access-logs")
-        self.bucket = s3.Bucket(
-            self,
-            "Bucket",
-            encryption=s3.BucketEncryption.KMS,
-            encryption_key=self.key,
-            bucket_key_enabled=True,
-            block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
-            enforce_ssl=True,
-            versioned=True,
-            server_access_logs_bucket=self.access_logs,
-            server_access_logs_prefix="artifacts/",
-            lifecycle_rules=[
-                s3.LifecycleRule(
-                    expiration=Duration.days(ARTIFACT_EXPIRY_DAYS),
-                    noncurrent_version_expiration=Duration.days(1),
-                    abort_incomplete_multipart_upload_after=Duration.days(1),
-                )
-            ],
-            removal_policy=RemovalPolicy.RETAIN,
+            key=self.key,
+            log_prefix="artifacts/",
+            lifecycle_rule=s3.LifecycleRule(
+                expiration=Duration.days(ARTIFACT_EXPIRY_DAYS),
+                noncurrent_version_expiration=Duration.days(1),
+                abort_incomplete_multipart_upload_after=Duration.days(1),
+            ),
+            access_logs_acknowledgment="AwsSolutions-S1:pipeline-access-logs",
         )
 
 

@@ -58,49 +58,70 @@ class EncryptionKey(Construct):
         )
 
 
+def add_logged_kms_bucket(
+    scope: Construct,
+    *,
+    key: kms.IKey,
+    log_prefix: str,
+    lifecycle_rule: s3.LifecycleRule,
+    access_logs_acknowledgment: str,
+) -> tuple[s3.Bucket, s3.Bucket]:
+    """A retained SSE-KMS bucket (versioned, SSL only, private) and the bucket its access logs go to.
+
+    Both are created directly in `scope` as "Bucket" and "AccessLogs", so the constructs that use this
+    keep their logical IDs. Returns (bucket, access_logs).
+    """
+    # S3 delivers server access logs only to an SSE-S3 bucket.
+    access_logs = s3.Bucket(
+        scope,
+        "AccessLogs",
+        encryption=s3.BucketEncryption.S3_MANAGED,
+        block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
+        enforce_ssl=True,
+        versioned=True,
+        object_ownership=s3.ObjectOwnership.BUCKET_OWNER_PREFERRED,
+        lifecycle_rules=[
+            s3.LifecycleRule(
+                expiration=Duration.days(ACCESS_LOG_EXPIRY_DAYS),
+                noncurrent_version_expiration=Duration.days(1),
+                abort_incomplete_multipart_upload_after=Duration.days(1),
+            )
+        ],
+        removal_policy=RemovalPolicy.RETAIN,
+    )
+    nag.acknowledge(access_logs, access_logs_acknowledgment)
+    bucket = s3.Bucket(
+        scope,
+        "Bucket",
+        encryption=s3.BucketEncryption.KMS,
+        encryption_key=key,
+        bucket_key_enabled=True,
+        block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
+        enforce_ssl=True,
+        versioned=True,
+        server_access_logs_bucket=access_logs,
+        server_access_logs_prefix=log_prefix,
+        lifecycle_rules=[lifecycle_rule],
+        removal_policy=RemovalPolicy.RETAIN,
+    )
+    return bucket, access_logs
+
+
 class CheckpointBucket(Construct):
     """Checkpoints and model output, prefixed per team/recipe/run. SSE-KMS, versioned, SSL only."""
 
     def __init__(self, scope: Construct, id: str, *, key: kms.IKey) -> None:
         super().__init__(scope, id)
-        # S3 server access logs can only be delivered to an SSE-S3 bucket.
-        self.access_logs = s3.Bucket(
+        self.bucket, self.access_logs = add_logged_kms_bucket(
             self,
-            "AccessLogs",
-            encryption=s3.BucketEncryption.S3_MANAGED,
-            block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
-            enforce_ssl=True,
-            versioned=True,
-            object_ownership=s3.ObjectOwnership.BUCKET_OWNER_PREFERRED,
-            lifecycle_rules=[
-                s3.LifecycleRule(
-                    expiration=Duration.days(ACCESS_LOG_EXPIRY_DAYS),
-                    noncurrent_version_expiration=Duration.days(1),
-                    abort_incomplete_multipart_upload_after=Duration.days(1),
-                )
-            ],
-            removal_policy=RemovalPolicy.RETAIN,
-        )
-        nag.acknowledge(self.access_logs, "AwsSolutions-S1")
-        self.bucket = s3.Bucket(
-            self,
-            "Bucket",
-            encryption=s3.BucketEncryption.KMS,
-            encryption_key=key,
-            bucket_key_enabled=True,
-            block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
-            enforce_ssl=True,
-            versioned=True,
-            server_access_logs_bucket=self.access_logs,
-            server_access_logs_prefix="checkpoints/",
-            lifecycle_rules=[
-                s3.LifecycleRule(
-                    abort_incomplete_multipart_upload_after=Duration.days(INCOMPLETE_UPLOAD_DAYS),
-                    noncurrent_version_expiration=Duration.days(NONCURRENT_EXPIRY_DAYS),
-                    noncurrent_versions_to_retain=NONCURRENT_VERSIONS_KEPT,
-                )
-            ],
-            removal_policy=RemovalPolicy.RETAIN,
+            key=key,
+            log_prefix="checkpoints/",
+            lifecycle_rule=s3.LifecycleRule(
+                abort_incomplete_multipart_upload_after=Duration.days(INCOMPLETE_UPLOAD_DAYS),
+                noncurrent_version_expiration=Duration.days(NONCURRENT_EXPIRY_DAYS),
+                noncurrent_versions_to_retain=NONCURRENT_VERSIONS_KEPT,
+            ),
+            access_logs_acknowledgment="AwsSolutions-S1",
         )
 
 
