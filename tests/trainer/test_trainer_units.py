@@ -18,7 +18,7 @@ from trainer.config import recipe_from_json, resolve_layout
 from trainer.data import ShardedTokens, SyntheticTokens, micro_batch_indices
 from trainer.loss import chunked_cross_entropy
 from trainer.make_shards import write_shards
-from trainer.model import build_model, pytorch_backend
+from trainer.model import apply_rotary, build_model, pytorch_backend, rotary_tables
 from trainer.optim import lr_factor
 from trainer.precision import TE_RECIPE_CLASS, check_precision
 from trainer_helpers import REPO, TINY, trainer_env
@@ -60,6 +60,26 @@ def test_grouped_query_attention_shapes(tiny):
     assert model.layers[0].feed_forward.w1.weight.shape == (tiny.model.ffn, tiny.model.hidden)
 
 
+def test_rotary_scores_depend_only_on_relative_position():
+    """RoPE's point: q.k after rotation at positions (m, n) equals that at (m + s, n + s)."""
+    torch.manual_seed(0)
+    head_dim, theta = 16, 500000.0
+    cos, sin = rotary_tables(head_dim, 64, theta, torch.device("cpu"))
+    q, k = torch.randn(head_dim, dtype=torch.float64), torch.randn(head_dim, dtype=torch.float64)
+
+    def rotated(vector: torch.Tensor, position: int) -> torch.Tensor:
+        sequence = torch.zeros(1, 1, 64, head_dim, dtype=torch.float64)  # (batch, heads, seq, dim)
+        sequence[0, 0, position] = vector
+        return apply_rotary(sequence, cos, sin)[0, 0, position]
+
+    def score(m: int, n: int) -> float:
+        return float(rotated(q, m) @ rotated(k, n))
+
+    assert score(9, 3) == pytest.approx(score(50, 44), rel=1e-5)
+    assert score(9, 3) != pytest.approx(score(9, 4), rel=1e-3)  # and it does depend on the distance
+    assert score(0, 0) == pytest.approx(float(q @ k), rel=1e-6)  # position 0 is not rotated
+
+
 def test_chunked_cross_entropy_equals_the_full_loss_and_gradient():
     torch.manual_seed(0)
     hidden = torch.randn(3, 10, 16, requires_grad=True)
@@ -71,6 +91,35 @@ def test_chunked_cross_entropy_equals_the_full_loss_and_gradient():
     (grad_full,) = torch.autograd.grad(full, hidden)
     assert torch.allclose(chunked, full, atol=1e-6)
     assert torch.allclose(grad_chunked, grad_full, atol=1e-6)
+
+
+def test_chunked_cross_entropy_keeps_no_logits_for_backward():
+    """Backward recomputes each chunk's logits: autograd holds none of them between forward and
+    backward, only the hidden states (a plain loss keeps its logits, as the control shows)."""
+    torch.manual_seed(0)
+    vocab, dim = 50, 16
+    hidden = torch.randn(3, 10, dim, requires_grad=True)
+    head = torch.nn.Linear(dim, vocab, bias=False)
+    targets = torch.randint(0, vocab, (3, 10))
+
+    def saved_shapes(loss_fn) -> list[tuple[int, ...]]:
+        shapes: list[tuple[int, ...]] = []
+
+        def pack(tensor):
+            shapes.append(tuple(tensor.shape))
+            return tensor
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+            loss = loss_fn()
+        loss.backward()
+        return shapes
+
+    plain = saved_shapes(
+        lambda: F.cross_entropy(head(hidden).reshape(-1, vocab).float(), targets.reshape(-1))
+    )
+    assert any(shape[-1] == vocab and len(shape) >= 2 for shape in plain)  # the control keeps logits
+    chunked = saved_shapes(lambda: chunked_cross_entropy(hidden, targets, head, chunk_tokens=7))
+    assert not [shape for shape in chunked if shape and shape[-1] == vocab], chunked
 
 
 def test_activation_checkpointing_changes_memory_not_math(tiny):

@@ -20,7 +20,9 @@ rename) only after DCP's save has returned, which it does on every rank only onc
 
 Saves are asynchronous: state is staged to host memory in the step loop, files are written by a
 background thread on a separate gloo process group (so the training collectives never interleave
-with it). One save is in flight at a time.
+with it). One save is in flight at a time. Old checkpoints are pruned at the start of the next save
+(and after the final, blocking one), once a barrier shows every rank has finalized the newest, so
+between saves keep + 1 directories can exist.
 """
 
 from __future__ import annotations
@@ -147,8 +149,11 @@ class CheckpointManager:
     ) -> Path:
         self.wait()
         directory = self.root / step_dir_name(state.step)
-        if self.local_rank == 0 and directory.exists():  # an interrupted earlier attempt at this step
-            shutil.rmtree(directory, ignore_errors=True)
+        dist.barrier(group=self.group)  # every rank has finalized every earlier save
+        if self.local_rank == 0:
+            if directory.exists():  # an interrupted earlier attempt: must not count as kept below
+                shutil.rmtree(directory, ignore_errors=True)
+            self._prune()
         dist.barrier(group=self.group)
         directory.mkdir(parents=True, exist_ok=True)  # on every node: the directory may be node-local
         extras = {"trainer": asdict(state), "scheduler": scheduler.state_dict(), "rng": _rng_state()}
@@ -163,6 +168,9 @@ class CheckpointManager:
         else:
             dcp.save(payload, checkpoint_id=str(directory), process_group=self.group)
             self._finalize(directory, state)
+            dist.barrier(group=self.group)
+            if self.local_rank == 0:
+                self._prune()
         return directory
 
     def poll(self) -> None:
@@ -198,14 +206,15 @@ class CheckpointManager:
             }
             _write_atomic(directory / MARKER, json.dumps(marker, indent=1) + "\n")
             log.info("checkpoint complete: %s", directory)
-        if self.local_rank == 0:
-            self._prune()
 
     def _prune(self) -> None:
         """Keep the newest `keep` checkpoints this rank finished; drop every directory older than those.
 
-        Judged by this rank's own manifest, not COMPLETE.json: with node-local directories only node 0
-        holds the marker, and a save this rank finished is finished on every rank."""
+        Called only after a barrier that follows every rank's `_finalize` of those saves: a rank's
+        manifest is written at its own next step boundary, so pruning right after this rank's own
+        finalize could delete the last complete checkpoint (keep: 1) while the newest still lacks
+        another rank's manifest. Judged by this rank's own manifest, not COMPLETE.json: with
+        node-local directories only node 0 holds the marker."""
         finished = [s for s, d in step_dirs(self.root) if (d / manifest_name(self.rank)).is_file()]
         if len(finished) <= self.keep:
             return

@@ -38,6 +38,14 @@ def shard_model(model: Transformer, mesh: DeviceMesh) -> Transformer:
     return model
 
 
-def set_gradient_sync(model: Transformer, enabled: bool) -> None:
-    """Skip reduce-scatter/all-reduce on accumulation micro-steps; sync on the last one."""
-    model.set_requires_gradient_sync(enabled)  # FSDPModule method, recursive over the blocks
+def set_gradient_sync(model: Transformer, mesh: DeviceMesh, last_micro_step: bool) -> None:
+    """Gradient communication for one accumulation micro-step.
+
+    Gradients are reduce-scattered on every micro-step, so what accumulates between micro-steps is
+    each rank's FP32 gradient *shard*. FSDP2's `set_requires_gradient_sync(False)` (FSDP1's
+    `no_sync`) would instead keep every block's full unsharded gradient, upcast to the FP32 reduce
+    dtype, until the last micro-step: 4 bytes x all parameters per GPU (120 GB for 30B, 256 GB for
+    64B), which no GPU holds. On an HSDP mesh the all-reduce across replicas is what can wait: it
+    runs on the last micro-step only (FSDP2's documented `set_requires_all_reduce`)."""
+    if mesh.ndim == 2:
+        model.set_requires_all_reduce(last_micro_step)  # FSDPModule method, recursive over the blocks

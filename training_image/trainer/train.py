@@ -15,17 +15,20 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh
+from torch.optim.lr_scheduler import LRScheduler
 
 from trainer.activation_checkpointing import apply_activation_checkpointing
 from trainer.checkpoint import CheckpointManager, TrainerState
 from trainer.config import Layout, load_recipe, resolve_layout
-from trainer.data import load_batch, micro_batch_indices, open_source
-from trainer.model import build_model, select_backend
+from trainer.data import TokenSource, load_batch, micro_batch_indices, open_source
+from trainer.model import Transformer, build_model, select_backend
 from trainer.optim import build_optimizer, build_scheduler
 from trainer.parallel import build_mesh, mesh_description, set_gradient_sync, shard_model
 from trainer.precision import autocast_factory, check_precision
@@ -208,45 +211,69 @@ def _train(
     else:
         log.info("no complete checkpoint in %s: starting at step 0", options.checkpoint_dir)
     max_steps = options.max_steps if options.max_steps is not None else recipe.training.steps
+    ctx = LoopContext(
+        recipe=recipe,
+        layout=layout,
+        options=options,
+        rank=rank,
+        world=world,
+        device=device,
+        mesh=mesh,
+        model=model,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        token_source=token_source,
+        checkpoints=checkpoints,
+    )
     try:
-        return _loop(
-            recipe,
-            layout,
-            options,
-            rank,
-            world,
-            device,
-            model,
-            optimizer,
-            scheduler,
-            token_source,
-            checkpoints,
-            state,
-            max_steps,
-            stop,
-        )
+        return _loop(ctx, state, max_steps, stop)
     finally:
         checkpoints.wait()
 
 
-def _loop(
-    recipe,
-    layout: Layout,
-    options,
-    rank,
-    world,
-    device,
-    model,
-    optimizer,
-    scheduler,
-    token_source,
-    checkpoints: CheckpointManager,
-    state: TrainerState,
-    max_steps: int,
-    stop: StopRequest,
-) -> int:
+@dataclass(frozen=True)
+class LoopContext:
+    """Everything the step loop works with, built once by `_train` and never reassigned."""
+
+    recipe: Recipe
+    layout: Layout
+    options: RunOptions
+    rank: int
+    world: int
+    device: torch.device
+    mesh: DeviceMesh
+    model: Transformer
+    optimizer: torch.optim.Optimizer
+    scheduler: LRScheduler
+    token_source: TokenSource
+    checkpoints: CheckpointManager
+
+
+def _forward_backward(ctx: LoopContext, position: int, autocast: Callable) -> tuple[torch.Tensor, list[int]]:
+    """One optimizer step's micro-steps from data position `position`: (summed loss, samples used).
+
+    Each micro-step's mean loss is divided by the accumulation count, and FSDP2 averages gradients
+    over the ranks, so the accumulated gradient is that of the mean loss over the global batch."""
+    layout = ctx.layout
+    loss_sum = torch.zeros((), device=ctx.device)
+    used: list[int] = []
+    for micro_step in range(layout.grad_accum):
+        indices = micro_batch_indices(position, micro_step, ctx.rank, ctx.world, layout.micro_batch)
+        batch = load_batch(ctx.token_source, indices, ctx.device)
+        used.extend(batch.sample_indices)
+        set_gradient_sync(ctx.model, ctx.mesh, last_micro_step=micro_step == layout.grad_accum - 1)
+        with autocast():  # forward only: TE's autocast must not wrap backward
+            loss = ctx.model(batch.inputs, batch.targets)
+        (loss / layout.grad_accum).backward()
+        loss_sum += loss.detach()
+    return loss_sum, used
+
+
+def _loop(ctx: LoopContext, state: TrainerState, max_steps: int, stop: StopRequest) -> int:
+    recipe, layout, device = ctx.recipe, ctx.layout, ctx.device
+    model, optimizer, scheduler, checkpoints = ctx.model, ctx.optimizer, ctx.scheduler, ctx.checkpoints
     autocast = autocast_factory(recipe.precision)
-    trace = Trace(options.trace_dir, rank)
+    trace = Trace(ctx.options.trace_dir, ctx.rank)
     tr = recipe.training
     flops = flops_per_token(recipe.model, tr.seq_len)
     peak, peak_of = peak_tflops(recipe, device)
@@ -264,17 +291,7 @@ def _loop(
     if step >= max_steps:
         log.info("already at step %d of %d: nothing to do", step, max_steps)
     while step < max_steps:
-        loss_sum = torch.zeros((), device=device)
-        used: list[int] = []
-        for micro_step in range(layout.grad_accum):
-            indices = micro_batch_indices(position, micro_step, rank, world, layout.micro_batch)
-            batch = load_batch(token_source, indices, device)
-            used.extend(batch.sample_indices)
-            set_gradient_sync(model, micro_step == layout.grad_accum - 1)
-            with autocast():
-                loss = model(batch.inputs, batch.targets)
-            (loss / layout.grad_accum).backward()
-            loss_sum += loss.detach()
+        loss_sum, used = _forward_backward(ctx, position, autocast)
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), tr.grad_clip)
         if hasattr(grad_norm, "full_tensor"):
             grad_norm = grad_norm.full_tensor()
@@ -283,7 +300,7 @@ def _loop(
             [loss_sum / layout.grad_accum, torch.tensor(float(stop.requested), device=device)]
         )
         dist.all_reduce(shared)
-        mean_loss, stopping = shared[0].item() / world, shared[1].item() > 0
+        mean_loss, stopping = shared[0].item() / ctx.world, shared[1].item() > 0
         if not (math.isfinite(mean_loss) and math.isfinite(grad_norm.item())):
             raise NonFiniteLoss(
                 f"non-finite loss or gradient at step {step + 1} (loss={mean_loss}, "
@@ -314,10 +331,10 @@ def _loop(
                 mem_gib=peak_memory_gib(device),
                 step_time_s=elapsed / len(interval_losses),
             )
-            if rank == 0:
+            if ctx.rank == 0:
                 print(line, flush=True)
             interval_losses, interval_start = [], time.perf_counter()
-        state = TrainerState(step, position, token_source.name, world)
+        state = TrainerState(step, position, ctx.token_source.name, ctx.world)
         final = stopping or step == max_steps
         if step % recipe.checkpointing.interval_steps == 0 or final:
             checkpoints.save(model, optimizer, scheduler, state, blocking=final)
