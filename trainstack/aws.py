@@ -22,11 +22,60 @@ def environment(local: bool, environ: Mapping[str, str] | None = None) -> dict[s
 
     endpoint = env.get("AWS_ENDPOINT_URL", "")
     if endpoint:
-        if not endpoint.startswith(("http://localhost", "http://127.0.0.1")):
+        from urllib.parse import urlsplit
+
+        url = urlsplit(endpoint)
+        if url.scheme != "http" or url.hostname not in ("localhost", "127.0.0.1"):
             raise TrainstackError(f"--local needs a local emulator, but AWS_ENDPOINT_URL is {endpoint}")
-        port = int(endpoint.rstrip("/").rsplit(":", 1)[1])
+        try:
+            port = url.port
+        except ValueError:
+            port = None
+        if port is None:
+            raise TrainstackError(
+                f"AWS_ENDPOINT_URL={endpoint} names no port: use the URL the emulator printed, "
+                "e.g. http://localhost:5000"
+            )
         return {**env, **emulator.Emulator(port=port).env()}
     return {**env, **emulator.local_env()}
+
+
+# botocore error class name -> what the user can do about it
+_HINTS = {
+    "NoCredentialsError": "configure AWS credentials (AWS_PROFILE, `aws configure` or `aws sso login`), "
+    "or use --local for the emulator",
+    "PartialCredentialsError": "the AWS credentials are incomplete: check AWS_ACCESS_KEY_ID, "
+    "AWS_SECRET_ACCESS_KEY and the profile",
+    "NoRegionError": "set AWS_REGION (or AWS_DEFAULT_REGION, or a profile region), or use --local",
+    "ProfileNotFound": "AWS_PROFILE names a profile that is not in ~/.aws/config: fix or unset it",
+    "SSOTokenLoadError": "the SSO session has expired: run `aws sso login`",
+    "TokenRetrievalError": "the SSO session has expired: run `aws sso login`",
+}
+_CLIENT_HINTS = {
+    "ExpiredToken": "the AWS session has expired: refresh the credentials",
+    "ExpiredTokenException": "the AWS session has expired: refresh the credentials",
+    "InvalidClientTokenId": "the AWS access key is not valid in this account/region",
+    "UnrecognizedClientException": "the AWS access key is not valid in this account/region",
+    "AccessDenied": "the caller lacks this permission: check the role or profile in use",
+    "AccessDeniedException": "the caller lacks this permission: check the role or profile in use",
+}
+
+
+def explain(error: BaseException) -> str:
+    """One line for a botocore error: what went wrong and, where we know it, what to do."""
+    text = " ".join(str(error).split()) or type(error).__name__
+    name = type(error).__name__
+    hint = _HINTS.get(name)
+    if hint is None and name == "ClientError":
+        hint = _CLIENT_HINTS.get(getattr(error, "response", {}).get("Error", {}).get("Code", ""))
+    if hint is None and name in ("EndpointConnectionError", "ConnectTimeoutError", "ConnectionClosedError"):
+        endpoint = str(getattr(error, "kwargs", {}).get("endpoint_url", ""))
+        hint = (
+            "is the local emulator still running? (`python -m trainstack.emulator`)"
+            if endpoint.startswith(("http://localhost", "http://127.0.0.1"))
+            else "check the network, the region and any proxy settings"
+        )
+    return f"{text}: {hint}" if hint else text
 
 
 class Aws:
@@ -79,9 +128,9 @@ class Aws:
                 raise TrainstackError(
                     f"stack {stack_name} is not deployed in {self.where}: run {deploy_hint}"
                 ) from None
-            raise TrainstackError(f"cannot read stack {stack_name}: {exc}") from None
+            raise TrainstackError(f"cannot read stack {stack_name} in {self.where}: {explain(exc)}") from None
         except BotoCoreError as exc:
-            raise TrainstackError(f"cannot reach AWS ({self.where}): {exc}") from None
+            raise TrainstackError(f"cannot read stack {stack_name} in {self.where}: {explain(exc)}") from None
         return {o["OutputKey"]: o["OutputValue"] for o in stacks[0].get("Outputs", [])}
 
 

@@ -7,11 +7,15 @@ Command modules keep heavy imports (boto3, aws_cdk, torch, matplotlib) inside th
 
 from __future__ import annotations
 
+import errno
 import importlib
 import sys
 from typing import Any
 
 import typer
+
+# typer (pinned) vendors its own click: its usage errors are these classes, not the `click` package's.
+from typer._click.exceptions import ClickException, NoArgsIsHelpError
 from typer.core import TyperGroup
 
 from trainstack.errors import TrainstackError
@@ -34,21 +38,54 @@ def _one_line(error: BaseException) -> str:
     return " ".join(str(error).split()) or type(error).__name__
 
 
+def _fail(message: str, exit_code: int = 2) -> typer.Exit:
+    typer.echo(f"error: {' '.join(message.split())}", err=True)
+    return typer.Exit(exit_code)
+
+
+def _usage(error: ClickException) -> BaseException:
+    """A usage mistake (unknown option, missing argument, bad value) as one line, with where to look."""
+    if isinstance(error, NoArgsIsHelpError):  # `trainstack` alone: typer prints help
+        return error
+    ctx = getattr(error, "ctx", None)
+    where = f" (see `{ctx.command_path} -h`)" if ctx is not None else ""
+    return _fail(error.format_message().rstrip(".") + where, error.exit_code)
+
+
 class _Commands(TyperGroup):
-    """Runs a command; a TrainstackError becomes one line on stderr and exit status 2 (no traceback)."""
+    """Runs a command; user mistakes become one line on stderr and a non-zero exit (no traceback):
+    a TrainstackError or usage error (exit 2), a file that cannot be read or written (exit 2), an AWS
+    client error that a command did not explain itself (exit 2, via trainstack.aws.explain)."""
+
+    def make_context(self, info_name: Any, args: Any, parent: Any = None, **extra: Any) -> Any:
+        try:
+            return super().make_context(info_name, args, parent=parent, **extra)
+        except ClickException as error:  # e.g. `trainstack --bogus`
+            raise _usage(error) from None
 
     def invoke(self, ctx: Any) -> Any:
         try:
             return super().invoke(ctx)
         except TrainstackError as error:
-            typer.echo(f"error: {_one_line(error)}", err=True)
-            raise typer.Exit(error.exit_code) from None
+            raise _fail(_one_line(error), error.exit_code) from None
+        except ClickException as error:
+            raise _usage(error) from None
+        except OSError as error:
+            if error.errno == errno.EPIPE:  # `trainstack ... | head`: typer exits quietly
+                raise
+            what = f"{error.filename}: " if error.filename else ""
+            raise _fail(f"{what}{error.strerror or _one_line(error)}") from None
+        except Exception as error:
+            if type(error).__module__.split(".")[0] != "botocore":
+                raise  # a bug: keep the traceback
+            from trainstack.aws import explain
+
+            raise _fail(f"AWS request failed: {explain(error)}") from None
 
 
 app = typer.Typer(
     cls=_Commands,
     name="trainstack",
-    help="Plan, validate and launch LLM training recipes on SageMaker P6-B200.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -62,6 +99,10 @@ def _root() -> None:
 
     Recipes are YAML files in recipes/ (a name such as 30b-fp8, or a path). Team files in
     recipes/teams/<team>/ layer on top (--team), then --set key.path=value overrides.
+
+    Errors are one line on stderr starting with `error:`; exit status 2 for invalid input or an
+    environment problem (no AWS credentials, no emulator), 1 where a command says so (plan: does not
+    fit). `trainstack COMMAND -h` shows each command's options and examples.
     """
 
 

@@ -122,6 +122,23 @@ def flag(context: Mapping[str, Any], key: str) -> bool:
     raise TrainstackError(f"{CONTEXT}: {key}: expected true or false, got {raw!r}")
 
 
+def user_context(context: Mapping[str, Any]) -> dict[str, Any]:
+    """The `-c` keys a user gave, without the CDK's own (`aws:cdk:...`, `@aws-cdk/...` feature flags,
+    `<lookup>:account=...` cache entries)."""
+    return {k: v for k, v in context.items() if v is not None and ":" not in k and not k.startswith("@")}
+
+
+def _check_keys(context: Mapping[str, Any]) -> None:
+    """A misspelt key (`-c tem=nlp`) would otherwise be ignored and deploy something else."""
+    import difflib
+
+    for key in user_context(context):
+        if key not in CONTEXT_KEYS:
+            close = difflib.get_close_matches(key, CONTEXT_KEYS, n=1)
+            hint = f"did you mean {close[0]}?" if close else f"known: {', '.join(CONTEXT_KEYS)}"
+            raise TrainstackError(f"{CONTEXT}: {key}: unknown key ({hint})")
+
+
 def load(
     context: Mapping[str, Any],
     env: Mapping[str, str],
@@ -131,6 +148,7 @@ def load(
     base_image_resolver: Callable[[str, Recipe], str] | None = None,
 ) -> DeploymentConfig:
     """Validate every -c value and resolve the recipes; raises TrainstackError with one line."""
+    _check_keys(context)
     name = str(context.get("recipe") or "").strip()
     if not name:
         raise TrainstackError(f"{CONTEXT}: recipe: required, e.g. `-c recipe=30b-fp8` (or `-c recipe=all`)")
@@ -217,7 +235,15 @@ def _image_source(
     region: str | None,
     resolve_base: Callable[[str, Recipe], str],
 ) -> ImageSource:
-    uri = str(context.get("image_uri") or "").strip() or recipe.image.uri
+    given_uri, given_tag = (str(context.get(k) or "").strip() for k in ("image_uri", "image_tag"))
+    if given_uri and given_tag:
+        raise TrainstackError(f"{CONTEXT}: image_uri and image_tag name two images: pass only one")
+    if given_uri and not re.fullmatch(r"[^\s/]+(/[^\s/]+)+|[^\s/:@]+([:@][^\s]+)?", given_uri):
+        raise TrainstackError(
+            f"{CONTEXT}: image_uri: {given_uri!r} is not an image reference "
+            "(e.g. 123456789012.dkr.ecr.us-west-2.amazonaws.com/trainstack:v1)"
+        )
+    uri = given_uri or recipe.image.uri
     if uri:
         return ImageSource(uri=uri)
     tag = str(context.get("image_tag") or "").strip()

@@ -26,6 +26,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -146,8 +147,9 @@ def local_env(path: Path = STATE_FILE) -> dict[str, str]:
         urllib.request.urlopen(f"{state['endpoint']}/moto-api/data.json", timeout=2).close()
     except (OSError, ValueError, KeyError):
         raise TrainstackError(
-            "no local emulator is running "
-            "(start one with `python -m trainstack.emulator`, or run `make demo`)"
+            "no local emulator is running: AWS_ENDPOINT_URL is unset and no live one is recorded in "
+            f"{path} under this directory (start one here with `python -m trainstack.emulator`, or "
+            "export the AWS_ENDPOINT_URL it printed)"
         ) from None
     emulator = Emulator(port=int(state["endpoint"].rsplit(":", 1)[1]))
     return emulator.env()
@@ -334,6 +336,8 @@ def _main() -> None:
         serve(["-H", "127.0.0.1", "-p", str(args.port)])
         return
     emulator = Emulator(port=args.port or free_port())
+    # `kill PID` (SIGTERM) stops it like Ctrl-C: the server process and the state file go with it
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     with emulator:
         write_state(emulator.endpoint, os.getpid())
         print(

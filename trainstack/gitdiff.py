@@ -155,6 +155,8 @@ def compute(base: str, repo: Path | str | None = None) -> PlanDiff:
 
 
 def repo_root(path: Path) -> Path:
+    if not path.is_dir():  # else git's missing cwd would read as "git is not installed"
+        raise TrainstackError(f"--repo: {path} is not a directory")
     out = _git(path, "rev-parse", "--show-toplevel", error=f"{path} is not inside a git repository")
     return Path(out.strip())
 

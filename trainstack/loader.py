@@ -71,17 +71,36 @@ def team_recipe_names(team: str, recipes_dir: Path | str | None = None) -> list[
     return sorted(set(base_recipe_names(root)) | own)
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """safe_load, but a key given twice in one mapping is an error: YAML would keep the last silently
+    (a second `training:` block would drop the first one's values)."""
+
+    def construct_mapping(self, node: Any, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if isinstance(key, str):
+                if key in seen:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"duplicate key {key!r}", key_node.start_mark
+                    )
+                seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
 def read_yaml(path: Path) -> dict[str, Any]:
     """A YAML mapping from `path`, or a one-line RecipeError naming the file."""
     source = _display(path)
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise RecipeError(source, None, "file not found") from None
     except OSError as exc:
         raise RecipeError(source, None, f"cannot read: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise RecipeError(source, None, f"not UTF-8 text (byte {exc.start}): is this a YAML file?") from None
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader: no arbitrary objects
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -175,6 +194,14 @@ def resolve(
     try:
         recipe = Recipe.model_validate(merged)
     except ValidationError as exc:
+        given = Path(name_or_path)
+        if is_path and team is None and given.parent.parent.name == "teams":  # a partial file alone
+            recipe_name = "RECIPE" if given.name == TEAM_DEFAULTS else given.stem
+            raise RecipeError(
+                _display(given),
+                None,
+                f"a team file is not a whole recipe: use `{recipe_name} --team {given.parent.name}`",
+            ) from None
         raise _first_error(exc, sources, layers[0].source) from None
     files = tuple(
         layer.source for layer in layers if layer.source != SET_SOURCE and not layer.source.startswith("--")

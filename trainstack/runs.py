@@ -353,14 +353,14 @@ def aws_clients(local: bool = False, environ: dict[str, str] | None = None) -> C
     """boto3 clients for real AWS (the usual credential chain) or the local emulator (trainstack.aws)."""
     from botocore.exceptions import BotoCoreError
 
-    from trainstack.aws import Aws
+    from trainstack.aws import Aws, explain
     from trainstack.errors import TrainstackError
 
     try:
         aws = Aws(local=local, environ=environ)
         return Clients(aws.client("sagemaker"), aws.client("cloudwatch"), aws.client("logs"), aws, aws.where)
     except BotoCoreError as error:
-        raise TrainstackError(f"AWS client setup failed: {error}") from None
+        raise TrainstackError(f"AWS client setup failed: {explain(error)}") from None
 
 
 # --- Launcher executions --------------------------------------------------------------------------

@@ -38,6 +38,8 @@ def run_app(context: dict[str, str], outdir: Path) -> subprocess.CompletedProces
             "does not fit",
         ),
         ({"recipe": "30b-fp8", "set": "compute.instance_type=ml.g5.xlarge"}, "'ml.g5.xlarge' is not offered"),
+        # a misspelt key would otherwise be ignored: this one would deploy the platform team's stacks
+        ({"recipe": "30b-fp8", "tem": "nlp"}, "cdk context: tem: unknown key (did you mean team?)"),
     ],
 )
 def test_app_refuses_bad_input_in_one_line_and_writes_nothing(

@@ -120,3 +120,30 @@ def test_the_base_image_comes_from_the_sagemaker_sdk() -> None:
     r = load(recipe="30b-fp8").deployments[0].recipe
     uri = config.resolve_base_image("us-west-2", r, cache=None)
     assert uri.startswith("763104351884.dkr.ecr.us-west-2.amazonaws.com/pytorch-training:2.9")
+
+
+def test_unknown_context_key_is_refused_but_the_cdks_own_keys_pass() -> None:
+    with pytest.raises(
+        TrainstackError, match=r"^cdk context: recpie: unknown key \(did you mean recipe\?\)$"
+    ):
+        load(recipe="30b-fp8", recpie="30b-fp8")
+    cdk_own = {
+        "recipe": "1b-bf16",
+        "aws:cdk:enable-path-metadata": True,
+        "@aws-cdk/core:failSynthOnValidationErrors": False,
+        "availability-zones:account=123456789012:region=us-east-1": ["us-east-1a"],
+    }
+    assert config.user_context(cdk_own) == {"recipe": "1b-bf16"}
+    assert config.load(config.user_context(cdk_own), ENV, base_image_resolver=lambda r, x: DLC).deployments
+
+
+@pytest.mark.parametrize(
+    "context, message",
+    [
+        ({"image_uri": "123.dkr.ecr.x/y:z", "image_tag": "v1"}, "image_uri and image_tag name two images"),
+        ({"image_uri": "not an image"}, "image_uri: 'not an image' is not an image reference"),
+    ],
+)
+def test_image_choice_is_one_valid_reference(context, message) -> None:
+    with pytest.raises(TrainstackError, match=f"^cdk context: {message}"):
+        load(recipe="30b-fp8", **context)

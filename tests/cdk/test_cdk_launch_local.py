@@ -26,8 +26,9 @@ def test_launch_local_without_an_emulator_says_so_in_one_line(tmp_path: Path) ->
     )
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
-        "error: no local emulator is running "
-        "(start one with `python -m trainstack.emulator`, or run `make demo`)"
+        "error: no local emulator is running: AWS_ENDPOINT_URL is unset and no live one is recorded in "
+        ".emulator/endpoint.json under this directory (start one here with `python -m trainstack.emulator`, "
+        "or export the AWS_ENDPOINT_URL it printed)"
     ]
 
 
@@ -43,3 +44,49 @@ def test_base_image_answers_are_cached(tmp_path: Path, monkeypatch) -> None:
 
     monkeypatch.setattr(config, "_retrieve", unreachable)
     assert config.resolve_base_image("eu-west-1", recipe, cache=cache) == first
+
+
+class _FakeClients:
+    """Step Functions and SageMaker as `launch --wait` sees them before the launcher creates the job."""
+
+    def __init__(self, status: str = "RUNNING", job_after: int | None = None) -> None:
+        self.status, self.job_after, self.polls = status, job_after, 0
+
+    def client(self, service: str) -> _FakeClients:
+        return self
+
+    def describe_execution(self, executionArn: str) -> dict:  # noqa: N803 (boto3's spelling)
+        return {"status": self.status}
+
+    def describe_training_job(self, TrainingJobName: str) -> dict:  # noqa: N803
+        from botocore.exceptions import ClientError
+
+        self.polls += 1
+        if self.job_after is not None and self.polls > self.job_after:
+            return {"TrainingJobStatus": "InProgress"}
+        raise ClientError({"Error": {"Code": "ValidationException", "Message": "not found"}}, "Describe")
+
+
+def test_launch_wait_shows_progress_then_the_job(monkeypatch, capsys) -> None:
+    from trainstack.commands import launch
+
+    monkeypatch.setattr(launch.time, "sleep", lambda s: None)
+    launch._wait_for_job(_FakeClients(job_after=2), "arn:execution", "ts-x--abc-r1", timeout_s=60)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("  ... launcher execution RUNNING, no training job yet (")
+    assert lines[-1] == "training job ts-x--abc-r1: InProgress"
+
+
+def test_launch_wait_that_runs_out_says_the_run_started_and_exits_1(monkeypatch, capsys) -> None:
+    import pytest
+
+    from trainstack.commands import launch
+    from trainstack.errors import TrainstackError
+
+    monkeypatch.setattr(launch.time, "sleep", lambda s: None)
+    with pytest.raises(
+        TrainstackError, match="^the launch started but no training job ts-x--abc-r1"
+    ) as caught:
+        launch._wait_for_job(_FakeClients(), "arn:execution", "ts-x--abc-r1", timeout_s=0.2)
+    assert caught.value.exit_code == 1
+    assert "no training job yet" in capsys.readouterr().out

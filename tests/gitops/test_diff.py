@@ -218,3 +218,8 @@ def test_a_budget_change_deploys_nothing_and_keeps_run_names_but_a_new_region_re
     diff = gitdiff.compute("HEAD", root)
     assert deployed(diff) == {"Trainstack-vision-small", "Trainstack-vision-medium"}
     assert {job["region"] for job in diff.matrix()["include"]} == {"eu-west-1"}
+
+
+def test_missing_repo_directory_is_named_not_blamed_on_git(tmp_path):
+    with pytest.raises(TrainstackError, match=r"^--repo: .*/nope is not a directory$"):
+        gitdiff.compute("main", tmp_path / "nope")

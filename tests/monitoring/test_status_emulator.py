@@ -93,8 +93,11 @@ def test_no_run_yet_is_said_plainly(emulator):
     assert result.returncode == 0, result.stderr
     assert "No run yet" in result.stdout
     assert "trainstack launch 30b-fp8" in result.stdout
+    # the prefix already ends in `--`: the pattern shown is the exact job name shape
+    assert "ts-platform-30b-fp8--<recipe hash>-..." in " ".join(result.stdout.split())
     logs = cli(emulator, "logs", RECIPE)
     assert logs.returncode == 0 and "No run of 30b-fp8" in logs.stdout
+    assert "ts-platform-30b-fp8--<recipe hash>-..." in logs.stdout
 
 
 def test_status_reports_a_run_below_the_slow_threshold_as_slow(emulator):

@@ -74,6 +74,13 @@ BAD_FILES = [
     ),
     ("malformed yaml", "bad.yaml", "model: {layers: 2\n  hidden: [\n", None, "malformed YAML at line"),
     ("empty file", "bad.yaml", "", None, "file is empty"),
+    (
+        "duplicate section",
+        "bad.yaml",
+        variant(extra="training: {steps: 5}\n"),
+        None,
+        "malformed YAML at line 7, column 1: duplicate key 'training'",
+    ),
 ]
 
 
@@ -172,3 +179,105 @@ def test_console_script_prints_one_line_and_exits_2(tmp_path):
     assert proc.returncode == 2
     assert proc.stderr.strip().count("\n") == 0 and "empty.yaml: file is empty" in proc.stderr
     assert "Traceback" not in proc.stderr + proc.stdout
+
+
+# --- the CLI's shared error path (trainstack.cli._Commands): usage, files, AWS ------------------------
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["plan"], "Missing argument 'recipe' (see `trainstack plan -h`)"),
+        (["plan", "small", "--bogus"], "No such option: --bogus (see `trainstack plan -h`)"),
+        (["--bogus"], "No such option: --bogus (see `trainstack -h`)"),
+        (["plann"], "No such command 'plann'"),
+        (["status", "small", "--interval", "0"], "Invalid value for '--interval'"),
+        (["launch", "small", "--max-steps", "many"], "Invalid value for '--max-steps'"),
+    ],
+    ids=[
+        "missing argument",
+        "unknown option",
+        "unknown root option",
+        "unknown command",
+        "out of range",
+        "type",
+    ],
+)
+def test_usage_mistakes_are_one_line(args, words):
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and words in lines[0], result.stderr
+
+
+def test_no_arguments_still_prints_help():
+    result = CliRunner().invoke(app, [])
+    assert "Usage: trainstack" in result.stdout and "Commands" in result.stdout and result.stderr == ""
+
+
+def test_missing_recipes_dir_is_refused_not_an_empty_pass(tmp_path):
+    """A mistyped --recipes-dir (or TRAINSTACK_RECIPES_DIR) must not let the validate gate pass on nothing."""
+    missing = tmp_path / "recipe"
+    for command in (["validate"], ["recipes"], ["plan", "small"]):
+        result = CliRunner().invoke(app, [*command, "--recipes-dir", str(missing)])
+        assert result.exit_code == 2, command
+        assert f"'{missing}' does not exist" in result.stderr and result.stdout == "", command
+    result = CliRunner().invoke(app, ["validate"], env={"TRAINSTACK_RECIPES_DIR": str(missing)})
+    assert result.exit_code == 2 and "TRAINSTACK_RECIPES_DIR" in result.stderr
+
+
+def test_validate_names_a_missing_path_and_counts_it(tmp_path):
+    result = CliRunner().invoke(app, ["validate", str(tmp_path / "nope.yaml")])
+    assert result.exit_code == 2
+    assert result.stderr.splitlines() == [
+        f"invalid {tmp_path / 'nope.yaml'}: no such file or directory",
+        "0 valid, 1 invalid",
+    ]
+
+
+def test_unwritable_output_file_is_one_line_and_nothing_written(tmp_path, recipes_dir):
+    target = tmp_path / "no-such-dir" / "schema.json"
+    result = CliRunner().invoke(app, ["schema", "-o", str(target)])
+    assert result.exit_code == 2
+    assert result.stderr.strip() == f"error: {target}: No such file or directory"
+    assert not target.parent.exists()
+
+
+def test_an_aws_error_a_command_did_not_handle_is_one_explained_line(monkeypatch, recipes_dir):
+    """Any botocore error reaching the CLI (here: a named AWS profile that does not exist) is one line."""
+    monkeypatch.setenv("AWS_PROFILE", "no-such-profile")
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(recipes_dir / "absent-config"))
+    monkeypatch.setenv("AWS_REGION", "us-east-1")
+    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
+    result = CliRunner().invoke(app, ["launch", "small", "--recipes-dir", str(recipes_dir)])
+    assert result.exit_code == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "no-such-profile" in lines[0] and "fix or unset it" in lines[0], result.stderr
+
+
+def test_a_binary_file_is_one_line_not_a_decode_traceback(recipes_dir):
+    path = recipes_dir.parent / "binary.yaml"
+    path.write_bytes(b"name: x\n\xff\xfe\x00")
+    result = CliRunner().invoke(app, ["plan", str(path), "--recipes-dir", str(recipes_dir)])
+    assert_one_line_error(result, "binary.yaml", None, "not UTF-8 text (byte 8)")
+
+
+def test_a_team_file_given_as_a_recipe_says_how_to_use_it(recipes_dir):
+    team_file = recipes_dir / "teams" / "nlp" / "small.yaml"
+    team_file.write_text("training: {steps: 5}\n")
+    result = CliRunner().invoke(app, ["show", str(team_file), "--recipes-dir", str(recipes_dir)])
+    assert_one_line_error(result, "teams/nlp/small.yaml", None, "use `small --team nlp`")
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["status", "small", "--json", "--watch"], "--json prints one snapshot and cannot --watch"),
+        (["diff", "--json", "--markdown"], "--json and --markdown are two formats of one output"),
+    ],
+)
+def test_options_that_exclude_each_other_are_refused(recipes_dir, args, words):
+    extra = ["--recipes-dir", str(recipes_dir)] if args[0] == "status" else []
+    result = CliRunner().invoke(app, [*args, *extra])
+    lines = result.stderr.strip().splitlines()
+    assert result.exit_code == 2 and len(lines) == 1 and lines[0].startswith(f"error: {words}"), result.stderr

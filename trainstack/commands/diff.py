@@ -19,10 +19,25 @@ def diff(
     markdown: Annotated[bool, typer.Option("--markdown", help="Markdown, as the pull request shows")] = False,
     repo: Annotated[Path | None, typer.Option("--repo", help="a path inside the git repository")] = None,
 ) -> None:
-    """Plan diff against a git ref: which recipe/team stacks a merge would deploy, with memory,
-    tokens/s, MFU, time and cost before and after."""
-    from trainstack import gitdiff
+    """Plan diff against a git ref: the recipe/team stacks a merge would deploy, plans before -> after.
 
+    Each row: peak memory, tokens/s per GPU, MFU, hours and cost, before -> after.
+
+    Compares recipes/ in the working tree (uncommitted changes included) with recipes/ at --base.
+    Exit status 0 (invalid targets are listed, not fatal: `trainstack validate` is the gate), 2 when
+    the ref or repository cannot be read.
+
+    Examples:
+
+      trainstack diff --base main
+
+      trainstack diff --base origin/main --markdown
+    """
+    from trainstack import gitdiff
+    from trainstack.errors import TrainstackError
+
+    if as_json and markdown:
+        raise TrainstackError("--json and --markdown are two formats of one output: choose one")
     result = gitdiff.compute(base, repo)
     if as_json:
         typer.echo(json.dumps(result.to_dict(), indent=2))
@@ -33,12 +48,12 @@ def diff(
 
 
 def _print_table(result) -> None:
-    from rich.console import Console
     from rich.table import Table
 
     from trainstack import gitdiff
+    from trainstack.commands.plan_options import console as wide_console
 
-    console = Console()
+    console = wide_console()  # piped (CI logs): wide enough that the columns do not fold
     table = Table(title=f"Plan diff against {result.base} ({result.base_commit[:12]})", title_justify="left")
     for column in gitdiff.COLUMNS:
         table.add_column(column, overflow="fold")

@@ -37,9 +37,19 @@ def logs(
     local: LocalOpt = False,
     recipes_dir: RecipesDirOpt = None,
 ) -> None:
-    """Print the CloudWatch logs of the newest run of RECIPE (or of --job)."""
+    """Print the CloudWatch logs of the newest run of RECIPE (or of --job).
+
+    Exit status 0, or 2 when the recipe is invalid, --job is not a run of RECIPE, or AWS cannot be read.
+
+    Examples:
+
+      trainstack logs 30b-fp8 --follow
+
+      trainstack logs 30b-fp8 --job ts-platform-30b-fp8--5a5591dc-rtpb8y7
+    """
     from botocore.exceptions import BotoCoreError, ClientError
 
+    from trainstack.aws import explain
     from trainstack.errors import TrainstackError
     from trainstack.loader import resolve
     from trainstack.naming import job_name_prefix
@@ -62,7 +72,7 @@ def logs(
             if not is_recipe_job(job, prefix):
                 raise TrainstackError(
                     f"--job {job} is not a run of {resolved.recipe.name}{hint} "
-                    f"(its jobs are named {prefix}-<recipe hash>-...)"
+                    f"(its jobs are named {prefix}<recipe hash>-...)"
                 )
             target = job_from_description(clients.sagemaker.describe_training_job(TrainingJobName=job))
         else:
@@ -70,7 +80,7 @@ def logs(
             if not jobs:
                 typer.echo(
                     f"No run of {resolved.recipe.name}{hint} yet on {clients.where}: no training job named "
-                    f"{prefix}-<recipe hash>-... exists. Start one with "
+                    f"{prefix}<recipe hash>-... exists. Start one with "
                     f"`trainstack launch {resolved.recipe.name}{hint}`."
                 )
                 return
@@ -118,4 +128,4 @@ def logs(
                 err=True,
             )
     except (BotoCoreError, ClientError) as error:
-        raise TrainstackError(f"reading logs from {clients.where} failed: {error}") from None
+        raise TrainstackError(f"reading logs from {clients.where} failed: {explain(error)}") from None

@@ -35,6 +35,14 @@ def plan(
     """Plan a recipe: per-GPU memory breakdown and verdict, tokens/s, MFU, time and cost, advice.
 
     Exit status: 0 fits, 1 does not fit, 2 invalid input.
+
+    Examples:
+
+      trainstack plan 30b-fp8
+
+      trainstack plan 8b-fp8 --team nlp --set training.micro_batch=4 --json
+
+      trainstack plan 64b-fp8 --plot mem.png
     """
     from trainstack.commands.plan_options import print_plan
     from trainstack.loader import resolve

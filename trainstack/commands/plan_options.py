@@ -41,6 +41,8 @@ RecipesDirOpt = Annotated[
     typer.Option(
         "--recipes-dir",
         envvar="TRAINSTACK_RECIPES_DIR",
+        exists=True,  # a mistyped directory must not pass `validate` with nothing to check
+        file_okay=False,
         help="Directory holding base recipes and teams/ (default: the repository's recipes/).",
     ),
 ]

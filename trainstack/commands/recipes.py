@@ -21,6 +21,8 @@ def recipes(
 ) -> None:
     """List base recipes (and each team's overrides and variants) with size, precision, nodes and verdict.
 
+    Example: trainstack recipes --team nlp
+
     Exit status 2 if any recipe is invalid (it is listed with its error).
     """
     from rich.table import Table

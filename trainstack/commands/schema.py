@@ -43,6 +43,8 @@ def schema(
     """Print the JSON Schema of a recipe file (point your editor's YAML language server at it).
 
     Team files (recipes/teams/<team>/*.yaml) are partial recipes: use --team-file for them.
+
+    Example: trainstack schema -o recipe.schema.json
     """
     text = json.dumps(recipe_schema(partial=team_file), indent=2) + "\n"
     if output is None:

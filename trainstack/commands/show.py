@@ -23,7 +23,12 @@ def show(
     ] = False,
     recipes_dir: RecipesDirOpt = None,
 ) -> None:
-    """Print the resolved recipe, one value per line, with the file (or --set, or default) that set it."""
+    """Print the resolved recipe, one value per line, with the file (or --set, or default) that set it.
+
+    Exit status: 0, or 2 on invalid input.
+
+    Example: trainstack show 8b-fp8 --team nlp --set training.steps=100
+    """
     from trainstack.loader import resolve
 
     resolved = resolve(recipe, team=team, overrides=set_ or (), recipes_dir=recipes_dir)

@@ -26,7 +26,9 @@ if TYPE_CHECKING:
 LocalOpt = Annotated[
     bool,
     typer.Option(
-        "--local", help="Read the local AWS emulator named by AWS_ENDPOINT_URL (as `make demo` runs it)."
+        "--local",
+        help="Use the local AWS emulator instead of AWS: AWS_ENDPOINT_URL, or the one "
+        "`python -m trainstack.emulator` started in this directory.",
     ),
 ]
 
@@ -56,12 +58,26 @@ def status(
     as_json: Annotated[bool, typer.Option("--json", help="Print the runs as JSON (no --watch).")] = False,
     recipes_dir: RecipesDirOpt = None,
 ) -> None:
-    """Show the newest runs of RECIPE: state, progress, throughput and MFU against plan, cost."""
+    """Show the newest runs of RECIPE: state, progress, throughput and MFU against plan, cost.
+
+    Reads SageMaker and CloudWatch in AWS_REGION with your usual AWS credentials (or, with --local,
+    the emulator). Exit status 0, or 2 when the recipe is invalid or AWS cannot be read.
+
+    Examples:
+
+      trainstack status 30b-fp8 --team nlp --watch
+
+      trainstack status 30b-fp8 --json
+    """
     from trainstack.loader import resolve
     from trainstack.naming import job_name_prefix
     from trainstack.planner import plan as make_plan
     from trainstack.runs import aws_clients
 
+    if as_json and watch:
+        from trainstack.errors import TrainstackError
+
+        raise TrainstackError("--json prints one snapshot and cannot --watch: use one or the other")
     resolved = resolve(recipe, team=team, overrides=set_ or (), recipes_dir=recipes_dir)
     the_recipe = resolved.recipe
     the_plan = make_plan(the_recipe)
@@ -85,26 +101,38 @@ def status(
         )
         return
 
-    from rich.console import Console
+    from trainstack.commands.plan_options import console as make_console
 
-    console = Console()
+    console = make_console()  # piped: wide enough that panels do not cut the checkpoint URI
     if not watch:
         console.print(_view(clients, prefix, the_recipe, team, the_plan, runs))
         return
+    from rich.console import Group
     from rich.live import Live
+    from rich.text import Text
 
     refreshes = 0
     try:
         with Live(console=console, auto_refresh=False) as live:
             while True:
                 view, snapshot = _view_and_snapshot(clients, prefix, the_recipe, team, the_plan, runs)
-                live.update(view, refresh=True)
                 refreshes += 1
-                if snapshot.latest_ended or (count and refreshes >= count):
+                done = snapshot.latest_ended or (count and refreshes >= count)
+                when = f"refreshed {datetime.now(UTC):%H:%M:%S} UTC"
+                note = "the latest run has ended" if snapshot.latest_ended else f"next in {interval:g} s"
+                if not done:
+                    note += "; Ctrl-C stops"
+                live.update(Group(view, Text(f"({when}; {note})", style="dim")), refresh=True)
+                if done:
                     break
                 time.sleep(interval)
     except KeyboardInterrupt:
+        if not console.is_terminal:
+            console.line()
         console.print("[dim]stopped watching[/dim]")
+        return
+    if not console.is_terminal:
+        console.line()  # Live leaves the last frame without a newline when piped
 
 
 @dataclass(frozen=True)
@@ -124,6 +152,7 @@ class Snapshot:
 def _collect(clients: Any, prefix: str, recipe: Any, team: str | None, plan: Any, limit: int) -> Snapshot:
     from botocore.exceptions import BotoCoreError, ClientError
 
+    from trainstack.aws import explain
     from trainstack.errors import TrainstackError
     from trainstack.runs import assess, find_executions, find_jobs, latest_metrics, launcher_state_machine
 
@@ -138,7 +167,7 @@ def _collect(clients: Any, prefix: str, recipe: Any, team: str | None, plan: Any
             find_executions(clients.aws.client("stepfunctions"), machine, prefix, limit) if machine else []
         )
     except (BotoCoreError, ClientError) as error:
-        raise TrainstackError(f"reading runs from {clients.where} failed: {error}") from None
+        raise TrainstackError(f"reading runs from {clients.where} failed: {explain(error)}") from None
     names = {job.name for job in jobs}
     oldest_job = min((job.created for job in jobs), default=None)
     pending = [
@@ -185,7 +214,7 @@ def _view_and_snapshot(
             head,
             Text.assemble(
                 ("\nNo run yet: ", "bold yellow"),
-                f"no training job named {prefix}-<recipe hash>-... exists. "
+                f"no training job named {prefix}<recipe hash>-... exists. "
                 f"Start one with `trainstack launch {recipe.name}{hint}`.",
             ),
             *notes,
@@ -234,7 +263,7 @@ def _run_panel(report: RunReport, recipe: Any, execution: Execution | None = Non
     now = datetime.now(UTC)
     table = Table.grid(padding=(0, 2))
     table.add_column(style="dim", no_wrap=True)
-    table.add_column()
+    table.add_column(overflow="fold")  # long S3 URIs wrap rather than lose their end
     state = f"[{_state_style(job.status)}]{job.status}[/] / {job.secondary_status or '-'}"
     if job.failure_reason:
         state += f"\n[red]{job.failure_reason}[/red]"

@@ -56,6 +56,8 @@ def checks_for_path(path: Path) -> list[Check]:
         if not found:
             raise RecipeError(str(path), None, "no recipe files (*.yaml) in this directory")
         return [c for f in found for c in checks_for_path(f)]
+    if not path.exists():
+        raise RecipeError(str(path), None, "no such file or directory")
     if path.suffix not in (".yaml", ".yml"):
         raise RecipeError(str(path), None, "not a recipe file (expected *.yaml)")
     if path.parent.parent.name == "teams":  # recipes/teams/<team>/<file>.yaml
@@ -108,6 +110,12 @@ def validate(
 
     A team's defaults.yaml is checked against every recipe the team can run; a base recipe against
     every team override of it. Exit status 0 when all are valid, 2 otherwise (one line per error).
+
+    Examples:
+
+      trainstack validate
+
+      trainstack validate recipes/teams/vision
     """
     from trainstack.loader import recipes_dir_or_default
 
@@ -139,6 +147,7 @@ def validate(
     for line, labels in errors.items():
         where = f" [{', '.join(labels)}]" if labels else ""
         typer.echo(f"invalid {line}{where}", err=True)
-    typer.echo(f"{valid} valid, {len(seen) - valid} invalid", err=bool(errors))
+    unreadable = sum(1 for labels in errors.values() if not labels)  # paths that named no recipe
+    typer.echo(f"{valid} valid, {len(seen) - valid + unreadable} invalid", err=bool(errors))
     if errors:
         raise typer.Exit(2)
