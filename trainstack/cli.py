@@ -45,8 +45,9 @@ def _fail(message: str, exit_code: int = 2) -> typer.Exit:
 
 def _usage(error: ClickException) -> BaseException:
     """A usage mistake (unknown option, missing argument, bad value) as one line, with where to look."""
-    if isinstance(error, NoArgsIsHelpError):  # `trainstack` alone: typer prints help
-        return error
+    if isinstance(error, NoArgsIsHelpError):  # `trainstack` alone: the help, on stdout like -h
+        typer.echo(error.ctx.get_help())
+        return typer.Exit(error.exit_code)
     ctx = getattr(error, "ctx", None)
     where = f" (see `{ctx.command_path} -h`)" if ctx is not None else ""
     return _fail(error.format_message().rstrip(".") + where, error.exit_code)
@@ -89,21 +90,28 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,  # click formatting: reflows docstring paragraphs (rich kept source line breaks)
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 
 
-@app.callback()
+# One line per paragraph: the help renderer keeps a docstring's line breaks, so wrapped source lines
+# would show as ragged lines in the terminal.
+ROOT_HELP = "\n\n".join(
+    (
+        "Plan, validate and launch LLM training recipes on SageMaker P6-B200.",
+        "Recipes are YAML files in recipes/ (a name such as 30b-fp8, or a path). Team files in "
+        "recipes/teams/<team>/ layer on top (--team), then --set key.path=value overrides.",
+        "Errors are one line on stderr starting with `error:`; exit status 2 for invalid input or an "
+        "environment problem (no AWS credentials, no emulator), 1 where a command says so (plan: does "
+        "not fit). `trainstack COMMAND -h` shows each command's options and examples.",
+    )
+)
+
+
+@app.callback(help=ROOT_HELP)
 def _root() -> None:
-    """Plan, validate and launch LLM training recipes on SageMaker P6-B200.
-
-    Recipes are YAML files in recipes/ (a name such as 30b-fp8, or a path). Team files in
-    recipes/teams/<team>/ layer on top (--team), then --set key.path=value overrides.
-
-    Errors are one line on stderr starting with `error:`; exit status 2 for invalid input or an
-    environment problem (no AWS credentials, no emulator), 1 where a command says so (plan: does not
-    fit). `trainstack COMMAND -h` shows each command's options and examples.
-    """
+    pass
 
 
 for _module in COMMAND_MODULES:
