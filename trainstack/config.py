@@ -31,6 +31,7 @@ from trainstack.errors import RecipeError, TrainstackError
 from trainstack.recipe import Recipe
 
 CONTEXT = "cdk context"
+SET_CONTEXT = "-c set"  # how errors name the CDK app's overrides
 CONTEXT_KEYS = (
     "recipe",
     "team",
@@ -168,7 +169,9 @@ def load(
         pairs = [(name, team)]
     deployments = []
     for recipe_name, recipe_team in pairs:
-        resolved = loader.resolve(recipe_name, recipe_team, overrides, recipes_dir=recipes_dir)
+        resolved = loader.resolve(
+            recipe_name, recipe_team, overrides, recipes_dir=recipes_dir, overrides_source=SET_CONTEXT
+        )
         recipe = resolved.recipe
         plan = plan_of(recipe)
         if not plan.fits:

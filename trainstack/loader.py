@@ -113,14 +113,16 @@ def read_yaml(path: Path) -> dict[str, Any]:
     return data
 
 
-def parse_set(assignments: Iterable[str]) -> dict[str, Any]:
-    """`["training.micro_batch=4", ...]` -> nested dict. Values are parsed as YAML scalars."""
+def parse_set(assignments: Iterable[str], source: str = SET_SOURCE) -> dict[str, Any]:
+    """`["training.micro_batch=4", ...]` -> nested dict. Values are parsed as YAML scalars.
+
+    `source` names where the assignments were typed (`--set`, or `-c set` for the CDK app) in errors."""
     tree: dict[str, Any] = {}
     for assignment in assignments:
         key, sep, raw = assignment.partition("=")
         key = key.strip()
         if not sep or not key or any(not part for part in key.split(".")):
-            raise RecipeError(SET_SOURCE, None, f"{assignment!r} is not key.path=value")
+            raise RecipeError(source, None, f"{assignment!r} is not key.path=value")
         try:
             value = yaml.safe_load(raw) if raw.strip() else None
         except yaml.YAMLError:
@@ -130,7 +132,7 @@ def parse_set(assignments: Iterable[str]) -> dict[str, Any]:
         for part in parents:
             child = node.setdefault(part, {})
             if not isinstance(child, dict):
-                raise RecipeError(SET_SOURCE, key, f"conflicts with an earlier --set of {part}")
+                raise RecipeError(source, key, f"conflicts with an earlier {source} of {part}")
             node = child
         node[leaf] = value
     return tree
@@ -141,8 +143,12 @@ def resolve(
     team: str | None = None,
     overrides: Sequence[str] = (),
     recipes_dir: Path | str | None = None,
+    overrides_source: str = SET_SOURCE,
 ) -> ResolvedRecipe:
-    """Load a recipe by name (from `recipes_dir`) or path, layer team files and overrides, validate."""
+    """Load a recipe by name (from `recipes_dir`) or path, layer team files and overrides, validate.
+
+    `overrides_source` is how errors and `show` name the overrides: `--set`, or `-c set` for the CDK app.
+    """
     root = recipes_dir_or_default(recipes_dir)
     layers: list[_Layer] = []
     is_path = name_or_path.endswith((".yaml", ".yml")) or "/" in name_or_path
@@ -181,7 +187,7 @@ def resolve(
             layers.append(_team_layer(overlay, name, may_extend=False))
 
     if overrides:
-        layers.append(_Layer(SET_SOURCE, parse_set(overrides)))
+        layers.append(_Layer(overrides_source, parse_set(overrides, overrides_source)))
 
     merged: dict[str, Any] = {}
     sources: dict[str, str] = {}
@@ -204,7 +210,9 @@ def resolve(
             ) from None
         raise _first_error(exc, sources, layers[0].source) from None
     files = tuple(
-        layer.source for layer in layers if layer.source != SET_SOURCE and not layer.source.startswith("--")
+        layer.source
+        for layer in layers
+        if layer.source != overrides_source and not layer.source.startswith("--")
     )
     return ResolvedRecipe(recipe=recipe, team=team, sources=sources, files=files)
 

@@ -32,7 +32,15 @@ def run_app(context: dict[str, str], outdir: Path) -> subprocess.CompletedProces
     [
         ({"recipe": "nope"}, "recipes: recipe: unknown recipe 'nope'"),
         ({"recipe": "nope", "team": "nlp"}, "unknown recipe 'nope' for team 'nlp'"),
-        ({"recipe": "30b-fp8", "set": "training.steps"}, "--set: 'training.steps' is not key.path=value"),
+        # errors name the overrides as they were typed for the CDK app: -c set, not the CLI's --set
+        (
+            {"recipe": "30b-fp8", "set": "training.steps"},
+            "error: -c set: 'training.steps' is not key.path=value",
+        ),
+        (
+            {"recipe": "30b-fp8", "set": "training.micro_batch=0"},
+            "error: -c set: training.micro_batch: Input",
+        ),
         (
             {"recipe": "30b-fp8", "set": "activation_checkpointing.mode=none,training.micro_batch=4"},
             "does not fit",
