@@ -1,6 +1,6 @@
 """Hardware catalog: the SageMaker instance types recipes can target.
 
-Figures and their sources are in ../shared/README.md section 2 and docs/design.md. Peak TFLOP/s are
+Figures and their sources are in ../shared/README.md section 2 and docs/planner.md. Peak TFLOP/s are
 *dense* (the sparse marketing figures are twice these). Prices are on-demand estimates; a figure we
 could not verify says so in `price_source`, and the planner prints it next to every cost.
 """
