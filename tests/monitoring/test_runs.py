@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -154,3 +155,21 @@ def test_recipe_hash_is_the_segment_after_the_prefix(recipe):
     name = job_name(recipe, None, "s")
     assert name.removeprefix(job_name_prefix(recipe, None)).startswith(f"{recipe_hash(recipe)}-")
     assert Job(name=name, status="Failed", secondary_status="Failed", created=NOW).running is False
+
+
+@pytest.mark.parametrize(
+    ("status", "words"),
+    [
+        ("InProgress", "no step reported yet / 2,000 steps (0.0%)"),
+        ("Completed", "no step metric / 2,000 steps"),
+    ],
+)
+def test_status_panel_says_an_ended_job_will_not_report_a_step(recipe, the_plan, status, words):
+    from rich.console import Console
+
+    from trainstack.commands.status import _run_panel
+
+    job = job_from_description(describe(recipe, TrainingJobStatus=status))
+    console = Console(width=200, record=True, file=io.StringIO())
+    console.print(_run_panel(assess(job, {}, recipe, the_plan, NOW), recipe))
+    assert words in console.export_text()

@@ -259,6 +259,8 @@ def _run_panel(report: RunReport, recipe: Any, execution: Execution | None = Non
     from rich.progress_bar import ProgressBar
     from rich.table import Table
 
+    from trainstack.runs import TERMINAL_STATES
+
     job = report.job
     now = datetime.now(UTC)
     table = Table.grid(padding=(0, 2))
@@ -276,7 +278,10 @@ def _run_panel(report: RunReport, recipe: Any, execution: Execution | None = Non
     bar = Table.grid(padding=(0, 1))
     bar.add_column(width=40)
     bar.add_column()
-    step_text = f"{report.step:,}" if report.step is not None else "no step reported yet"
+    if report.step is not None:
+        step_text = f"{report.step:,}"
+    else:  # an ended job will not report one (in the emulator, nothing ever trains)
+        step_text = "no step metric" if job.status in TERMINAL_STATES else "no step reported yet"
     bar.add_row(
         ProgressBar(total=1.0, completed=report.progress, width=40),
         f"{step_text} / {report.steps_target:,} steps ({report.progress:.1%})",
