@@ -33,7 +33,7 @@ from constructs import Construct
 from stacks import nag
 from stacks.storage import add_logged_kms_bucket
 from trainstack import budget
-from trainstack.config import CONTEXT, Deployment, DeploymentConfig
+from trainstack.config import CONTEXT, CONTEXT_KEYS, Deployment, DeploymentConfig
 from trainstack.errors import TrainstackError
 
 PIPELINE_STACK = "Trainstack-Pipeline"
@@ -42,19 +42,10 @@ CONNECTION_ARN = re.compile(
 )
 REPOSITORY = re.compile(r"^[A-Za-z0-9_.\-]+/[A-Za-z0-9_.\-]+$")
 BRANCH = re.compile(r"^[A-Za-z0-9_./\-]{1,200}$")
-# Context the synth step passes on to the pipeline's own synthesis, so it rebuilds the same app.
-FORWARDED_CONTEXT = (
-    "recipe",
-    "team",
-    "set",
-    "image_uri",
-    "image_tag",
-    "vpc",
-    "inter_container_encryption",
-    "connection_arn",
-    "repository",
-    "branch",
-)
+# Context the synth step passes on to the pipeline's own synthesis, so it rebuilds the same app: all of
+# the app's context but the switches that select what is built (the step sets `pipeline` itself, and a
+# pipeline never targets the emulator). Derived, so a context key added to the app is never dropped.
+FORWARDED_CONTEXT = tuple(key for key in CONTEXT_KEYS if key not in ("emulator", "pipeline"))
 ARTIFACT_EXPIRY_DAYS = 90
 PACKAGE_JSON = Path(__file__).resolve().parent.parent / "package.json"
 # The CDK CLI pinned in package.json, also for the pipeline's self-mutation (else it installs latest 2.x).
