@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from aws_cdk import Annotations, ArnFormat, Aws, Duration, RemovalPolicy, Stack
+from aws_cdk import Annotations, ArnFormat, Aws, Duration, Stack
 from aws_cdk import aws_cloudwatch as cw
 from aws_cdk import aws_cloudwatch_actions as cw_actions
 from aws_cdk import aws_events as events
@@ -38,6 +38,7 @@ from aws_cdk import aws_stepfunctions_tasks as tasks
 from constructs import Construct
 
 from stacks import nag
+from stacks.state_machine import logged_state_machine
 from trainstack.metrics import FIELD_BY_KEY
 from trainstack.naming import checkpoint_prefix, job_name_prefix
 from trainstack.recipe import Recipe
@@ -470,27 +471,15 @@ class RunAlarms(Construct):
             .otherwise(sfn.Pass(self, "EndedRun", parameters=run).next(delete_job).next(delete_hosts))
         )
 
-        self.log_group = logs.LogGroup(
+        self.log_group, self.state_machine = logged_state_machine(
             self,
-            "Executions",
-            encryption_key=key,
+            log_group_id="Executions",
+            state_machine_id="AlarmManager",
+            definition=definition,
+            key=key,
             retention=logs.RetentionDays.THREE_MONTHS,
-            removal_policy=RemovalPolicy.RETAIN,
-        )
-        self.state_machine = sfn.StateMachine(
-            self,
-            "AlarmManager",
-            definition_body=sfn.DefinitionBody.from_chainable(definition),
-            logs=sfn.LogOptions(
-                destination=self.log_group, level=sfn.LogLevel.ALL, include_execution_data=True
-            ),
-            tracing_enabled=True,
             timeout=Duration.minutes(10),
         )
-        # CDK adds DependsOn the role next to the GetAtt of its ARN; cfn-lint flags the duplicate (W3005).
-        # Keep only the dependency on the role's policy, which the GetAtt does not imply.
-        policy = self.state_machine.role.node.find_child("DefaultPolicy").node.default_child
-        self.state_machine.node.default_child.add_override("DependsOn", [stack.get_logical_id(policy)])
         self.pattern = run_state_pattern(prefix)
         self.rule = events.Rule(
             self,

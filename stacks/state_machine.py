@@ -51,6 +51,36 @@ CAPACITY_WAIT = Duration.minutes(15)
 CAPACITY_FAILURE = "*CapacityError*"  # FailureReason "CapacityError: Unable to provision requested ..."
 
 
+def logged_state_machine(
+    scope: Construct,
+    *,
+    log_group_id: str,
+    state_machine_id: str,
+    definition: sfn.IChainable,
+    key: kms.IKey,
+    retention: logs.RetentionDays,
+    timeout: Duration,
+) -> tuple[logs.LogGroup, sfn.StateMachine]:
+    """A state machine that logs ALL (execution data included) to a retained, KMS-encrypted log group,
+    with X-Ray tracing. Both are created directly in `scope` under the given IDs (logical IDs stay)."""
+    log_group = logs.LogGroup(
+        scope, log_group_id, encryption_key=key, retention=retention, removal_policy=RemovalPolicy.RETAIN
+    )
+    state_machine = sfn.StateMachine(
+        scope,
+        state_machine_id,
+        definition_body=sfn.DefinitionBody.from_chainable(definition),
+        timeout=timeout,
+        tracing_enabled=True,
+        logs=sfn.LogOptions(destination=log_group, level=sfn.LogLevel.ALL, include_execution_data=True),
+    )
+    # CDK adds DependsOn the role next to the GetAtt of its ARN; cfn-lint flags the duplicate (W3005).
+    # Keep only the dependency on the role's policy, which the GetAtt does not imply.
+    policy = state_machine.role.node.find_child("DefaultPolicy").node.default_child
+    state_machine.node.default_child.add_override("DependsOn", [Stack.of(scope).get_logical_id(policy)])
+    return log_group, state_machine
+
+
 class TrainingStateMachine(Construct):
     def __init__(
         self,
@@ -180,27 +210,15 @@ class TrainingStateMachine(Construct):
         )
         definition = load.next(first).next(create).next(describe).next(finished)
 
-        self.log_group = logs.LogGroup(
+        self.log_group, self.state_machine = logged_state_machine(
             self,
-            "Logs",
-            encryption_key=key,
+            log_group_id="Logs",
+            state_machine_id="StateMachine",
+            definition=definition,
+            key=key,
             retention=logs.RetentionDays.ONE_YEAR,
-            removal_policy=RemovalPolicy.RETAIN,
-        )
-        self.state_machine = sfn.StateMachine(
-            self,
-            "StateMachine",
-            definition_body=sfn.DefinitionBody.from_chainable(definition),
             timeout=timeout,
-            tracing_enabled=True,
-            logs=sfn.LogOptions(
-                destination=self.log_group, level=sfn.LogLevel.ALL, include_execution_data=True
-            ),
         )
-        # CDK adds DependsOn the role next to the GetAtt of its ARN; cfn-lint flags the duplicate (W3005).
-        # Keep only the dependency on the role's policy (the role's ARN is already referenced).
-        policy = self.state_machine.role.node.find_child("DefaultPolicy").node.default_child
-        self.state_machine.node.default_child.add_override("DependsOn", [stack.get_logical_id(policy)])
         jobs = stack.format_arn(
             service="sagemaker", resource="training-job", resource_name=f"{job_name_prefix}*"
         )
