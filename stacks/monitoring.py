@@ -87,6 +87,13 @@ def this_recipe(prefix: str) -> dict[str, Any]:
     return {"TrainingJobName": [{"prefix": prefix}]}
 
 
+def as_event_pattern(pattern: dict[str, Any]) -> events.EventPattern:
+    """The CDK form of a pattern kept as a plain dict (the dict is what tests match real events against)."""
+    return events.EventPattern(
+        source=pattern["source"], detail_type=pattern["detail-type"], detail=pattern["detail"]
+    )
+
+
 def job_state_pattern(prefix: str) -> dict[str, Any]:
     """EventBridge pattern (CloudFormation form) for this recipe's jobs failing, stopping or completing."""
     return {
@@ -175,11 +182,7 @@ class Notifications(Construct):
             self,
             "JobStateChanged",
             description=f"Training jobs of {team_name}/{recipe.name} failed, stopped or completed",
-            event_pattern=events.EventPattern(
-                source=self.pattern["source"],
-                detail_type=self.pattern["detail-type"],
-                detail=self.pattern["detail"],
-            ),
+            event_pattern=as_event_pattern(self.pattern),
         )
         job = events.EventField.from_path("$.detail.TrainingJobName")
         if checkpoint_bucket is not None:
@@ -485,11 +488,7 @@ class RunAlarms(Construct):
             self,
             "RunStateChanged",
             description=f"Put and delete the alarms of {prefix}* training jobs",
-            event_pattern=events.EventPattern(
-                source=self.pattern["source"],
-                detail_type=self.pattern["detail-type"],
-                detail=self.pattern["detail"],
-            ),
+            event_pattern=as_event_pattern(self.pattern),
         )
         self.rule.add_target(targets.SfnStateMachine(self.state_machine))
         nag.acknowledge(self.state_machine, "AwsSolutions-IAM5:unscoped-actions", ["Resource::*"])

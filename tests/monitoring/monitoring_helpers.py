@@ -45,14 +45,13 @@ def synth(
     import tempfile
 
     from aws_cdk import App, Duration, RemovalPolicy, Stack, Validations
-    from aws_cdk import aws_iam as iam
-    from aws_cdk import aws_kms as kms
     from aws_cdk import aws_logs as logs
     from aws_cdk import aws_s3 as s3
     from aws_cdk import aws_stepfunctions as sfn
     from cdk_nag import AwsSolutionsChecks
 
     from stacks.monitoring import Monitoring
+    from stacks.storage import EncryptionKey
     from trainstack.loader import resolve
     from trainstack.planner import plan
 
@@ -60,21 +59,8 @@ def synth(
     recipe, the_plan = resolved.recipe, plan(resolved.recipe)
     app = App(outdir=tempfile.mkdtemp(prefix="monitoring-cdk-"))
     stack = Stack(app, "MonitoringTest")
-    key = kms.Key(stack, "Key", enable_key_rotation=True, removal_policy=RemovalPolicy.RETAIN)
-    # As the data stack's key does (stacks/storage.py): log groups of this account may use it.
-    key.add_to_resource_policy(
-        iam.PolicyStatement(
-            principals=[iam.ServicePrincipal(f"logs.{stack.region}.amazonaws.com")],
-            actions=[
-                "kms:Encrypt*",
-                "kms:Decrypt*",
-                "kms:ReEncrypt*",
-                "kms:GenerateDataKey*",
-                "kms:Describe*",
-            ],
-            resources=["*"],
-        )
-    )
+    # The data stack's own key construct, with its key policy for log groups.
+    key = EncryptionKey(stack, "Key", description="monitoring test key").key
     bucket = s3.Bucket.from_bucket_name(stack, "Checkpoints", "trainstack-checkpoints-example")
     log_group = logs.LogGroup(
         stack, "Executions", retention=logs.RetentionDays.ONE_MONTH, removal_policy=RemovalPolicy.DESTROY
