@@ -1,0 +1,187 @@
+"""The dashboard: actual against plan, per host and per job, on one page."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from aws_cdk import Duration
+from aws_cdk import aws_cloudwatch as cw
+from aws_cdk import aws_stepfunctions as sfn
+from constructs import Construct
+
+from stacks.monitoring.patterns import search_expression
+from stacks.monitoring.run_alarms import AlarmSpec
+from trainstack.metrics import FIELD_BY_KEY
+from trainstack.naming import job_name_prefix
+from trainstack.recipe import Recipe
+from trainstack.runs import HOST_DIMENSION, JOB_DIMENSION
+
+if TYPE_CHECKING:
+    from trainstack.planner import Plan
+
+
+class Dashboard(Construct):
+    """Actual against plan, per host and per job, on one page."""
+
+    def __init__(
+        self,
+        scope: Construct,
+        id: str,
+        *,
+        recipe: Recipe,
+        team: str | None,
+        plan: Plan,
+        state_machine: sfn.IStateMachine,
+        alarms: Sequence[cw.AlarmBase],
+        run_alarm_specs: Sequence[AlarmSpec] = (),
+    ) -> None:
+        super().__init__(scope, id)
+        prefix = job_name_prefix(recipe, team)
+        team_name = team or recipe.tags.team
+        mon = recipe.monitoring
+        gpus = recipe.instance.gpus
+        planned_tflops = plan.throughput.model_tflops_per_gpu
+
+        def search(label: str, metric: str, dimension: str, stat: str = "Average") -> cw.MathExpression:
+            return cw.MathExpression(
+                expression=search_expression(metric, dimension, prefix, stat),
+                using_metrics={},
+                label=label,
+                period=Duration.minutes(1),
+            )
+
+        def line(label: str, value: float, color: str = cw.Color.GREEN) -> cw.HorizontalAnnotation:
+            return cw.HorizontalAnnotation(value=value, label=label, color=color)
+
+        def host_graph(
+            title: str, metric: str, unit_note: str, annotations: Sequence[cw.HorizontalAnnotation] = ()
+        ) -> cw.GraphWidget:
+            return cw.GraphWidget(
+                title=f"{title} per host ({unit_note})",
+                left=[search(title, metric, HOST_DIMENSION)],
+                left_annotations=list(annotations),
+                width=8,
+                height=6,
+            )
+
+        def trainer_graph(
+            key: str, title: str, annotations: Sequence[cw.HorizontalAnnotation] = (), stat: str = "Average"
+        ) -> cw.GraphWidget:
+            return cw.GraphWidget(
+                title=f"{title} ({FIELD_BY_KEY[key].metric_name})",
+                left=[search(title, FIELD_BY_KEY[key].metric_name, JOB_DIMENSION, stat)],
+                left_annotations=list(annotations),
+                width=8,
+                height=6,
+            )
+
+        header = (
+            f"# trainstack {team_name}/{recipe.name}\n"
+            f"{recipe.model.total_params / 1e9:.1f}B parameters, {recipe.precision.dtype}"
+            f"{f' ({recipe.precision.fp8_recipe})' if recipe.precision.fp8_recipe else ''}, "
+            f"{recipe.compute.instance_count} x {recipe.compute.instance_type} ({recipe.world_size} GPUs), "
+            f"{recipe.training.steps:,} steps. Jobs `{prefix}*`.\n\n"
+            f"Plan: {plan.throughput.tokens_per_sec_per_gpu:,.0f} tokens/s per GPU, "
+            f"MFU {plan.throughput.mfu:.1%}, "
+            f"step {plan.throughput.step_time_s:.2f} s, peak memory {plan.memory.peak_gib:.0f} of "
+            f"{plan.memory.usable_gib:.0f} GiB per GPU. "
+            "Green lines are the plan; red lines are alarm thresholds.\n\n"
+            f"Each run gets its own alarms while it trains, named `<job>-<alarm>`: "
+            f"{', '.join(a.name for a in run_alarm_specs)}."
+        )
+        self.widgets: list[list[cw.IWidget]] = [
+            [
+                cw.TextWidget(markdown=header, width=16, height=4),
+                cw.AlarmStatusWidget(alarms=list(alarms), title="Alarms", width=8, height=4),
+            ],
+            [
+                trainer_graph(
+                    "tokens_per_sec",
+                    "Tokens/s per GPU",
+                    [
+                        line("plan", plan.throughput.tokens_per_sec_per_gpu),
+                        line(
+                            f"slow (< {mon.slow_fraction:g} x plan)",
+                            mon.slow_fraction * plan.throughput.tokens_per_sec_per_gpu,
+                            cw.Color.RED,
+                        ),
+                    ],
+                ),
+                trainer_graph("mfu", "MFU", [line("plan", plan.throughput.mfu)]),
+                trainer_graph("tflops_per_gpu", "TFLOP/s per GPU", [line("plan", planned_tflops)]),
+            ],
+            [
+                trainer_graph("loss", "Loss"),
+                trainer_graph("step_time_s", "Step time s", [line("plan", plan.throughput.step_time_s)]),
+                trainer_graph(
+                    "mem_gib",
+                    "Peak GPU memory GiB",
+                    [
+                        line("plan", plan.memory.peak_gib),
+                        line("usable", plan.memory.usable_gib, cw.Color.RED),
+                    ],
+                    stat="Maximum",
+                ),
+            ],
+            [
+                trainer_graph("step", "Step", [line("target", recipe.training.steps)], stat="Maximum"),
+                trainer_graph("lr", "Learning rate"),
+                host_graph(
+                    "GPU utilization",
+                    "GPUUtilization",
+                    f"0..{100 * gpus}%",
+                    [
+                        line(
+                            f"idle (< {mon.gpu_idle_util_pct:g}% per GPU)",
+                            mon.gpu_idle_util_pct * gpus,
+                            cw.Color.RED,
+                        ),
+                    ],
+                ),
+            ],
+            [
+                host_graph(
+                    "GPU memory utilization",
+                    "GPUMemoryUtilization",
+                    f"0..{100 * gpus}%",
+                    [
+                        line(
+                            "planned peak", 100 * gpus * plan.memory.peak_gib / recipe.instance.gpu.usable_gib
+                        ),
+                        line(
+                            f"near OOM (> {mon.gpu_mem_high_pct:g}%)",
+                            mon.gpu_mem_high_pct * gpus,
+                            cw.Color.RED,
+                        ),
+                    ],
+                ),
+                host_graph("CPU utilization", "CPUUtilization", "0..100% per core, summed"),
+                host_graph("Memory utilization", "MemoryUtilization", "0..100%"),
+            ],
+            [
+                host_graph(
+                    "Disk utilization",
+                    "DiskUtilization",
+                    "0..100%",
+                    [
+                        line(f"nearly full (> {mon.disk_high_pct:g}%)", mon.disk_high_pct, cw.Color.RED),
+                    ],
+                ),
+                cw.GraphWidget(
+                    title="Launcher state machine executions",
+                    width=16,
+                    height=6,
+                    left=[
+                        state_machine.metric_started(statistic="Sum", label="started"),
+                        state_machine.metric_succeeded(statistic="Sum", label="succeeded"),
+                        state_machine.metric_failed(statistic="Sum", label="failed"),
+                        state_machine.metric_timed_out(statistic="Sum", label="timed out"),
+                        state_machine.metric_aborted(statistic="Sum", label="aborted"),
+                    ],
+                ),
+            ],
+        ]
+        self.dashboard = cw.Dashboard(
+            self, "Dashboard", widgets=self.widgets, default_interval=Duration.hours(6)
+        )

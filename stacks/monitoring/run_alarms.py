@@ -1,0 +1,349 @@
+"""Per-run alarms: their specification, and the state machine that puts them for the exact job."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from aws_cdk import Annotations, ArnFormat, Duration, Stack
+from aws_cdk import aws_events as events
+from aws_cdk import aws_events_targets as targets
+from aws_cdk import aws_kms as kms
+from aws_cdk import aws_logs as logs
+from aws_cdk import aws_sns as sns
+from aws_cdk import aws_stepfunctions as sfn
+from aws_cdk import aws_stepfunctions_tasks as tasks
+from constructs import Construct
+
+from stacks import nag
+from stacks.monitoring.patterns import as_event_pattern, run_state_pattern
+from stacks.state_machine import logged_state_machine
+from trainstack.metrics import FIELD_BY_KEY
+from trainstack.naming import job_name_prefix
+from trainstack.recipe import Recipe
+from trainstack.runs import HOST_DIMENSION, JOB_DIMENSION, NAMESPACE
+
+if TYPE_CHECKING:
+    from trainstack.planner import Plan
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """Alarm thresholds in the units CloudWatch reports, derived from the recipe and the plan."""
+
+    gpu_idle_util: float  # GPUUtilization per host is 0..100 x GPUs per instance
+    gpu_mem_high: float  # GPUMemoryUtilization per host, same scaling
+    slow_tokens_per_sec: float  # per GPU, as the trainer prints it
+    disk_high_pct: float  # DiskUtilization, 0..100
+    gpu_idle_minutes: int
+    slow_minutes: int
+    stall_minutes: int
+
+    @classmethod
+    def of(cls, recipe: Recipe, plan: Plan) -> Thresholds:
+        gpus = recipe.instance.gpus
+        mon = recipe.monitoring
+        return cls(
+            gpu_idle_util=mon.gpu_idle_util_pct * gpus,
+            gpu_mem_high=mon.gpu_mem_high_pct * gpus,
+            slow_tokens_per_sec=mon.slow_fraction * plan.throughput.tokens_per_sec_per_gpu,
+            disk_high_pct=mon.disk_high_pct,
+            gpu_idle_minutes=mon.gpu_idle_minutes,
+            slow_minutes=mon.slow_minutes,
+            stall_minutes=mon.stall_minutes,
+        )
+
+
+# --- Per-run alarms: specified here, created by a state machine when a job starts training --------
+#
+# CloudWatch alarms need exact dimension values, and the job name exists only at run time. Metrics
+# Insights queries could aggregate "all jobs", but their WHERE clause documents only =, != (and AND/OR),
+# no prefix match, so a deploy-time alarm could not be limited to this recipe's jobs. Instead, a small
+# state machine (SDK integrations only, no Lambda) puts the alarms below for the exact job when
+# SageMaker reports it Training, and deletes them when the job ends. That also makes "stalled" honest:
+# the alarm exists only while the job trains, so missing metric lines can count as breaching.
+
+
+@dataclass(frozen=True)
+class AlarmSpec:
+    """One CloudWatch alarm of a run, in PutMetricAlarm terms."""
+
+    name: str  # alarm name suffix: "<job>-<name>" or "<job>-<name>-algo-<n>"
+    per_host: bool  # built-in instance metrics have dimension Host=<job>/algo-<n>
+    metric: str
+    statistic: str
+    period_s: int
+    evaluation_periods: int
+    threshold: float
+    comparison: str
+    treat_missing: str
+    description: str
+
+    def request(self, job: str, topic_arn: str, host: int | None = None) -> dict[str, Any]:
+        """The PutMetricAlarm request for one concrete job (and host): what the state machine sends."""
+        if self.per_host:
+            alarm, dimension = (
+                f"{job}-{self.name}-algo-{host}",
+                {"Name": HOST_DIMENSION, "Value": f"{job}/algo-{host}"},
+            )
+        else:
+            alarm, dimension = f"{job}-{self.name}", {"Name": JOB_DIMENSION, "Value": job}
+        return {
+            "AlarmName": alarm,
+            "AlarmDescription": self.description,
+            "Namespace": NAMESPACE,
+            "MetricName": self.metric,
+            "Dimensions": [dimension],
+            "Statistic": self.statistic,
+            "Period": self.period_s,
+            "EvaluationPeriods": self.evaluation_periods,
+            "DatapointsToAlarm": self.evaluation_periods,
+            "Threshold": self.threshold,
+            "ComparisonOperator": self.comparison,
+            "TreatMissingData": self.treat_missing,
+            "AlarmActions": [topic_arn],
+            "OKActions": [topic_arn],
+        }
+
+
+def run_alarm_specs(recipe: Recipe, plan: Plan) -> tuple[AlarmSpec, ...]:
+    """Every per-run alarm with its metric and threshold, from the recipe's monitoring section and plan."""
+    t = Thresholds.of(recipe, plan)
+    mon, gpus = recipe.monitoring, recipe.instance.gpus
+    below, above = "LessThanThreshold", "GreaterThanThreshold"
+    return (
+        AlarmSpec(
+            "Slow",
+            False,
+            FIELD_BY_KEY["tokens_per_sec"].metric_name,
+            "Average",
+            60,
+            t.slow_minutes,
+            t.slow_tokens_per_sec,
+            below,
+            "notBreaching",
+            f"{recipe.name} slow: tokens/s per GPU below {mon.slow_fraction:g} x the planned "
+            f"{plan.throughput.tokens_per_sec_per_gpu:,.0f} for {t.slow_minutes} min.",
+        ),
+        AlarmSpec(
+            # One datapoint per metric line: none for N minutes while the job trains is a stall (hung
+            # collective, dead data loader, stuck checkpoint). Missing data breaches on purpose.
+            "Stalled",
+            False,
+            FIELD_BY_KEY["step"].metric_name,
+            "SampleCount",
+            60,
+            t.stall_minutes,
+            1,
+            below,
+            "breaching",
+            f"{recipe.name} stalled: no trainer metric line for {t.stall_minutes} min "
+            "while the job is Training.",
+        ),
+        AlarmSpec(
+            "GpuIdle",
+            True,
+            "GPUUtilization",
+            "Average",
+            60,
+            t.gpu_idle_minutes,
+            t.gpu_idle_util,
+            below,
+            "notBreaching",
+            f"GPUs of {recipe.name} idle: GPUUtilization below {mon.gpu_idle_util_pct:g}% per GPU "
+            f"({t.gpu_idle_util:g} summed over {gpus} GPUs) for {t.gpu_idle_minutes} min.",
+        ),
+        AlarmSpec(
+            "NearOom",
+            True,
+            "GPUMemoryUtilization",
+            "Maximum",
+            60,
+            3,
+            t.gpu_mem_high,
+            above,
+            "notBreaching",
+            f"GPU memory of {recipe.name} above {mon.gpu_mem_high_pct:g}% per GPU ({t.gpu_mem_high:g} summed "
+            f"over {gpus} GPUs) for 3 min (planned peak {plan.memory.peak_gib:.0f} of "
+            f"{plan.memory.usable_gib:.0f} GiB).",
+        ),
+        AlarmSpec(
+            "DiskNearlyFull",
+            True,
+            "DiskUtilization",
+            "Maximum",
+            300,
+            2,
+            t.disk_high_pct,
+            above,
+            "notBreaching",
+            f"Training volume of {recipe.name} above {t.disk_high_pct:g}% full (checkpoints piling up?).",
+        ),
+    )
+
+
+class RunAlarms(Construct):
+    """The state machine that puts a run's alarms when it starts training and deletes them at its end."""
+
+    def __init__(
+        self,
+        scope: Construct,
+        id: str,
+        *,
+        recipe: Recipe,
+        team: str | None,
+        plan: Plan,
+        topic: sns.ITopic,
+        key: kms.IKey,
+    ) -> None:
+        super().__init__(scope, id)
+        prefix = job_name_prefix(recipe, team)
+        self.specs = run_alarm_specs(recipe, plan)
+        hosts = recipe.compute.instance_count
+        log_interval_s = recipe.training.log_every * plan.throughput.step_time_s
+        if recipe.monitoring.stall_minutes * 60 < 2 * log_interval_s:
+            Annotations.of(self).add_warning_v2(
+                "trainstack:StallWindow",
+                f"monitoring.stall_minutes ({recipe.monitoring.stall_minutes}) is under twice the planned "
+                f"interval between metric lines ({log_interval_s / 60:.1f} min): the Stalled alarm may fire "
+                "on a healthy run.",
+            )
+        stack = Stack.of(self)
+        alarm_arns = [
+            stack.format_arn(
+                service="cloudwatch",
+                resource="alarm",
+                resource_name=f"{prefix}*",
+                arn_format=ArnFormat.COLON_RESOURCE_NAME,
+            )
+        ]
+
+        def put(spec: AlarmSpec, job_path: str, host_path: str | None) -> tasks.CallAwsService:
+            if spec.per_host:
+                name = sfn.JsonPath.format(
+                    f"{{}}-{spec.name}-algo-{{}}",
+                    sfn.JsonPath.string_at(job_path),
+                    sfn.JsonPath.string_at(host_path or ""),
+                )
+                value = sfn.JsonPath.format(
+                    "{}/algo-{}", sfn.JsonPath.string_at(job_path), sfn.JsonPath.string_at(host_path or "")
+                )
+                dimension = {"Name": HOST_DIMENSION, "Value": value}
+            else:
+                name = sfn.JsonPath.format(f"{{}}-{spec.name}", sfn.JsonPath.string_at(job_path))
+                dimension = {"Name": JOB_DIMENSION, "Value": sfn.JsonPath.string_at(job_path)}
+            concrete = spec.request("JOB", topic.topic_arn, 1)
+            parameters = {**concrete, "AlarmName": name, "Dimensions": [dimension]}
+            return tasks.CallAwsService(
+                self,
+                f"Put{spec.name}",
+                service="cloudwatch",
+                action="putMetricAlarm",
+                iam_resources=alarm_arns,
+                parameters=parameters,
+                result_path=sfn.JsonPath.DISCARD,
+            )
+
+        def delete(id_: str, names: Any) -> tasks.CallAwsService:
+            task = tasks.CallAwsService(
+                self,
+                id_,
+                service="cloudwatch",
+                action="deleteAlarms",
+                iam_resources=alarm_arns,
+                parameters={"AlarmNames": names},
+                result_path=sfn.JsonPath.DISCARD,
+            )
+            # A job that ended before it trained never had alarms.
+            task.add_catch(sfn.Pass(self, f"{id_}None"), errors=["CloudWatch.ResourceNotFoundException"])
+            return task
+
+        job_specs = [s for s in self.specs if not s.per_host]
+        host_specs = [s for s in self.specs if s.per_host]
+        run = {
+            "job": sfn.JsonPath.string_at("$.detail.TrainingJobName"),
+            "hosts": sfn.JsonPath.array_range(1, hosts, 1),
+        }
+        per_host_item = {
+            "job": sfn.JsonPath.string_at("$.job"),
+            "host": sfn.JsonPath.string_at("$$.Map.Item.Value"),
+        }
+
+        create_hosts = sfn.Map(
+            self,
+            "PutHostAlarms",
+            items_path="$.hosts",
+            item_selector=per_host_item,
+            result_path=sfn.JsonPath.DISCARD,
+        )
+        chain = sfn.Chain.start(put(host_specs[0], "$.job", "$.host"))
+        for spec in host_specs[1:]:
+            chain = chain.next(put(spec, "$.job", "$.host"))
+        create_hosts.item_processor(chain)
+        create = sfn.Parallel(self, "PutAlarms", result_path=sfn.JsonPath.DISCARD)
+        for spec in job_specs:
+            create.branch(put(spec, "$.job", None))
+        create.branch(create_hosts)
+
+        delete_hosts = sfn.Map(
+            self,
+            "DeleteHostAlarms",
+            items_path="$.hosts",
+            item_selector=per_host_item,
+            result_path=sfn.JsonPath.DISCARD,
+        )
+        delete_hosts.item_processor(
+            delete(
+                "DeleteHostAlarmsOfHost",
+                sfn.JsonPath.array(
+                    *[
+                        sfn.JsonPath.format(
+                            f"{{}}-{s.name}-algo-{{}}",
+                            sfn.JsonPath.string_at("$.job"),
+                            sfn.JsonPath.string_at("$.host"),
+                        )
+                        for s in host_specs
+                    ]
+                ),
+            )
+        )
+        delete_job = delete(
+            "DeleteJobAlarms",
+            sfn.JsonPath.array(
+                *[sfn.JsonPath.format(f"{{}}-{s.name}", sfn.JsonPath.string_at("$.job")) for s in job_specs]
+            ),
+        )
+
+        started = sfn.Condition.and_(
+            sfn.Condition.string_equals("$.detail.TrainingJobStatus", "InProgress"),
+            sfn.Condition.string_equals("$.detail.SecondaryStatus", "Training"),
+        )
+        definition = (
+            sfn.Choice(self, "TrainingOrEnded")
+            .when(started, sfn.Pass(self, "Run", parameters=run).next(create))
+            .otherwise(sfn.Pass(self, "EndedRun", parameters=run).next(delete_job).next(delete_hosts))
+        )
+
+        self.log_group, self.state_machine = logged_state_machine(
+            self,
+            log_group_id="Executions",
+            state_machine_id="AlarmManager",
+            definition=definition,
+            key=key,
+            retention=logs.RetentionDays.THREE_MONTHS,
+            timeout=Duration.minutes(10),
+        )
+        self.pattern = run_state_pattern(prefix)
+        self.rule = events.Rule(
+            self,
+            "RunStateChanged",
+            description=f"Put and delete the alarms of {prefix}* training jobs",
+            event_pattern=as_event_pattern(self.pattern),
+        )
+        self.rule.add_target(targets.SfnStateMachine(self.state_machine))
+        nag.acknowledge(self.state_machine, "AwsSolutions-IAM5:unscoped-actions", ["Resource::*"])
+        nag.acknowledge(
+            self.state_machine,
+            "AwsSolutions-IAM5:run-alarms",
+            [nag.arn_finding(self, "cloudwatch", f"alarm:{prefix}*")],
+        )
