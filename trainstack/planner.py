@@ -19,6 +19,16 @@ from typing import Any
 
 from trainstack.hardware import GPU, Instance
 from trainstack.recipe import ActivationCheckpointing, ModelShape, Recipe
+from trainstack.run_plan import RunPlan, plan_run
+from trainstack.trainer_memory import (
+    BLOCK_IN_FLIGHT_BYTES,
+    BLOCKS_IN_FLIGHT,
+    LOSS_BYTES,
+    ROOT_IN_FLIGHT_BYTES,
+    block_activation_bytes,
+    op_selective_bytes,
+    op_selective_recompute_share,
+)
 
 GIB = float(2**30)
 
@@ -31,16 +41,6 @@ HEADROOM = 0.10
 # sharded master copy is FP32, its gradient FP32, AdamW m and v FP32 (ZeRO paper, arXiv:1910.02054).
 BYTES_PARAM, BYTES_GRAD, BYTES_ADAM = 4, 4, 8
 BF16 = 2
-# FSDP2 prefetches the next block while computing the current one: two blocks are unsharded at once.
-# In backward each holds BF16 parameters, a BF16 gradient and the FP32 copy for the reduce-scatter.
-BLOCKS_IN_FLIGHT = 2
-BLOCK_IN_FLIGHT_BYTES = BF16 + BF16 + 4
-# The root FSDP unit (embedding, final norm, output head) stays unsharded for the whole step
-# (reshard_after_forward=False for the root): BF16 parameters plus their BF16 gradient in backward.
-ROOT_IN_FLIGHT_BYTES = BF16 + BF16
-# Cross-entropy over one chunk of logits, per token per vocabulary entry, at its backward peak: the
-# saved FP32 log-softmax (4), the FP32 gradient of the log-probabilities (4) and of the logits (4).
-LOSS_BYTES = 12
 # Outside the model: CUDA context with cuBLAS/cuDNN workspaces, NCCL communicator buffers (estimates;
 # the guide says "several GiB, measure it"), and caching-allocator fragmentation as a fraction of what
 # the allocator hands out (with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, which the trainer sets).
@@ -101,6 +101,8 @@ class ActivationPolicy:
     @classmethod
     def from_recipe(cls, ac: ActivationCheckpointing, layers: int | None = None) -> ActivationPolicy:
         """The trainer checkpoints blocks 0, every, 2*every, ... (ceil(layers / every) of them)."""
+        if ac.mode == "selective" and ac.policy == "op":
+            return cls.op_selective()
         if ac.mode != "selective" or layers is None:
             return cls(
                 f"selective (1 in {ac.every})" if ac.mode == "selective" else ac.mode,
@@ -111,35 +113,6 @@ class ActivationPolicy:
     @classmethod
     def op_selective(cls) -> ActivationPolicy:
         return cls("selective-op", 0.0, op_level=True)
-
-
-def block_activation_bytes(m: ModelShape) -> int:
-    """Bytes per token one block of our trainer (training_image/trainer/model.py) saves for backward
-    without checkpointing. Tensor by tensor, BF16 unless noted:
-
-    attention: norm input (2h) and output (2h, shared by wq/wk/wv); RoPE saves the FP32 copies of q
-    and k (4h + 4kv) and flash attention the rotated q, k and v (2h + 4kv); attention output (2h) and
-    its contiguous copy that feeds wo (2h);
-    MLP: norm input and output (4h); w1 and w3 outputs, SiLU output, their product (8 ffn).
-    = 18h + 8kv + 8ffn (the README's Korthikanti-style 34*h comes out at 41*h for Llama 3 8B).
-    """
-    kv = m.kv_heads * m.head_dim
-    return 18 * m.hidden + 8 * kv + 8 * m.ffn
-
-
-def op_selective_bytes(m: ModelShape) -> int:
-    """torchtitan's op-level policy keeps, in BF16, the block input, every other matmul output (wq, wv,
-    w1, w2 of wq wk wv wo w1 w3 w2) and the attention output: 2 * (4h + kv + ffn) bytes per token."""
-    kv = m.kv_heads * m.head_dim
-    return BF16 * (m.hidden + (m.hidden + kv + m.ffn + m.hidden) + m.hidden)
-
-
-def _op_selective_recompute_share(m: ModelShape) -> float:
-    """Share of a block's matmul FLOPs the op-level policy recomputes (wk, wo, w3)."""
-    kv = m.kv_heads * m.head_dim
-    recomputed = m.hidden * kv + m.hidden * m.hidden + m.hidden * m.ffn
-    total = m.hidden * (2 * m.hidden + 2 * kv) + 3 * m.hidden * m.ffn
-    return recomputed / total
 
 
 # --- Memory ---------------------------------------------------------------------------------------
@@ -265,7 +238,7 @@ def recompute_flops_per_token(m: ModelShape, seq_len: int, policy: ActivationPol
     block_matmul = 2.0 * (m.non_embedding_params - m.hidden)  # forward FLOPs of the blocks' weights
     attention_fwd = 4.0 * m.layers * m.heads * m.head_dim * seq_len
     if policy.op_level:
-        return _op_selective_recompute_share(m) * block_matmul
+        return op_selective_recompute_share(m) * block_matmul
     return policy.checkpointed_fraction * (block_matmul + attention_fwd)
 
 
@@ -417,6 +390,7 @@ class Plan:
     throughput: ThroughputPlan
     cost: CostPlan
     recommendations: Recommendations
+    run: RunPlan
     assumptions: tuple[str, ...] = field(default=())
 
     def to_dict(self) -> dict[str, Any]:
@@ -620,8 +594,10 @@ def plan(recipe: Recipe) -> Plan:
         fp8_recipe=recipe.precision.fp8_recipe,
         policy=ActivationPolicy.from_recipe(recipe.activation_checkpointing, recipe.model.layers),
     )
-    rate = inst.usd_per_hour * recipe.compute.instance_count
-    hours = tr.steps * thr.step_time_s / 3600
+    rate = (recipe.compute.usd_per_instance_hour or inst.usd_per_hour) * recipe.compute.instance_count
+    run = plan_run(recipe, thr.step_time_s)
+    # Instance hours: training, plus each job's start-up and (after the first) its checkpoint restore.
+    hours = run.hours + run.overhead_hours
     cost = CostPlan(
         inst.instance_type,
         recipe.compute.instance_count,
@@ -629,7 +605,7 @@ def plan(recipe: Recipe) -> Plan:
         tr.steps * recipe.tokens_per_step,
         hours,
         rate * hours,
-        inst.price_source,
+        "compute.usd_per_instance_hour" if recipe.compute.usd_per_instance_hour else inst.price_source,
     )
 
     if mem.fits:
@@ -659,5 +635,6 @@ def plan(recipe: Recipe) -> Plan:
         thr,
         cost,
         recommend(recipe),
+        run,
         assumptions,
     )

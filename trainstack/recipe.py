@@ -135,6 +135,8 @@ class Training(Section):
     # matmul per chunk (2048 x hidden x vocab) is still large enough to run at full speed.
     loss_chunk_tokens: PosInt = 2048
     log_every: PosInt = 10
+    # torch.compile each block; None: on where the trainer runs on CUDA, off on CPU.
+    compile: bool | None = None
 
 
 class Precision(Section):
@@ -153,24 +155,55 @@ class Precision(Section):
 
 class ActivationCheckpointing(Section):
     mode: Literal["none", "selective", "full"]
-    every: PosInt = 2  # selective: checkpoint one block in every `every`
+    every: PosInt = 2  # selective, policy block: checkpoint one block in every `every`
+    # selective only: `block` recomputes whole blocks (one in `every`); `op` is torchtitan's op-level
+    # selective checkpointing in every block (matmul outputs saved, cheap ops recomputed).
+    policy: Literal["block", "op"] = "block"
+
+    @model_validator(mode="after")
+    def _policy_needs_selective(self) -> ActivationCheckpointing:
+        if self.policy == "op" and self.mode != "selective":
+            raise ValueError(f"policy: op applies to mode selective only (mode is {self.mode})")
+        return self
 
     def checkpointed_fraction(self) -> float:
-        """Fraction of blocks whose activations are recomputed in backward."""
+        """Fraction of blocks whose activations are recomputed whole in backward (op policy: none)."""
+        if self.mode == "selective" and self.policy == "op":
+            return 0.0
         return {"none": 0.0, "full": 1.0}.get(self.mode, 1.0 / self.every)
 
 
 class Parallelism(Section):
     shard_group: PosInt  # FSDP shard group in GPUs; replicated across groups (HSDP) if smaller than world
+    # Tensor and context parallelism: in the schema so a recipe can say 1 explicitly, refused above 1
+    # because the trainer does not implement them (a job would fail at start, after nodes are paid for).
     tp: PosInt = 1
     cp: PosInt = 1
+
+    @model_validator(mode="after")
+    def _implemented(self) -> Parallelism:
+        for field, what in (("tp", "tensor"), ("cp", "context")):
+            if getattr(self, field) > 1:
+                raise ValueError(
+                    f"{field}: {getattr(self, field)}: the trainer does not implement {what} parallelism "
+                    "yet; use 1 (shard over more GPUs with shard_group, or checkpoint more activations)"
+                )
+        return self
 
 
 class Compute(Section):
     instance_type: str
     instance_count: PosInt = 1
     volume_size_gb: Annotated[int, Field(ge=1, le=16384)] = 500
-    max_runtime_hours: Annotated[float, Field(gt=0, le=28 * 24)] = 72.0
+    # One job's limit (SageMaker's MaxRuntimeInSeconds, at most 28 days). None: the planned run time plus
+    # a margin, capped at 28 days (trainstack.run_plan). A run longer than this takes several jobs.
+    max_runtime_hours: Annotated[float, Field(gt=0, le=28 * 24)] | None = None
+    # How many jobs one run may take (max-runtime stops, spot interruptions, capacity and
+    # infrastructure failures each end a job; the run's next job resumes from its checkpoint).
+    max_jobs: Annotated[int, Field(ge=1, le=99)] = 20
+    # Price per instance-hour when the catalogue's on-demand estimate is not what the team pays (a
+    # negotiated rate or a training plan); None: trainstack.hardware's figure.
+    usd_per_instance_hour: PosFloat | None = None
     spot: bool = False
     max_wait_hours: Annotated[float, Field(gt=0, le=28 * 24)] | None = None  # spot only
     training_plan_arn: str | None = None
@@ -186,7 +219,12 @@ class Compute(Section):
             )
         if self.max_wait_hours is not None and not self.spot:
             raise ValueError("max_wait_hours: only applies with spot: true")
-        if self.spot and self.max_wait_hours is not None and self.max_wait_hours < self.max_runtime_hours:
+        if (
+            self.spot
+            and self.max_wait_hours is not None
+            and self.max_runtime_hours is not None
+            and self.max_wait_hours < self.max_runtime_hours
+        ):
             raise ValueError("max_wait_hours: must be >= max_runtime_hours (SageMaker requires it for spot)")
         return self
 
@@ -201,8 +239,20 @@ class Data(Section):
 
 
 class Checkpointing(Section):
-    interval_steps: PosInt = 500
+    # How often to save: every `interval_minutes` of training, or every `interval_steps` steps (one of
+    # the two). Neither: the Young/Daly optimum for the run's save time and node count (trainstack.run_plan).
+    interval_minutes: PosFloat | None = None
+    interval_steps: PosInt | None = None
     keep: PosInt = 3
+    # Mean time between failures of one node, hours, for the default interval (docs/planner.md);
+    # None: the planner's published figure.
+    node_mtbf_hours: PosFloat | None = None
+
+    @model_validator(mode="after")
+    def _one_interval(self) -> Checkpointing:
+        if self.interval_minutes is not None and self.interval_steps is not None:
+            raise ValueError("interval_steps: set interval_minutes or interval_steps, not both")
+        return self
 
 
 class Monitoring(Section):
@@ -214,6 +264,9 @@ class Monitoring(Section):
     slow_minutes: PosInt = 20
     stall_minutes: PosInt = 20
     disk_high_pct: Percent = 85.0
+    # One rank's step compute time this fraction above the median for straggler_minutes: a bad GPU or link.
+    straggler_skew: PosFloat = 0.25
+    straggler_minutes: PosInt = 10
 
 
 class Tags(Section):
@@ -261,8 +314,6 @@ class Recipe(Section):
         # Cross-section checks; each message starts with the field path so errors can name it.
         par, tr = self.parallelism, self.training
         world = self.world_size
-        if tr.seq_len % par.cp:
-            raise ValueError(f"training.seq_len: {tr.seq_len} is not divisible by parallelism.cp = {par.cp}")
         model_parallel = par.shard_group * par.tp * par.cp
         if model_parallel > world:
             raise ValueError(

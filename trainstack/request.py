@@ -95,11 +95,18 @@ def tags(recipe: Recipe, team: str | None) -> dict[str, str]:
 
 
 def stopping_condition(recipe: Recipe) -> dict[str, int]:
-    runtime = min(int(recipe.compute.max_runtime_hours * 3600), MAX_RUNTIME_S)
+    from trainstack.planner import plan  # the default job limit follows the planned run time
+
+    runtime = min(int(plan(recipe).run.max_runtime_hours * 3600), MAX_RUNTIME_S)
+    compute = recipe.compute
+    if compute.spot and compute.max_wait_hours is not None and compute.max_runtime_hours is None:
+        # SageMaker requires MaxWait >= MaxRuntime: a spot wait the user capped caps the planned limit too
+        # (the run's next job continues where this one stopped).
+        runtime = min(runtime, int(compute.max_wait_hours * 3600))
     condition = {"MaxRuntimeInSeconds": runtime}
-    if recipe.compute.spot:
-        # SageMaker requires MaxWait >= MaxRuntime; by default allow as long again for capacity waits.
-        hours = recipe.compute.max_wait_hours
+    if compute.spot:
+        # By default allow as long again for capacity waits (and interruptions) as for training.
+        hours = compute.max_wait_hours
         wait = int(hours * 3600) if hours is not None else min(2 * runtime, MAX_RUNTIME_S)
         condition["MaxWaitTimeInSeconds"] = max(wait, runtime)
     return condition

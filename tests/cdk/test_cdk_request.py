@@ -9,6 +9,7 @@ from botocore.validate import ParamValidator
 from trainstack import naming
 from trainstack.loader import base_recipe_names, resolve, team_names, team_recipe_names
 from trainstack.metrics import metric_definitions
+from trainstack.planner import plan
 from trainstack.recipe import Recipe, from_hyperparameters, to_hyperparameters
 from trainstack.request import (
     Runtime,
@@ -72,7 +73,10 @@ def test_metrics_retries_infra_checks_environment_and_tags() -> None:
     assert request["AlgorithmSpecification"]["MetricDefinitions"] == metric_definitions()
     assert request["RetryStrategy"] == {"MaximumRetryAttempts": r.compute.max_retry_attempts}
     assert request["InfraCheckConfig"] == {"EnableInfraCheck": True}
-    assert request["StoppingCondition"] == {"MaxRuntimeInSeconds": int(r.compute.max_runtime_hours * 3600)}
+    # No compute.max_runtime_hours in the recipe: the job limit follows the planned run.
+    limit_hours = plan(r).run.max_runtime_hours
+    assert r.compute.max_runtime_hours is None and limit_hours >= plan(r).run.hours
+    assert request["StoppingCondition"] == {"MaxRuntimeInSeconds": int(limit_hours * 3600)}
     assert request["EnableManagedSpotTraining"] is False
     env = request["Environment"]
     assert env["FI_EFA_USE_HUGE_PAGE"] == "0"

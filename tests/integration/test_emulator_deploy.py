@@ -24,7 +24,7 @@ from trainstack import naming
 from trainstack.aws import training_job_request_sent
 from trainstack.emulator import ACCOUNT, REGION, Emulator, deliver_stack_status
 from trainstack.loader import resolve
-from trainstack.request import WARM_POOL_SECONDS, create_training_job_request, job_name
+from trainstack.request import WARM_POOL_SECONDS, create_training_job_request, job_name, stopping_condition
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("emulator")]
 ROOT = Path(__file__).resolve().parents[2]
@@ -115,7 +115,7 @@ def expected_request(
     image = (
         f"{ACCOUNT}.dkr.ecr.{REGION}.amazonaws.com/{data['RepositoryName']}:{naming.recipe_hash(deployed)}"
     )
-    return create_training_job_request(
+    request = create_training_job_request(
         recipe,
         team,
         job_name=name,
@@ -125,6 +125,8 @@ def expected_request(
         kms_key_arn=data["KeyArn"],
         keep_alive_seconds=keep_alive,
     )
+    # The job limit is fixed at deploy time by the deployed recipe's plan; a short run just ends sooner.
+    return {**request, "StoppingCondition": stopping_condition(deployed)}
 
 
 @pytest.mark.parametrize(("recipe", "team"), [("1b-bf16", None), ("30b-fp8", None), ("8b-fp8", "nlp")])

@@ -173,8 +173,6 @@ def test_every_base_recipe_lays_out_on_its_planned_world(name):
 @pytest.mark.parametrize(
     "update, world, field",
     [
-        ({"parallelism": {"shard_group": 4, "tp": 2}}, 2, "parallelism.tp"),
-        ({"parallelism": {"shard_group": 4, "cp": 2}}, 2, "parallelism.cp"),
         ({"parallelism": {"shard_group": 4}}, 6, "parallelism.shard_group"),
         ({}, 3, "training.global_batch"),
     ],
@@ -297,7 +295,7 @@ def test_bad_hyperparameters_name_file_and_field(tiny, tmp_path):
         (["--recipe", "does/not/exist.yaml"], "does/not/exist.yaml: file not found"),
         (
             ["--recipe", str(TINY), "--set", "parallelism.tp=2", "--set", "parallelism.shard_group=4"],
-            "parallelism.tp: 2: tensor parallelism is not implemented",
+            "parallelism.tp: 2: the trainer does not implement tensor parallelism",
         ),
         (
             ["--recipe", str(TINY), "--set", "precision.dtype=fp8", "--set", "precision.fp8_recipe=current"],

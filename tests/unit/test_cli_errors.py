@@ -45,11 +45,11 @@ BAD_FILES = [
         "divisible",
     ),
     (
-        "seq_len not divisible by cp",
+        "context parallelism, which the trainer does not implement",
         "bad.yaml",
-        variant("shard_group: 8", "shard_group: 2, cp: 3"),
-        "training.seq_len",
-        "not divisible by parallelism.cp",
+        variant("shard_group: 8", "shard_group: 2, cp: 2"),
+        "parallelism.cp",
+        "the trainer does not implement context parallelism",
     ),
     (
         "gpus not divisible by shard_group x tp x cp",

@@ -180,7 +180,9 @@ def test_fp8_gain_and_recompute_cost():
 def test_cost_is_price_times_nodes_times_hours():
     recipe = resolve("30b-fp8").recipe
     p = plan(recipe)
-    hours = recipe.training.steps * p.throughput.step_time_s / 3600
+    # Instance hours: training plus each job's start-up and restore (trainstack.run_plan).
+    hours = recipe.training.steps * p.throughput.step_time_s / 3600 + p.run.overhead_hours
+    assert p.run.overhead_hours > 0
     assert p.cost.hours == pytest.approx(hours)
     assert p.cost.usd_per_hour == pytest.approx(B200.usd_per_hour * 4)
     assert p.cost.total_usd == pytest.approx(B200.usd_per_hour * 4 * hours)

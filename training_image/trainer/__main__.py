@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from trainer.train import EXIT_NON_FINITE, NonFiniteLoss, RunOptions, run
+from trainstack import exit_codes
 from trainstack.errors import TrainstackError
 
 SAGEMAKER_CHECKPOINTS = Path("/opt/ml/checkpoints")
@@ -87,17 +88,31 @@ def _env_int(name: str) -> int | None:
     return int(value) if value else None
 
 
+def failure_file() -> Path | None:
+    """SageMaker's failure file (its text becomes the job's FailureReason), where it can be written."""
+    configured = os.environ.get("TRAINSTACK_FAILURE_FILE")  # tests
+    path = Path(configured) if configured else Path(exit_codes.FAILURE_FILE)
+    return path if path.parent.is_dir() else None
+
+
+def report_failure(exit_code: int, message: str) -> int:
+    """Print the one-line error and, on rank 0, tell SageMaker (and so the run supervisor) why."""
+    if os.environ.get("RANK", "0") == "0":  # every rank sees the same error; one line is enough
+        print(f"error: {message}", file=sys.stderr)
+        path = failure_file()
+        if path is not None:
+            path.write_text(exit_codes.failure_line(exit_code, message) + "\n")
+    return exit_code
+
+
 def main(argv: list[str] | None = None) -> int:
     options = parse_args(argv)
     try:
         return run(options)
     except TrainstackError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return exc.exit_code
+        return report_failure(exc.exit_code, str(exc))
     except NonFiniteLoss as exc:
-        if os.environ.get("RANK", "0") == "0":  # every rank sees the same reduced loss
-            print(f"error: {exc}", file=sys.stderr)
-        return EXIT_NON_FINITE
+        return report_failure(EXIT_NON_FINITE, str(exc))
 
 
 if __name__ == "__main__":

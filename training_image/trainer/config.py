@@ -87,19 +87,6 @@ class Layout:
 
 def resolve_layout(recipe: Recipe, world: int, source: str) -> Layout:
     par, tr = recipe.parallelism, recipe.training
-    if par.tp > 1:
-        raise RecipeError(
-            source,
-            "parallelism.tp",
-            f"{par.tp}: tensor parallelism is not implemented in the trainer; use tp: 1 (FSDP/HSDP only)",
-        )
-    if par.cp > 1:
-        raise RecipeError(
-            source,
-            "parallelism.cp",
-            f"{par.cp}: context parallelism is not implemented in "
-            "the trainer; use cp: 1 with full activation checkpointing for long context",
-        )
     shard = min(par.shard_group, world)
     if world % shard:
         raise RecipeError(

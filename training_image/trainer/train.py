@@ -33,13 +33,14 @@ from trainer.optim import build_optimizer, build_scheduler
 from trainer.parallel import build_mesh, mesh_description, set_gradient_sync, shard_model
 from trainer.precision import autocast_factory, check_precision
 from trainer.throughput import peak_memory_gib, peak_tflops
+from trainstack import exit_codes
 from trainstack.errors import TrainstackError
 from trainstack.metrics import format_line
-from trainstack.planner import flops_per_token
+from trainstack.planner import flops_per_token, plan
 from trainstack.recipe import Recipe
 
 log = logging.getLogger("trainer")
-EXIT_NON_FINITE = 3
+EXIT_NON_FINITE = exit_codes.NON_FINITE
 
 
 class NonFiniteLoss(Exception):
@@ -288,6 +289,11 @@ def _loop(ctx: LoopContext, state: TrainerState, max_steps: int, stop: StopReque
     step, position = state.step, state.samples_consumed
     interval_losses: list[float] = []
     interval_start = time.perf_counter()
+    # Checkpoint every interval_steps steps, or every interval_minutes of wall time (the recipe's, else
+    # the plan's Young/Daly optimum). Rank 0's clock decides, shared in the step's all-reduce below.
+    save_every_steps = recipe.checkpointing.interval_steps
+    save_every_s = None if save_every_steps else plan(recipe).run.checkpoint.interval_minutes * 60.0
+    last_save = time.monotonic()
     if step >= max_steps:
         log.info("already at step %d of %d: nothing to do", step, max_steps)
     while step < max_steps:
@@ -296,11 +302,12 @@ def _loop(ctx: LoopContext, state: TrainerState, max_steps: int, stop: StopReque
         if hasattr(grad_norm, "full_tensor"):
             grad_norm = grad_norm.full_tensor()
         # One collective for the step's loss and the stop flag, so every rank stops at the same step.
-        shared = torch.stack(
-            [loss_sum / layout.grad_accum, torch.tensor(float(stop.requested), device=device)]
-        )
+        save_due = ctx.rank == 0 and save_every_s is not None and time.monotonic() - last_save >= save_every_s
+        flags = torch.tensor([float(stop.requested), float(save_due)], device=device)
+        shared = torch.cat([(loss_sum / layout.grad_accum).reshape(1), flags])
         dist.all_reduce(shared)
         mean_loss, stopping = shared[0].item() / ctx.world, shared[1].item() > 0
+        save_due = shared[2].item() > 0
         if not (math.isfinite(mean_loss) and math.isfinite(grad_norm.item())):
             raise NonFiniteLoss(
                 f"non-finite loss or gradient at step {step + 1} (loss={mean_loss}, "
@@ -336,8 +343,9 @@ def _loop(ctx: LoopContext, state: TrainerState, max_steps: int, stop: StopReque
             interval_losses, interval_start = [], time.perf_counter()
         state = TrainerState(step, position, ctx.token_source.name, ctx.world)
         final = stopping or step == max_steps
-        if step % recipe.checkpointing.interval_steps == 0 or final:
+        if save_due or (save_every_steps and step % save_every_steps == 0) or final:
             checkpoints.save(model, optimizer, scheduler, state, blocking=final)
+            last_save = time.monotonic()
         if stopping:
             log.info("SIGTERM: saved step %d and stopping", step)
             break
