@@ -1,14 +1,22 @@
-"""The SageMaker execution role: this recipe's bucket prefixes, key, image, logs and metrics only."""
+"""The SageMaker execution role: this recipe's bucket prefixes, key, image, logs and metrics only.
+
+Only SageMaker training jobs of this recipe and team may assume it (aws:SourceArn on the job-name prefix,
+aws:SourceAccount; SageMaker developer guide, cross-service confused deputy prevention for training jobs).
+In VPC mode it may create and delete network interfaces only in this deployment's subnets, security group
+and VPC (`allow_network_interfaces`). docs/security.md has the whole picture.
+"""
 
 from __future__ import annotations
 
-from aws_cdk import ArnFormat, Stack
+import jsii
+from aws_cdk import ArnFormat, Aspects, IAspect, Stack
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_s3 as s3
-from constructs import Construct
+from constructs import Construct, IConstruct, IValidation
 
 from stacks import nag
+from stacks.network import TrainingNetwork
 from trainstack import naming
 from trainstack.config import Deployment
 from trainstack.request import output_prefix
@@ -32,10 +40,21 @@ class ExecutionRole(Construct):
         super().__init__(scope, id)
         stack = Stack.of(self)
         recipe, team = deployment.recipe, deployment.team
+        jobs = stack.format_arn(
+            service="sagemaker",
+            resource="training-job",
+            resource_name=f"{naming.job_name_prefix(recipe, team)}*",
+        )
         self.role = iam.Role(
             self,
             "Role",
-            assumed_by=iam.ServicePrincipal("sagemaker.amazonaws.com"),
+            assumed_by=iam.ServicePrincipal(
+                "sagemaker.amazonaws.com",
+                conditions={
+                    "StringEquals": {"aws:SourceAccount": stack.account},
+                    "ArnLike": {"aws:SourceArn": jobs},
+                },
+            ),
             description=f"SageMaker training jobs of {deployment.stack_prefix}",
         )
         prefixes = [naming.checkpoint_prefix(recipe, team), output_prefix(recipe, team)]
@@ -58,14 +77,10 @@ class ExecutionRole(Construct):
                         }
                     },
                 ),
+                # The checkpoint bucket's SSE-KMS (reading, writing) and the job's encrypted output.
                 iam.PolicyStatement(
                     actions=["kms:Decrypt", "kms:Encrypt", "kms:GenerateDataKey", "kms:DescribeKey"],
                     resources=[key.key_arn],
-                ),
-                iam.PolicyStatement(
-                    actions=["kms:CreateGrant"],
-                    resources=[key.key_arn],
-                    conditions={"Bool": {"kms:GrantIsForAWSResource": "true"}},
                 ),
                 iam.PolicyStatement(
                     actions=[
@@ -91,24 +106,40 @@ class ExecutionRole(Construct):
             ],
         )
         self.policy = policy
+        if not recipe.instance.has_instance_store:
+            # An EBS volume encrypted with the key (trainstack.request sends VolumeKmsKeyId only for types
+            # without local NVMe): EBS creates a grant for the attached volume. kms:GrantIsForAWSResource
+            # applies to CreateGrant, ListGrants and RevokeGrant only (KMS developer guide, grants).
+            policy.add_statements(
+                iam.PolicyStatement(
+                    actions=["kms:CreateGrant"],
+                    resources=[key.key_arn],
+                    conditions={"Bool": {"kms:GrantIsForAWSResource": "true"}},
+                )
+            )
         self._data_statements(recipe.data.train_s3_uri)
+        self._granted_network: TrainingNetwork | None = None
         if vpc:
+            # Read-only calls without resource-level permissions (Service Authorization Reference, EC2).
+            # DeleteNetworkInterfacePermission names a permission ID, not an interface, so it too can only be
+            # granted on "*".
             policy.add_statements(
                 iam.PolicyStatement(
                     actions=[
-                        "ec2:CreateNetworkInterface",
-                        "ec2:CreateNetworkInterfacePermission",
-                        "ec2:DeleteNetworkInterface",
-                        "ec2:DeleteNetworkInterfacePermission",
                         "ec2:DescribeNetworkInterfaces",
                         "ec2:DescribeVpcs",
                         "ec2:DescribeDhcpOptions",
                         "ec2:DescribeSubnets",
                         "ec2:DescribeSecurityGroups",
+                        "ec2:DeleteNetworkInterfacePermission",
                     ],
                     resources=["*"],
                 )
             )
+            # The launcher builds this role before its network: the scoped statements follow once the stack's
+            # TrainingNetwork exists, and synthesis fails if there is none.
+            Aspects.of(stack).add(_GrantNetworkInterfaces(self))
+            self.node.add_validation(_NetworkGranted(self))
         nag.acknowledge(self, "AwsSolutions-IAM5:unscoped-actions", ["Resource::*"])
         nag.acknowledge(
             self,
@@ -119,6 +150,37 @@ class ExecutionRole(Construct):
             self,
             "AwsSolutions-IAM5:training-logs",
             [nag.arn_finding(self, "logs", f"log-group:{TRAINING_LOG_GROUP}:*")],
+        )
+
+    def allow_network_interfaces(self, network: TrainingNetwork) -> None:
+        """SageMaker's network interfaces for the job, in `network`'s subnets, group and VPC only.
+
+        Condition keys per resource (Service Authorization Reference, EC2): CreateNetworkInterface checks
+        the interface (no VPC key), the subnet and the security group, so it gets this deployment's subnet
+        and group ARNs; the interface actions that support ec2:Vpc are limited to this VPC.
+        """
+        if self._granted_network is network:
+            return
+        if self._granted_network is not None:
+            raise ValueError("an execution role serves one training network")
+        self._granted_network = network
+        stack = Stack.of(self)
+        interfaces = stack.format_arn(service="ec2", resource="network-interface", resource_name="*")
+        self.policy.add_statements(
+            iam.PolicyStatement(
+                actions=["ec2:CreateNetworkInterface"],
+                resources=[interfaces, *network.subnet_arns, network.security_group_arn],
+            ),
+            iam.PolicyStatement(
+                actions=["ec2:CreateNetworkInterfacePermission", "ec2:DeleteNetworkInterface"],
+                resources=[interfaces],
+                conditions={"ArnEquals": {"ec2:Vpc": network.vpc_arn}},
+            ),
+        )
+        nag.acknowledge(
+            self,
+            "AwsSolutions-IAM5:training-network-interfaces",
+            [nag.arn_finding(self, "ec2", "network-interface/*")],
         )
 
     def _data_statements(self, train_s3_uri: str | None) -> None:
@@ -136,3 +198,26 @@ class ExecutionRole(Construct):
                 conditions={"StringLike": {"s3:prefix": [f"{prefix}*" if prefix else "*"]}},
             ),
         )
+
+
+@jsii.implements(IAspect)
+class _GrantNetworkInterfaces:
+    """Finds the stack's TrainingNetwork at synthesis and scopes the role's interface statements to it."""
+
+    def __init__(self, role: ExecutionRole) -> None:
+        self._role = role
+
+    def visit(self, node: IConstruct) -> None:
+        if isinstance(node, TrainingNetwork):
+            self._role.allow_network_interfaces(node)
+
+
+@jsii.implements(IValidation)
+class _NetworkGranted:
+    def __init__(self, role: ExecutionRole) -> None:
+        self._role = role
+
+    def validate(self) -> list[str]:
+        if self._role._granted_network is None:
+            return ["VPC mode: the stack has no TrainingNetwork, so jobs could not create network interfaces"]
+        return []

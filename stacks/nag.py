@@ -41,6 +41,11 @@ REASONS: dict[str, str] = {
         "SageMaker writes to the /aws/sagemaker/TrainingJobs log group with one stream per job and "
         "host, named at run time."
     ),
+    "AwsSolutions-IAM5:training-network-interfaces": (
+        "VPC mode: SageMaker creates the job's network interfaces at run time, so their IDs are unknown; "
+        "creating one is also limited to this deployment's subnets and security group, and attaching or "
+        "deleting one to interfaces in this deployment's VPC (ec2:Vpc)."
+    ),
     "AwsSolutions-IAM5:unscoped-actions": (
         "These actions do not support resource-level permissions (ecr:GetAuthorizationToken, "
         "cloudwatch:PutMetricData (limited by a namespace condition), ec2:Describe*/ENI calls SageMaker "

@@ -7,8 +7,9 @@ month per AZ plus data). EFA needs all traffic allowed between members of one se
 
 from __future__ import annotations
 
-from aws_cdk import RemovalPolicy
+from aws_cdk import RemovalPolicy, Stack
 from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_logs as logs
 from constructs import Construct
@@ -28,12 +29,31 @@ INTERFACE_ENDPOINTS = {
 class TrainingNetwork(Construct):
     def __init__(self, scope: Construct, id: str, *, key: kms.IKey) -> None:
         super().__init__(scope, id)
+        stack = Stack.of(self)
         flow_logs = logs.LogGroup(
             self,
             "FlowLogs",
             encryption_key=key,
             retention=logs.RetentionDays.ONE_YEAR,
             removal_policy=RemovalPolicy.RETAIN,
+        )
+        # Only this account's flow logs may assume the delivery role (VPC user guide, IAM role for flow
+        # logs: aws:SourceAccount and aws:SourceArn against the confused deputy).
+        flow_logs_role = iam.Role(
+            self,
+            "FlowLogsRole",
+            assumed_by=iam.ServicePrincipal(
+                "vpc-flow-logs.amazonaws.com",
+                conditions={
+                    "StringEquals": {"aws:SourceAccount": stack.account},
+                    "ArnLike": {
+                        "aws:SourceArn": stack.format_arn(
+                            service="ec2", resource="vpc-flow-log", resource_name="*"
+                        )
+                    },
+                },
+            ),
+            description="VPC flow logs of the training network to its log group",
         )
         self.vpc = ec2.Vpc(
             self,
@@ -46,7 +66,9 @@ class TrainingNetwork(Construct):
                 )
             ],
             flow_logs={
-                "All": ec2.FlowLogOptions(destination=ec2.FlowLogDestination.to_cloud_watch_logs(flow_logs))
+                "All": ec2.FlowLogOptions(
+                    destination=ec2.FlowLogDestination.to_cloud_watch_logs(flow_logs, flow_logs_role)
+                )
             },
         )
         self.security_group = ec2.SecurityGroup(
@@ -81,3 +103,10 @@ class TrainingNetwork(Construct):
                 name, service=service, security_groups=[endpoints_sg], private_dns_enabled=True
             )
         self.subnet_ids = [s.subnet_id for s in self.vpc.isolated_subnets]
+        self.vpc_arn = stack.format_arn(service="ec2", resource="vpc", resource_name=self.vpc.vpc_id)
+        self.subnet_arns = [
+            stack.format_arn(service="ec2", resource="subnet", resource_name=i) for i in self.subnet_ids
+        ]
+        self.security_group_arn = stack.format_arn(
+            service="ec2", resource="security-group", resource_name=self.security_group.security_group_id
+        )

@@ -35,7 +35,10 @@ class EncryptionKey(Construct):
             removal_policy=RemovalPolicy.RETAIN,
         )
         # CloudWatch Logs encrypts the launcher's log groups with this key; only log groups of this
-        # account and region may use it.
+        # account and region may use it. The encryption context is how CloudWatch Logs names the log group
+        # to KMS (CloudWatch Logs user guide, encrypt log data with KMS), so it is the source condition
+        # here. No kms:Describe*: DescribeKey never carries an encryption context, so under this condition
+        # it could never be allowed anyway.
         self.key.add_to_resource_policy(
             iam.PolicyStatement(
                 principals=[iam.ServicePrincipal(f"logs.{stack.region}.amazonaws.com")],
@@ -44,7 +47,6 @@ class EncryptionKey(Construct):
                     "kms:Decrypt*",
                     "kms:ReEncrypt*",
                     "kms:GenerateDataKey*",
-                    "kms:Describe*",
                 ],
                 resources=["*"],  # in a key policy "*" means this key
                 conditions={

@@ -26,7 +26,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from trainstack import budget, loader, naming
+from trainstack import budget, loader, naming, request_check
 from trainstack.errors import RecipeError, TrainstackError
 from trainstack.recipe import Recipe
 
@@ -180,6 +180,7 @@ def load(
                 reason = f"does not fit: {reason}"
             raise RecipeError(resolved.files[-1] if resolved.files else recipe_name, None, reason)
         budget.enforce(resolved, plan)  # a team's caps on nodes and planned cost (trainstack.budget)
+        request_check.enforce(resolved)  # every request AWS would refuse (trainstack.request_check)
         image = _image_source(context, recipe, emulator, _target(recipe, emulator)[1] or region, resolve_base)
         deployments.append(Deployment(recipe, recipe_team, plan, image, resolved.files))
     _check_unique(deployments)

@@ -3,6 +3,13 @@
 Figures and their sources are in ../shared/README.md section 2 and docs/planner.md. Peak TFLOP/s are
 *dense* (the sparse marketing figures are twice these). Prices are on-demand estimates; a figure we
 could not verify says so in `price_source`, and the planner prints it next to every cost.
+
+Local storage decides two fields of the training job's ResourceConfig (trainstack.request): SageMaker
+refuses `VolumeKmsKeyId` for an instance type with local NVMe storage ("You can't request a
+VolumeKmsKeyId when using an instance type with local storage": the instance store is encrypted by a
+hardware module on the instance), refuses a `VolumeSizeInGB` above that storage, and provisions no EBS
+volume for it at all ("Available storage is fixed to the NVMe-type instance's storage capacity";
+SageMaker API reference, ResourceConfig). See `volume_size_problem`.
 """
 
 from __future__ import annotations
@@ -29,6 +36,19 @@ class Instance:
     efa_gbps: float  # inter-node network, Gbit/s
     usd_per_hour: float
     price_source: str
+    # Local NVMe instance store, per instance: disks x GB each (SageMaker counts GB, 10^9 bytes); 0 disks:
+    # EBS-only, where ResourceConfig.VolumeSizeInGB sizes an EBS volume and VolumeKmsKeyId encrypts it.
+    instance_store_disks: int = 0
+    instance_store_disk_gb: int = 0
+
+    @property
+    def instance_store_gb(self) -> int:
+        """Total local NVMe storage per instance, GB; 0 for an EBS-only type."""
+        return self.instance_store_disks * self.instance_store_disk_gb
+
+    @property
+    def has_instance_store(self) -> bool:
+        return self.instance_store_gb > 0
 
     def peak_tflops(self, dtype: str) -> float:
         """Dense peak per GPU for a recipe precision ("bf16" or "fp8")."""
@@ -70,6 +90,8 @@ INSTANCES: dict[str, Instance] = {
             "ml.p6-b200.48xlarge",
             B200,
             gpus=8,
+            instance_store_disks=8,  # 8 x 3.84 TB NVMe SSD (EC2 instance store table; shared notes 12)
+            instance_store_disk_gb=3840,
             efa_gbps=3200.0,
             usd_per_hour=114.0,
             price_source="about 114 USD/h EC2 on-demand (unverified third-party figure; "
@@ -79,6 +101,8 @@ INSTANCES: dict[str, Instance] = {
             "ml.p5.48xlarge",
             H100,
             gpus=8,
+            instance_store_disks=8,  # 8 x 3.84 TB NVMe SSD (EC2 instance store table; shared notes 12)
+            instance_store_disk_gb=3840,
             efa_gbps=3200.0,
             usd_per_hour=55.04,
             price_source="EC2 on-demand us-east-1 after the June 2025 price cut (estimate)",
@@ -87,12 +111,29 @@ INSTANCES: dict[str, Instance] = {
             "ml.p5en.48xlarge",
             H200,
             gpus=8,
+            instance_store_disks=8,  # 8 x 3.84 TB NVMe SSD (EC2 instance store table; shared notes 12)
+            instance_store_disk_gb=3840,
             efa_gbps=3200.0,
             usd_per_hour=63.30,
             price_source="EC2 on-demand us-east-1 (estimate)",
         ),
     )
 }
+
+
+def volume_size_problem(instance: Instance, volume_size_gb: int) -> str | None:
+    """Why SageMaker would refuse `volume_size_gb` on `instance` (one line), or None.
+
+    SageMaker API reference, ResourceConfig.VolumeSizeInGB: "You can't request a VolumeSizeInGB greater
+    than the total size of the local instance storage." (EBS-only types take any size the model allows.)
+    """
+    if instance.has_instance_store and volume_size_gb > instance.instance_store_gb:
+        return (
+            f"{volume_size_gb} GB exceeds the {instance.instance_store_gb:,} GB of local NVMe storage of "
+            f"{instance.instance_type} ({instance.instance_store_disks} x {instance.instance_store_disk_gb} "
+            "GB), which SageMaker uses instead of an EBS volume"
+        )
+    return None
 
 
 def get_instance(instance_type: str) -> Instance:

@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
-from trainstack.hardware import INSTANCES, Instance, get_instance
+from trainstack.hardware import INSTANCES, Instance, get_instance, volume_size_problem
 
 PosInt = Annotated[int, Field(gt=0)]
 NonNegInt = Annotated[int, Field(ge=0)]
@@ -226,6 +226,9 @@ class Compute(Section):
             and self.max_wait_hours < self.max_runtime_hours
         ):
             raise ValueError("max_wait_hours: must be >= max_runtime_hours (SageMaker requires it for spot)")
+        problem = volume_size_problem(get_instance(self.instance_type), self.volume_size_gb)
+        if problem is not None:
+            raise ValueError(f"volume_size_gb: {problem}")
         return self
 
 
@@ -269,10 +272,25 @@ class Monitoring(Section):
     straggler_minutes: PosInt = 10
 
 
+# The tags trainstack itself puts on every resource and training job (trainstack.request.tags); cost
+# reports and IAM conditions read them, so `extra` may add tags but never replace one of these.
+RESERVED_TAG_KEYS = ("project", "team", "recipe", "cost-center")
+
+
 class Tags(Section):
     team: TeamName = "platform"
     cost_center: str = "ml-training"
     extra: dict[str, str] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _own_tags_kept(self) -> Tags:
+        if reserved := [key for key in self.extra if key in RESERVED_TAG_KEYS]:
+            raise ValueError(
+                f"extra: {reserved[0]!r} is one of trainstack's own tags ({', '.join(RESERVED_TAG_KEYS)}), "
+                "which extra tags cannot replace; use another key (team and cost-center come from "
+                "tags.team and tags.cost_center)"
+            )
+        return self
 
 
 class Budget(Section):

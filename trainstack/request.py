@@ -150,15 +150,22 @@ def create_training_job_request(
     resource_config: dict[str, Any] = {
         "InstanceType": compute.instance_type,
         "InstanceCount": compute.instance_count,
-        "VolumeSizeInGB": compute.volume_size_gb,
     }
-    if kms_key_arn:
-        resource_config["VolumeKmsKeyId"] = kms_key_arn
-    _put(
-        resource_config,
-        "KeepAlivePeriodInSeconds",
-        compute.keep_alive_seconds if keep_alive_seconds is None else keep_alive_seconds,
-    )
+    if not recipe.instance.has_instance_store:
+        # An EBS volume only where there is one: on local NVMe SageMaker provisions no EBS volume, refuses
+        # VolumeKmsKeyId (a hardware module encrypts the instance store) and a size above the NVMe
+        # capacity (SageMaker API reference, ResourceConfig; trainstack.hardware).
+        resource_config["VolumeSizeInGB"] = compute.volume_size_gb
+        if kms_key_arn:
+            resource_config["VolumeKmsKeyId"] = kms_key_arn
+    if not compute.spot:
+        # "SageMaker Managed Warm Pools cannot be used with spot instances" (developer guide, warm pools,
+        # Considerations): a spot recipe's jobs never ask for one, whatever the launch passes.
+        _put(
+            resource_config,
+            "KeepAlivePeriodInSeconds",
+            compute.keep_alive_seconds if keep_alive_seconds is None else keep_alive_seconds,
+        )
     if compute.training_plan_arn:
         resource_config["TrainingPlanArn"] = compute.training_plan_arn
 

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import botocore.session
 import pytest
-from botocore.validate import ParamValidator
 
 from trainstack import naming
 from trainstack.loader import base_recipe_names, resolve, team_names, team_recipe_names
@@ -18,6 +16,7 @@ from trainstack.request import (
     hyperparameter_overrides,
     job_name,
 )
+from trainstack.request_check import check_request
 
 ARGS = dict(
     role_arn="arn:aws:iam::123456789012:role/exec",
@@ -33,10 +32,9 @@ def recipe(name: str = "30b-fp8", team: str | None = None, *overrides: str) -> R
 
 
 def validate_api(request: dict) -> None:
-    """The request against botocore's model of CreateTrainingJob: names, types, required fields."""
-    model = botocore.session.get_session().get_service_model("sagemaker")
-    report = ParamValidator().validate(request, model.operation_model("CreateTrainingJob").input_shape)
-    assert not report.has_errors(), report.generate_report()
+    """The request as SageMaker checks it: botocore's model (names, types, lengths, patterns, enums, ranges)
+    and the documented cross-field rules (trainstack.request_check)."""
+    assert check_request(request) == []
 
 
 @pytest.mark.parametrize(("name", "team"), ALL)
@@ -46,7 +44,11 @@ def test_every_recipe_gives_a_valid_api_request_carrying_the_recipe(name: str, t
     validate_api(request)
     assert request["ResourceConfig"]["InstanceType"] == r.compute.instance_type
     assert request["ResourceConfig"]["InstanceCount"] == r.compute.instance_count
-    assert request["ResourceConfig"]["VolumeSizeInGB"] == r.compute.volume_size_gb
+    if r.instance.has_instance_store:  # local NVMe: no EBS volume to size or encrypt (trainstack.hardware)
+        assert "VolumeSizeInGB" not in request["ResourceConfig"]
+        assert "VolumeKmsKeyId" not in request["ResourceConfig"]
+    else:
+        assert request["ResourceConfig"]["VolumeSizeInGB"] == r.compute.volume_size_gb
     assert from_hyperparameters(request["HyperParameters"]) == r
     assert len(request["TrainingJobName"]) <= 63
 
@@ -64,7 +66,8 @@ def test_checkpoints_go_to_the_team_recipe_prefix_under_the_job_name() -> None:
         "S3OutputPath": "s3://ckpt-bucket/output/platform/30b-fp8",
         "KmsKeyId": ARGS["kms_key_arn"],
     }
-    assert request["ResourceConfig"]["VolumeKmsKeyId"] == ARGS["kms_key_arn"]
+    # ml.p6-b200.48xlarge has local NVMe, which its hardware module encrypts: SageMaker refuses a volume key.
+    assert "VolumeKmsKeyId" not in request["ResourceConfig"]
 
 
 def test_metrics_retries_infra_checks_environment_and_tags() -> None:

@@ -61,7 +61,8 @@ def plan(
         print_plan(result, title)
         if plot is not None:
             typer.echo(f"wrote {plot}")
-    from trainstack import budget
+    from trainstack import budget, request_check
 
     budget.enforce(resolved, result)  # over a team cap: the plan above, then one line and exit 2
+    request_check.enforce(resolved)  # a request AWS would refuse: likewise (trainstack.request_check)
     raise typer.Exit(0 if result.fits else 1)

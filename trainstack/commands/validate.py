@@ -78,7 +78,7 @@ def checks_for_path(path: Path) -> list[Check]:
 
 
 def run_check(check: Check) -> None:
-    from trainstack import budget
+    from trainstack import budget, request_check
     from trainstack.loader import resolve
     from trainstack.planner import plan
 
@@ -87,6 +87,7 @@ def run_check(check: Check) -> None:
     if not planned.fits:  # the gate refuses what would run out of memory, before anyone pays for it
         raise TrainstackError(f"{resolved.files[-1]}: {planned.verdict}")
     budget.enforce(resolved, planned)  # a team's caps on nodes and planned cost
+    request_check.enforce(resolved)  # every request AWS would refuse (trainstack.request_check)
     if check.expect_name is not None and resolved.recipe.name != check.expect_name:
         raise RecipeError(
             check.recipe,
