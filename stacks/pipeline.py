@@ -241,12 +241,33 @@ class PipelineStack(Stack):
             self.pipeline.add_stage(stage, pre=pre)
         self.pipeline.build_pipeline()  # materialize the generated roles and projects for cdk-nag below
         self._acknowledge_generated(store)
+        self._bind_trust_to_account()
         # The pipeline reaches its role through GetAtt already; CodePipeline adds a DependsOn on it too
         # (cfn-lint W3005). Keep only the DependsOn on the role's policy, which GetAtt does not imply.
         policy = self.pipeline.pipeline.role.node.find_child("DefaultPolicy").node.default_child
         cfn_pipeline = self.pipeline.pipeline.node.default_child
         cfn_pipeline.add_override("DependsOn", [policy.logical_id])  # type: ignore[union-attr]
         self._role_arns_as_sub(cfn_pipeline)
+
+    def _bind_trust_to_account(self) -> None:
+        """Bind the roles CDK Pipelines generates for CodePipeline and CodeBuild to this account.
+
+        Their trust policies name the service alone. IAM's guidance against the cross-service confused
+        deputy (IAM User Guide, "The confused deputy problem") is `aws:SourceAccount` or `aws:SourceArn`
+        on every service principal that is given access to the account. The account rather than the
+        project or pipeline ARN: those resources reference the roles, so naming them here would make a
+        dependency cycle. (Checked against templates only; no pipeline has run on a real account.)"""
+        for node in self.node.find_all():
+            if not isinstance(node, iam.CfnRole):
+                continue
+            document = self.resolve(node.assume_role_policy_document)
+            for index, statement in enumerate(document.get("Statement", [])):
+                principal = statement.get("Principal")
+                if isinstance(principal, dict) and "Service" in principal and not statement.get("Condition"):
+                    node.add_property_override(
+                        f"AssumeRolePolicyDocument.Statement.{index}.Condition",
+                        {"StringEquals": {"aws:SourceAccount": self.account}},
+                    )
 
     def _role_arns_as_sub(self, cfn_pipeline: Any) -> None:
         """Write the deploy actions' role ARNs as Fn::Sub: cfn-lint (E3703) rejects the Fn::Join with an

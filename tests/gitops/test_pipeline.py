@@ -164,6 +164,29 @@ def test_one_stage_per_team_with_approval_above_the_cost_threshold(assembly):
 
 @pytest.mark.slow
 @pytest.mark.xdist_group("cdk-synth")
+def test_every_service_principal_of_the_pipeline_is_bound_to_its_source(assembly):
+    """The roles CDK Pipelines generates (CodePipeline, CodeBuild) and the artifact bucket's policies name
+    their service principals only together with aws:SourceAccount or aws:SourceArn."""
+    template = json.loads((assembly / "Trainstack-Pipeline.template.json").read_text())
+    checked = []
+    for logical_id, resource in template["Resources"].items():
+        props = resource.get("Properties", {})
+        for key in ("AssumeRolePolicyDocument", "PolicyDocument"):
+            for statement in props.get(key, {}).get("Statement", []):
+                principal = statement.get("Principal")
+                if (
+                    not (isinstance(principal, dict) and "Service" in principal)
+                    or statement["Effect"] != "Allow"
+                ):
+                    continue
+                keys = {k.lower() for operator in statement.get("Condition", {}).values() for k in operator}
+                assert keys & {"aws:sourceaccount", "aws:sourcearn"}, (logical_id, statement)
+                checked.append(logical_id)
+    assert sum("Role" in lid for lid in checked) >= 3  # the pipeline role and two CodeBuild roles at least
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("cdk-synth")
 def test_synth_step_runs_the_gates_and_the_store_is_encrypted_and_retained(assembly):
     template = json.loads((assembly / "Trainstack-Pipeline.template.json").read_text())
     specs = [
