@@ -136,3 +136,22 @@ def full_recompute_share(m: ModelShape, backend: str = "pytorch") -> float:
         return 1.0
     terms = _block_matmul_terms(m)
     return (terms["qkv"] + terms["proj"] + terms["fc1"]) / sum(terms.values())
+
+
+# --- torchtitan's Llama 3 block, for calibrating the planner against its published runs ---------------
+# Not this trainer: torchtitan's block has separate wq, wk, wv, wo, w1, w3, w2 matmuls, so its op-level
+# policy ("save every other matmul") keeps a different set than ours (see op_selective_bytes). The
+# planner's calibration cases (torchtitan runs with selective op checkpointing) should use these; the
+# trainer's own recipes use op_selective_bytes / op_selective_recompute_share.
+def torchtitan_op_selective_bytes(m: ModelShape) -> int:
+    """torchtitan's op-level policy keeps, in BF16, the block input, every other matmul output (wq, wv,
+    w1, w2 of wq wk wv wo w1 w3 w2) and the attention output: 2 * (4h + kv + ffn) bytes per token."""
+    return BF16 * (4 * m.hidden + _kv(m) + m.ffn)
+
+
+def torchtitan_op_selective_recompute_share(m: ModelShape) -> float:
+    """Share of torchtitan's block matmul FLOPs its op-level policy recomputes (wk, wo, w3)."""
+    kv = _kv(m)
+    recomputed = m.hidden * kv + m.hidden * m.hidden + m.hidden * m.ffn
+    total = m.hidden * (2 * m.hidden + 2 * kv) + 3 * m.hidden * m.ffn
+    return recomputed / total
