@@ -238,9 +238,8 @@ def measure_training(
         "loss_last": losses[-1],
     }
     del model, optimizer, loss
-    gc.collect()
+    _free(device)
     if device.type == "cuda":
-        torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
     return result
 
@@ -314,16 +313,17 @@ class Bench:
     def run(self, name: str, section: Callable[[], dict]) -> None:
         print(f"## {name}", flush=True)
         started = time.perf_counter()
+        error = None
         try:
             result = section()
-            result["error"] = None
         except Exception as exc:  # a failed section must not cost the rest of the device run
             traceback.print_exc()
-            result = {"error": f"{type(exc).__name__}: {exc}"[:2000]}
-            print(f"# {name} failed: {result['error'][:300]}", flush=True)
-            gc.collect()
-            if self.device.type == "cuda":
-                torch.cuda.empty_cache()
+            error = f"{type(exc).__name__}: {exc}"[:2000]
+        if error is not None:  # outside the except block, so the traceback's frames are gone
+            result = {}
+            print(f"# {name} failed: {error[:300]}", flush=True)
+            _free(self.device)
+        result["error"] = error
         result["seconds"] = time.perf_counter() - started
         self.sections[name] = result
 
@@ -350,6 +350,8 @@ class Bench:
             "trainer_memory_saved_gib_per_block": trainer_memory.block_activation_bytes(m) * tokens / GIB,
             "states_gib_per_block": states_per_block,
         }
+        if self.s.compile:  # one graph reused by every block and model, or recompiles (a slowdown)
+            slope["dynamo_unique_graphs"] = torch._dynamo.utils.counters["stats"]["unique_graphs"]
         print(
             f"# per block ({high['layers']} minus {low['layers']} layers, over {span}): "
             + json.dumps(_rounded(slope)),
@@ -405,15 +407,18 @@ class Bench:
     def long_context(self) -> dict:
         for layers in (2, 1):
             recipe = self.recipe(layers, seq=self.s.long_seq, ac="full")
+            row, out_of_memory = None, None
             try:
                 row = self.train_row(recipe, compiled=False, steps=self.s.long_steps)
             except torch.OutOfMemoryError as exc:
-                print(f"# {layers} layers at {self.s.long_seq} tokens: out of memory ({exc})", flush=True)
-                gc.collect()
-                torch.cuda.empty_cache()
-                continue
-            print(format_row(row), flush=True)
-            return {"row": row}
+                out_of_memory = str(exc).splitlines()[0]
+            if row is not None:
+                print(format_row(row), flush=True)
+                return {"row": row}
+            print(
+                f"# {layers} layers at {self.s.long_seq} tokens: out of memory ({out_of_memory})", flush=True
+            )
+            _free(self.device)
         raise RuntimeError("out of memory at 1 and 2 layers")
 
     def fp8_gemm(self) -> dict:
@@ -565,6 +570,12 @@ def time_matmul_ceiling(device: torch.device, n: int = 8192) -> dict:
 
 
 # --- output ---------------------------------------------------------------------------------------
+def _free(device: torch.device) -> None:
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
 def _slope(low: dict, high: dict, key: str, span: int) -> float | None:
     if low.get(key) is None or high.get(key) is None:
         return None

@@ -100,3 +100,17 @@ def test_wheelhouse_pins_are_the_projects():
     command = wheelhouse.download_command("3.12", tmp := REPO / "build" / "wheelhouse", pins)
     assert f"pydantic=={pins['pydantic']}" in command and f"pydantic_core=={pins['pydantic-core']}" in command
     assert command[command.index("--python-version") + 1] == "3.12" and str(tmp) in command
+
+
+def test_a_failing_section_is_recorded_and_the_others_still_run(capsys):
+    import torch
+    import trainer_gpu
+
+    bench = trainer_gpu.Bench(
+        trainer_gpu.Settings(True, 1, 1), torch.device("cpu"), None, None, "ml.p5.48xlarge"
+    )
+    bench.run("broken", lambda: {"value": 1 / 0})
+    bench.run("fine", lambda: {"value": 1})
+    assert bench.sections["broken"]["error"].startswith("ZeroDivisionError")
+    assert bench.sections["fine"] == {"value": 1, "error": None, "seconds": bench.sections["fine"]["seconds"]}
+    assert "# broken failed: ZeroDivisionError" in capsys.readouterr().out
