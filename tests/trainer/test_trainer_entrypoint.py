@@ -53,15 +53,27 @@ def test_four_nodes_rendezvous_on_algo_1_with_this_hosts_rank():
     ]
 
 
-def test_environment_sets_efa_allocator_and_shutdown_grace_without_overriding_the_job():
+def test_environment_sets_efa_allocator_and_interfaces_without_overriding_the_job():
     config = read_resource_config(FIXTURES / "four_nodes" / "resourceconfig.json")
     env = build_environment(config, {"PATH": "/usr/bin", "PYTORCH_CUDA_ALLOC_CONF": "set-by-job"})
     assert env["FI_EFA_USE_HUGE_PAGE"] == "0"
     assert env["PYTORCH_CUDA_ALLOC_CONF"] == "set-by-job"
     assert build_environment(config, {})["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
-    assert int(env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"]) < 120  # inside SageMaker's SIGTERM window
-    assert env["NCCL_SOCKET_IFNAME"] == "eth0"
+    assert env["NCCL_SOCKET_IFNAME"] == "eth0" and env["GLOO_SOCKET_IFNAME"] == "eth0"
+    # torchrun reads TORCH_ELASTIC_SHUTDOWN_TIMEOUT only from torch 2.11, newer than the base image's.
+    assert "TORCH_ELASTIC_SHUTDOWN_TIMEOUT" not in env
     assert env["PATH"] == "/usr/bin"
+
+
+def test_several_hosts_log_nccl_init_and_net_lines_for_the_comms_gate():
+    four = read_resource_config(FIXTURES / "four_nodes" / "resourceconfig.json")
+    env = build_environment(four, {})
+    assert (env["NCCL_DEBUG"], env["NCCL_DEBUG_SUBSYS"]) == ("INFO", "INIT,NET")
+    assert "%h" in env["NCCL_DEBUG_FILE"] and "%p" in env["NCCL_DEBUG_FILE"]  # one file per process
+    assert build_environment(four, {"NCCL_DEBUG": "WARN"})["NCCL_DEBUG"] == "WARN"  # the job's choice
+    assert "NCCL_DEBUG_FILE" not in build_environment(four, {"NCCL_DEBUG": "WARN"})
+    one = read_resource_config(FIXTURES / "one_node" / "resourceconfig.json")
+    assert "NCCL_DEBUG" not in build_environment(one, {})  # no inter-node traffic, no gate
 
 
 def test_dry_run_prints_the_command_sagemaker_style_invocation(capsys):

@@ -52,12 +52,19 @@ def test_model_has_the_recipe_parameter_count(tiny):
     assert sum(p.numel() for p in model.parameters()) == tied.total_params
 
 
-def test_grouped_query_attention_shapes(tiny):
-    model = materialised(tiny)
-    head_dim = tiny.model.hidden // tiny.model.heads
-    assert model.layers[0].attention.wq.weight.shape == (tiny.model.heads * head_dim, tiny.model.hidden)
-    assert model.layers[0].attention.wk.weight.shape == (tiny.model.kv_heads * head_dim, tiny.model.hidden)
-    assert model.layers[0].feed_forward.w1.weight.shape == (tiny.model.ffn, tiny.model.hidden)
+def test_block_parameters_have_transformer_engine_fused_module_names_and_shapes(tiny):
+    """Q/K/V is one RMSNorm+linear (te.LayerNormLinear's names), the MLP one RMSNorm+SwiGLU
+    (te.LayerNormMLP's): so a checkpoint's keys do not depend on the backend."""
+    m = tiny.model
+    shapes = {name: tuple(p.shape) for name, p in materialised(tiny).layers[0].named_parameters()}
+    assert shapes == {
+        "attention.qkv.layer_norm_weight": (m.hidden,),
+        "attention.qkv.weight": ((m.heads + 2 * m.kv_heads) * m.head_dim, m.hidden),
+        "attention.proj.weight": (m.hidden, m.heads * m.head_dim),
+        "feed_forward.layer_norm_weight": (m.hidden,),
+        "feed_forward.fc1_weight": (2 * m.ffn, m.hidden),
+        "feed_forward.fc2_weight": (m.hidden, m.ffn),
+    }
 
 
 def test_rotary_scores_depend_only_on_relative_position():
@@ -68,9 +75,9 @@ def test_rotary_scores_depend_only_on_relative_position():
     q, k = torch.randn(head_dim, dtype=torch.float64), torch.randn(head_dim, dtype=torch.float64)
 
     def rotated(vector: torch.Tensor, position: int) -> torch.Tensor:
-        sequence = torch.zeros(1, 1, 64, head_dim, dtype=torch.float64)  # (batch, heads, seq, dim)
-        sequence[0, 0, position] = vector
-        return apply_rotary(sequence, cos, sin)[0, 0, position]
+        sequence = torch.zeros(1, 64, 1, head_dim, dtype=torch.float64)  # (batch, seq, heads, dim)
+        sequence[0, position, 0] = vector
+        return apply_rotary(sequence, cos, sin)[0, position, 0]
 
     def score(m: int, n: int) -> float:
         return float(rotated(q, m) @ rotated(k, n))
@@ -128,7 +135,7 @@ def test_activation_checkpointing_changes_memory_not_math(tiny):
     for mode in ("none", "full"):
         model = materialised(tiny, mode)
         model(tokens[:, :-1], tokens[:, 1:]).backward()
-        grads.append(model.layers[0].attention.wq.weight.grad)
+        grads.append(model.layers[0].attention.qkv.weight.grad)
     assert torch.allclose(grads[0], grads[1], atol=1e-6)
 
 
@@ -300,6 +307,11 @@ def test_bad_hyperparameters_name_file_and_field(tiny, tmp_path):
         (
             ["--recipe", str(TINY), "--set", "precision.dtype=fp8", "--set", "precision.fp8_recipe=current"],
             "precision.dtype: fp8 needs an NVIDIA GPU",
+        ),
+        (
+            ["--recipe", str(TINY), "--set", "precision.dtype=fp8", "--set", "precision.fp8_recipe=current"]
+            + ["--set", "activation_checkpointing.policy=op"],
+            "activation_checkpointing.policy: op needs the pure-PyTorch block",
         ),
     ],
 )

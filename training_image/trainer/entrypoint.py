@@ -9,8 +9,13 @@ recipe from /opt/ml/input/config/hyperparameters.json.
 
 Environment added (not overriding what the job sets): FI_EFA_USE_HUGE_PAGE=0 (EFA with current
 libfabric/aws-ofi-nccl needs only this), PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (allocator
-fragmentation OOMs seen on B200), NCCL_SOCKET_IFNAME from resourceconfig (bootstrap interface), and
-TORCH_ELASTIC_SHUTDOWN_TIMEOUT=110 so torchrun, if signalled, gives workers time to save.
+fragmentation OOMs seen on B200), NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME from resourceconfig (the
+interface for NCCL's bootstrap and for the gloo group the trainer's checkpointing uses; gloo would
+otherwise pick whatever interface the host name resolves to). On several hosts, unless the job sets
+NCCL_DEBUG itself: NCCL_DEBUG=INFO, NCCL_DEBUG_SUBSYS=INIT,NET and a per-process NCCL_DEBUG_FILE,
+which the trainer's comms gate (trainer.comms) reads to check that NCCL runs over EFA.
+(TORCH_ELASTIC_SHUTDOWN_TIMEOUT is not set: torchrun reads it only from torch 2.11, newer than the
+base image's.)
 
 SIGTERM (stop, spot reclaim, max runtime; SageMaker kills 120 s later) is forwarded straight to the
 trainer processes rather than to torchrun: they save a checkpoint and exit 0, torchrun then sees a
@@ -29,6 +34,8 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from trainer.comms import NCCL_DEBUG_FILE, NCCL_LOG_DIR
 
 RESOURCE_CONFIG = Path("/opt/ml/input/config/resourceconfig.json")
 RENDEZVOUS_PORT = 29500
@@ -102,9 +109,12 @@ def build_environment(config: ResourceConfig, base: dict[str, str]) -> dict[str,
     env = dict(base)
     env.setdefault("FI_EFA_USE_HUGE_PAGE", "0")
     env.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
-    env.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "110")
     if config.network_interface_name:
         env.setdefault("NCCL_SOCKET_IFNAME", config.network_interface_name)
+        env.setdefault("GLOO_SOCKET_IFNAME", config.network_interface_name)
+    if len(config.hosts) > 1 and "NCCL_DEBUG" not in env:
+        # What the comms gate reads: INIT and NET lines only, one file per process, off stdout.
+        env.update(NCCL_DEBUG="INFO", NCCL_DEBUG_SUBSYS="INIT,NET", NCCL_DEBUG_FILE=NCCL_DEBUG_FILE)
     return env
 
 
@@ -177,6 +187,8 @@ def main(argv: list[str] | None = None) -> int:
         added = {k: env[k] for k in sorted(env) if k not in os.environ}
         print(json.dumps({"command": command, "env": added}))
         return 0
+    if env.get("NCCL_DEBUG_FILE") == NCCL_DEBUG_FILE:
+        Path(NCCL_LOG_DIR).mkdir(parents=True, exist_ok=True)
     return run(command, env)
 
 

@@ -1,10 +1,23 @@
 """Llama-style decoder: RMSNorm, rotary positions, grouped-query attention, SwiGLU.
 
-Two interchangeable backends build the same modules with the same parameter names, shapes and math:
-Transformer Engine (`te.Linear`, `te.RMSNorm`; their GEMMs run in FP8 inside TE's autocast) when it
-imports, pure PyTorch otherwise (CPU tests, GPUs without TE). The output head is always a plain
-`nn.Linear` so FP8 autocast never touches the logits, and the loss is computed in chunks by
-`trainer.loss` so full FP32 logits never exist.
+Two interchangeable backends build blocks with the same parameter names, shapes and math:
+
+- Transformer Engine, on CUDA when it imports: `te.LayerNormLinear` (RMSNorm fused with the Q/K/V
+  projection), TE's fused RoPE, `te.DotProductAttention` (cuDNN/flash, grouped-query heads native),
+  `te.Linear` for the output projection and `te.LayerNormMLP` (RMSNorm, fc1, SwiGLU, fc2 in one
+  module). Under FP8 each block input is quantized once per fused module, not once per GEMM.
+- Pure PyTorch elsewhere (CPU tests, a GPU without TE, op-level selective checkpointing): modules
+  that mirror TE's parameter layout exactly (`layer_norm_weight`, `weight`, `fc1_weight`,
+  `fc2_weight`), attention through `scaled_dot_product_attention` with cuDNN first, then flash, and
+  GQA native (`enable_gqa`: no repeated K/V copies).
+
+So a block's state-dict keys are the same on both backends (TE adds only its `_extra_state` FP8
+metadata). The output head is always a plain `nn.Linear` so FP8 never touches the logits, and the
+loss is computed in chunks by `trainer.loss` so full FP32 logits never exist.
+
+Rotary tables are FP32 buffers of the root module, passed to every block as a tuple. FSDP2 is told
+not to cast forward inputs (trainer.parallel), so they reach attention in FP32: in BF16 the lowest
+frequency of an 8K table has only 877 distinct (cos, sin) pairs.
 
 Models are built on the meta device and materialised after sharding (`init_weights`), so a 64B model
 never has to fit unsharded in one process.
@@ -21,6 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.distributed.tensor import DTensor, distribute_tensor
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from trainer.loss import chunked_cross_entropy
 from trainstack.recipe import ModelShape
@@ -28,22 +42,174 @@ from trainstack.recipe import ModelShape
 log = logging.getLogger(__name__)
 NORM_EPS = 1e-5
 INIT_STD = 0.02
+# SDPA backend priority, as torchtitan orders it: cuDNN attention where the GPU and torch support it,
+# flash next, math (which repeats K/V for GQA and keeps the score matrix) only as the last resort.
+# On CPU the flash backend is the CPU flash kernel. bench/trainer_gpu.py times cuDNN against flash.
+SDPA_PRIORITY = (SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.MATH)
 
 
+# --- pure-PyTorch modules, parameter-compatible with Transformer Engine's -------------------------
+class _RMSNormFunction(torch.autograd.Function):
+    """RMSNorm that saves exactly its input and the FP32 reciprocal RMS for backward, on every device.
+
+    torch's own `rms_norm` is fused on CUDA but composite on CPU (there it saves three FP32 copies of
+    the input), so what a block keeps for backward would differ between the CPU test that counts it
+    and the GPU. This saves the same tensors everywhere; on CUDA in eager mode it calls the fused
+    kernels; under torch.compile the math below is traced and fused by Inductor."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        if x.is_cuda and hasattr(torch.ops.aten, "_fused_rms_norm") and not torch.compiler.is_compiling():
+            y, rstd = torch.ops.aten._fused_rms_norm(x, [x.shape[-1]], weight, eps)
+        else:
+            xf = x.float()
+            rstd = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+            y = (xf * rstd * weight.float()).to(x.dtype)
+        ctx.save_for_backward(x, weight, rstd)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        x, weight, rstd = ctx.saved_tensors
+        fused = hasattr(torch.ops.aten, "_fused_rms_norm_backward") and not torch.compiler.is_compiling()
+        if x.is_cuda and fused:
+            dx, dw = torch.ops.aten._fused_rms_norm_backward(
+                grad.contiguous(), x, [x.shape[-1]], rstd, weight, [True, True]
+            )
+            return dx, dw, None
+        xhat = x.float() * rstd
+        dxhat = grad.float() * weight.float()
+        dx = rstd * (dxhat - xhat * (dxhat * xhat).mean(-1, keepdim=True))
+        dw = (grad.float() * xhat).reshape(-1, x.shape[-1]).sum(0)
+        return dx.to(x.dtype), dw.to(weight.dtype), None
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = NORM_EPS) -> torch.Tensor:
+    return _RMSNormFunction.apply(x, weight, eps)
+
+
+class RMSNorm(nn.Module):
+    """Like `te.RMSNorm` / `nn.RMSNorm`: one parameter, `weight`."""
+
+    def __init__(self, dim: int, eps: float = NORM_EPS):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return rms_norm(x, self.weight, self.eps)
+
+
+class NormLinear(nn.Module):
+    """RMSNorm then a bias-free linear, with `te.LayerNormLinear(normalization="RMSNorm",
+    bias=False)`'s parameters: `layer_norm_weight` (in) and `weight` (out, in)."""
+
+    def __init__(self, fan_in: int, fan_out: int, eps: float = NORM_EPS):
+        super().__init__()
+        self.eps = eps
+        self.layer_norm_weight = nn.Parameter(torch.ones(fan_in))
+        self.weight = nn.Parameter(torch.empty(fan_out, fan_in))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(rms_norm(x, self.layer_norm_weight, self.eps), self.weight)
+
+
+class NormSwiGLU(nn.Module):
+    """RMSNorm, fc1, SwiGLU, fc2, with `te.LayerNormMLP(normalization="RMSNorm", activation="swiglu",
+    bias=False)`'s parameters: `layer_norm_weight` (h), `fc1_weight` (2 ffn, h), `fc2_weight` (h, ffn).
+    fc1's output is [gate, up]: TE applies SiLU to the first half (TE docs, ops.SwiGLU)."""
+
+    def __init__(self, hidden: int, ffn: int, eps: float = NORM_EPS):
+        super().__init__()
+        self.eps = eps
+        self.layer_norm_weight = nn.Parameter(torch.ones(hidden))
+        self.fc1_weight = nn.Parameter(torch.empty(2 * ffn, hidden))
+        self.fc2_weight = nn.Parameter(torch.empty(hidden, ffn))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = F.linear(rms_norm(x, self.layer_norm_weight, self.eps), self.fc1_weight).chunk(2, dim=-1)
+        return F.linear(F.silu(gate) * up, self.fc2_weight)
+
+
+def rotary_tables(
+    head_dim: int, seq_len: int, theta: float, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """FP32 (cos, sin) of each position's angles, (seq, head_dim/2) each."""
+    angles = rotary_angles(head_dim, seq_len, theta, device)
+    return angles.cos(), angles.sin()
+
+
+def rotary_angles(head_dim: int, seq_len: int, theta: float, device: torch.device) -> torch.Tensor:
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim))
+    return torch.outer(torch.arange(seq_len, device=device, dtype=torch.float32), inv_freq)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate pairs (first half, second half) of each head, in FP32; x is (batch, seq, heads, dim).
+    The same non-interleaved convention as TE's `apply_rotary_pos_emb(interleaved=False)`."""
+    first, second = x.float().chunk(2, dim=-1)
+    cos, sin = cos[: x.shape[1], None, :], sin[: x.shape[1], None, :]  # (seq, 1, dim/2)
+    rotated = torch.cat((first * cos - second * sin, first * sin + second * cos), dim=-1)
+    return rotated.type_as(x)
+
+
+class SDPAttention(nn.Module):
+    """Causal attention through `scaled_dot_product_attention` in backend priority order. Inputs are
+    (batch, seq, heads, dim); the kernels get (batch, heads, seq, dim) views and write their output
+    in the query's memory layout, so the output projection reads it without a copy."""
+
+    def __init__(self, heads: int, kv_heads: int):
+        super().__init__()
+        self.gqa = heads != kv_heads
+        self.sdpa_backends = list(SDPA_PRIORITY)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        batch, seq = q.shape[:2]
+        with sdpa_kernel(self.sdpa_backends, set_priority=True):
+            out = F.scaled_dot_product_attention(
+                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True, enable_gqa=self.gqa
+            )
+        return out.transpose(1, 2).reshape(batch, seq, -1)
+
+
+# --- backends -------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Backend:
-    """Factory for the layers that differ between Transformer Engine and pure PyTorch."""
+    """Factory for the pieces that differ between Transformer Engine and pure PyTorch."""
 
     name: str  # "transformer_engine" | "pytorch"
-    linear: Callable[[int, int], nn.Module]
-    norm: Callable[[int], nn.Module]
+    norm_linear: Callable[[int, int], nn.Module]  # RMSNorm + linear (Q/K/V projection)
+    linear: Callable[[int, int], nn.Module]  # bias-free linear (attention output projection)
+    norm_mlp: Callable[[int, int], nn.Module]  # RMSNorm + SwiGLU MLP
+    norm: Callable[[int], nn.Module]  # the final RMSNorm
+    core_attention: Callable[[ModelShape], nn.Module]
+    # (q, k, freqs...) -> (q, k) rotated; q and k are (batch, seq, heads, dim)
+    rotate: Callable[..., tuple[torch.Tensor, torch.Tensor]]
+    # (head_dim, seq_len, theta, device) -> {buffer name: FP32 table}
+    rope_tables: Callable[[int, int, float, torch.device], dict[str, torch.Tensor]]
+
+
+def _pytorch_rotate(
+    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+
+
+def _pytorch_rope_tables(head_dim: int, seq_len: int, theta: float, device: torch.device) -> dict:
+    cos, sin = rotary_tables(head_dim, seq_len, theta, device)
+    return {"rope_cos": cos, "rope_sin": sin}
 
 
 def pytorch_backend() -> Backend:
     return Backend(
         "pytorch",
+        norm_linear=NormLinear,
         linear=lambda fan_in, fan_out: nn.Linear(fan_in, fan_out, bias=False),
-        norm=lambda dim: nn.RMSNorm(dim, eps=NORM_EPS),
+        norm_mlp=NormSwiGLU,
+        norm=RMSNorm,
+        core_attention=lambda shape: SDPAttention(shape.heads, shape.kv_heads),
+        rotate=_pytorch_rotate,
+        rope_tables=_pytorch_rope_tables,
     )
 
 
@@ -51,94 +217,106 @@ def transformer_engine_backend() -> Backend | None:
     """The TE backend, or None when transformer_engine.pytorch does not import."""
     try:
         import transformer_engine.pytorch as te
+        from transformer_engine.pytorch.attention.rope import apply_rotary_pos_emb
     except Exception as exc:  # ImportError, or a CUDA/ABI mismatch surfacing at import
         log.info("transformer_engine unavailable (%s: %s)", type(exc).__name__, exc)
         return None
-    # device="meta": TE defers allocation like torch does under `torch.device("meta")`.
+    return _te_backend(te, apply_rotary_pos_emb)
+
+
+def _te_backend(te, apply_rotary_pos_emb) -> Backend:
+    """Built from TE's documented API (TE 2.8+; not run on CPU). device="meta": TE defers allocation
+    like torch does under `torch.device("meta")`; the trainer initialises the values after sharding."""
+
+    def rotate(q, k, freqs):
+        # TE's fused RoPE kernel reads the FP32 angle table (seq, 1, 1, dim) and rotates halves.
+        return (
+            apply_rotary_pos_emb(q, freqs, tensor_format="bshd", fused=True),
+            apply_rotary_pos_emb(k, freqs, tensor_format="bshd", fused=True),
+        )
+
+    def rope_tables(head_dim, seq_len, theta, device):
+        angles = rotary_angles(head_dim, seq_len, theta, device)
+        return {"rope_freqs": torch.cat((angles, angles), dim=-1)[:, None, None, :].contiguous()}
+
     return Backend(
         "transformer_engine",
+        norm_linear=lambda fan_in, fan_out: te.LayerNormLinear(
+            fan_in, fan_out, eps=NORM_EPS, bias=False, normalization="RMSNorm", device="meta"
+        ),
         linear=lambda fan_in, fan_out: te.Linear(fan_in, fan_out, bias=False, device="meta"),
+        norm_mlp=lambda hidden, ffn: te.LayerNormMLP(
+            hidden, ffn, eps=NORM_EPS, bias=False, normalization="RMSNorm", activation="swiglu", device="meta"
+        ),
         norm=lambda dim: te.RMSNorm(dim, eps=NORM_EPS, device="meta"),
+        core_attention=lambda shape: te.DotProductAttention(
+            shape.heads,
+            shape.head_dim,
+            num_gqa_groups=shape.kv_heads,
+            attention_dropout=0.0,
+            qkv_format="bshd",
+            attn_mask_type="causal",
+        ),
+        rotate=rotate,
+        rope_tables=rope_tables,
     )
 
 
-def select_backend(device_type: str) -> Backend:
-    """TE on CUDA when it imports; pure PyTorch otherwise. The choice is logged by the caller."""
-    if device_type == "cuda":
+def select_backend(device_type: str, needs_pytorch_ops: bool = False) -> Backend:
+    """TE on CUDA when it imports; pure PyTorch otherwise, or when the run needs every op visible to
+    PyTorch's dispatcher (op-level selective checkpointing: TE's fused kernels bypass it, so a
+    per-op policy could not save any of their outputs). The choice is logged by the caller."""
+    if device_type == "cuda" and not needs_pytorch_ops:
         te_backend = transformer_engine_backend()
         if te_backend is not None:
             return te_backend
     return pytorch_backend()
 
 
-def rotary_tables(
-    head_dim: int, seq_len: int, theta: float, device: torch.device
-) -> tuple[torch.Tensor, torch.Tensor]:
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim))
-    angles = torch.outer(torch.arange(seq_len, device=device, dtype=torch.float32), inv_freq)
-    return angles.cos(), angles.sin()  # (seq, head_dim/2) each
-
-
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate pairs (first half, second half) of each head; x is (batch, heads, seq, head_dim)."""
-    first, second = x.float().chunk(2, dim=-1)
-    cos, sin = cos[: x.shape[-2]], sin[: x.shape[-2]]
-    rotated = torch.cat((first * cos - second * sin, first * sin + second * cos), dim=-1)
-    return rotated.type_as(x)
-
-
+# --- the model ------------------------------------------------------------------------------------
 class Attention(nn.Module):
     def __init__(self, shape: ModelShape, backend: Backend):
         super().__init__()
         self.heads, self.kv_heads, self.head_dim = shape.heads, shape.kv_heads, shape.head_dim
-        self.wq = backend.linear(shape.hidden, shape.heads * shape.head_dim)
-        self.wk = backend.linear(shape.hidden, shape.kv_heads * shape.head_dim)
-        self.wv = backend.linear(shape.hidden, shape.kv_heads * shape.head_dim)
-        self.wo = backend.linear(shape.heads * shape.head_dim, shape.hidden)
+        self.qkv = backend.norm_linear(shape.hidden, (shape.heads + 2 * shape.kv_heads) * shape.head_dim)
+        self.core = backend.core_attention(shape)
+        self.proj = backend.linear(shape.heads * shape.head_dim, shape.hidden)
+        self._rotate = backend.rotate
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, ...]) -> torch.Tensor:
         batch, seq, _ = x.shape
-        q = self.wq(x).view(batch, seq, self.heads, self.head_dim).transpose(1, 2)
-        k = self.wk(x).view(batch, seq, self.kv_heads, self.head_dim).transpose(1, 2)
-        v = self.wv(x).view(batch, seq, self.kv_heads, self.head_dim).transpose(1, 2)
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.heads != self.kv_heads)
-        return self.wo(out.transpose(1, 2).reshape(batch, seq, self.heads * self.head_dim))
-
-
-class FeedForward(nn.Module):
-    """SwiGLU: w2(silu(w1 x) * w3 x)."""
-
-    def __init__(self, shape: ModelShape, backend: Backend):
-        super().__init__()
-        self.w1 = backend.linear(shape.hidden, shape.ffn)
-        self.w3 = backend.linear(shape.hidden, shape.ffn)
-        self.w2 = backend.linear(shape.ffn, shape.hidden)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+        qkv = self.qkv(x).view(batch, seq, self.heads + 2 * self.kv_heads, self.head_dim)
+        q, k, v = qkv.split([self.heads, self.kv_heads, self.kv_heads], dim=2)
+        q, k = self._rotate(q, k, *rope)
+        # A copy of v (kv_heads wide) lets the fused Q/K/V output be freed after RoPE; as a view, v
+        # would keep the whole (heads + 2 kv_heads) output alive until backward.
+        return self.proj(self.core(q, k, v.contiguous()))
 
 
 class Block(nn.Module):
     def __init__(self, shape: ModelShape, backend: Backend):
         super().__init__()
-        self.attention_norm = backend.norm(shape.hidden)
         self.attention = Attention(shape, backend)
-        self.ffn_norm = backend.norm(shape.hidden)
-        self.feed_forward = FeedForward(shape, backend)
+        self.feed_forward = backend.norm_mlp(shape.hidden, shape.ffn)
         # Set by trainer.activation_checkpointing: recompute this block's activations in backward.
         # Kept as an attribute (not a wrapper module) so parameter names, and so checkpoints, do not
         # depend on the checkpointing mode.
         self.recompute: Callable[..., torch.Tensor] | None = None
 
-    def _forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        x = x + self.attention(self.attention_norm(x), cos, sin)
-        return x + self.feed_forward(self.ffn_norm(x))
+    def _forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        x = x + self.attention(x, rope)
+        return x + self.feed_forward(x)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, ...]) -> torch.Tensor:
         if self.recompute is not None:
-            return self.recompute(self._forward, x, cos, sin)
-        return self._forward(x, cos, sin)
+            return self.recompute(self._forward, x, rope)
+        return self._forward(x, rope)
+
+
+# Parameters initialised to one (norm gains) and those scaled by 1/sqrt(2 * layers) (the projections
+# that write into the residual stream), by name suffix; the same names on both backends.
+ONES_SUFFIXES = ("layer_norm_weight", "norm.weight")
+DEPTH_SCALED_SUFFIXES = ("proj.weight", "fc2_weight")
 
 
 class Transformer(nn.Module):
@@ -146,38 +324,44 @@ class Transformer(nn.Module):
         super().__init__()
         self.shape, self.seq_len, self.backend_name = shape, seq_len, backend.name
         self.loss_chunk_tokens = loss_chunk_tokens
+        self._rope_tables = backend.rope_tables
         self.tok_embeddings = nn.Embedding(shape.vocab, shape.hidden)
         self.layers = nn.ModuleList(Block(shape, backend) for _ in range(shape.layers))
         self.norm = backend.norm(shape.hidden)
         self.output = nn.Linear(shape.hidden, shape.vocab, bias=False)
         if shape.tied_embeddings:
             self.output.weight = self.tok_embeddings.weight
-        cos, sin = rotary_tables(shape.head_dim, seq_len, shape.rope_theta, torch.device("meta"))
-        self.register_buffer("rope_cos", cos, persistent=False)
-        self.register_buffer("rope_sin", sin, persistent=False)
+        tables = self._rope_tables(shape.head_dim, seq_len, shape.rope_theta, torch.device("meta"))
+        self.rope_names = tuple(tables)
+        for name, table in tables.items():  # not persistent: recomputed, never checkpointed
+            self.register_buffer(name, table, persistent=False)
+
+    def rope(self) -> tuple[torch.Tensor, ...]:
+        return tuple(getattr(self, name) for name in self.rope_names)
 
     @torch.no_grad()
     def init_weights(self) -> None:
         """Materialised values after `to_empty`: truncated normal for matrices (output projections
-        scaled by 1/sqrt(2 * layers), GPT-2 style), ones for norms, rotary tables recomputed.
+        scaled by 1/sqrt(2 * layers), GPT-2 style), ones for norm gains, rotary tables recomputed.
         Call with the same torch seed on every rank."""
         depth_std = INIT_STD / math.sqrt(2 * self.shape.layers)
         for name, param in self.named_parameters():
-            if name.endswith("norm.weight"):
+            if name.endswith(ONES_SUFFIXES):
                 param.fill_(1.0)
             else:
-                std = depth_std if name.endswith(("wo.weight", "w2.weight")) else INIT_STD
+                std = depth_std if name.endswith(DEPTH_SCALED_SUFFIXES) else INIT_STD
                 _init_sharded(param, lambda t, std=std: nn.init.trunc_normal_(t, 0.0, std, -3 * std, 3 * std))
-        device = self.rope_cos.device
-        cos, sin = rotary_tables(self.shape.head_dim, self.seq_len, self.shape.rope_theta, device)
-        self.rope_cos.copy_(cos)
-        self.rope_sin.copy_(sin)
+        device = getattr(self, self.rope_names[0]).device
+        tables = self._rope_tables(self.shape.head_dim, self.seq_len, self.shape.rope_theta, device)
+        for name, table in tables.items():
+            getattr(self, name).copy_(table)
 
     def forward(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Mean next-token cross-entropy of `targets` given `tokens`, both (batch, seq)."""
         x = self.tok_embeddings(tokens)
+        rope = self.rope()
         for block in self.layers:
-            x = block(x, self.rope_cos, self.rope_sin)
+            x = block(x, rope)
         return chunked_cross_entropy(self.norm(x), targets, self.output, self.loss_chunk_tokens)
 
 
@@ -195,6 +379,30 @@ def _init_sharded(param: torch.Tensor, init: Callable[[torch.Tensor], object]) -
         param.to_local().copy_(local.to_local())
     else:
         init(param)
+
+
+def compile_decision(requested: bool | None, device_type: str, backend_name: str) -> tuple[bool, str]:
+    """(compile the blocks?, why) for `training.compile` (None: on for CUDA, as the recipe says)."""
+    if requested is False:
+        return False, "off (training.compile: false)"
+    if requested:
+        return True, "on (training.compile: true)"
+    if device_type != "cuda":
+        return False, "off (default off the GPU)"
+    if backend_name == "transformer_engine":
+        # TE's fused modules are already the kernels, and dynamo cannot trace into them (graph breaks
+        # at every module); training.compile: true compiles the code between them anyway.
+        return False, "off (default with Transformer Engine's fused modules)"
+    return True, "on (default on CUDA)"
+
+
+def compile_blocks(model: Transformer, backend: str = "inductor") -> None:
+    """torch.compile each block in place (`Module.compile`: parameter names unchanged), one graph
+    per block, reused by all (torchtitan's per-block compile). The pure-PyTorch block compiles as
+    one graph (fullgraph: a graph break is an error, not a silent slowdown); a TE block cannot."""
+    fullgraph = model.backend_name == "pytorch"
+    for block in model.layers:
+        block.compile(backend=backend, fullgraph=fullgraph)
 
 
 def build_model(shape: ModelShape, seq_len: int, backend: Backend, loss_chunk_tokens: int) -> Transformer:

@@ -1,10 +1,25 @@
-"""FSDP2 sharding: one `fully_shard` per block plus the root, over a 1-D (FSDP) or 2-D (HSDP) mesh.
+"""FSDP2 sharding in torchtitan's units, over a 1-D (FSDP) or 2-D (HSDP) mesh.
+
+Units (each one `fully_shard` call, so one all-gather in forward and one reduce-scatter in backward):
+
+    tok_embeddings        resharded after forward: it is needed again only at the very end of backward
+    layers.0 .. layers.N-2  resharded after forward (the next one is prefetched while one computes)
+    layers.N-1            kept gathered after forward: backward starts with it
+    [norm, output]        kept gathered after forward: the loss's backward starts with it
+    root                  no parameters of its own (the rotary tables are buffers)
+
+With tied embeddings the embedding and the head share one matrix, so [tok_embeddings, norm, output]
+is one unit, kept gathered from the first lookup to the last gradient (as torchtitan groups it).
+`trainstack.trainer_memory.fsdp_units_in_flight_bytes` is the planner's count of what these units
+hold unsharded at the step's peak; change both together.
 
 Parameters are kept sharded in FP32 (the optimizer's master copy), gathered in BF16 for compute, and
-gradients are reduced in FP32 (`MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)`). When the
-shard group is smaller than the world, the mesh is (replicate, shard): parameters are sharded inside
-each group (one node's NVLink for shard_group 8) and replicated across groups, so only gradient
-all-reduces cross EFA.
+gradients are reduced in FP32 (`MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)`).
+`cast_forward_inputs=False` (as torchtitan): FSDP2 would otherwise cast every floating-point argument
+of every unit to BF16, the FP32 rotary tables included; the activations are BF16 already, because the
+embedding's weight is gathered in BF16. When the shard group is smaller than the world, the mesh is
+(replicate, shard): parameters are sharded inside each group (one node's NVLink for shard_group 8)
+and replicated across groups, so only gradient all-reduces cross EFA.
 """
 
 from __future__ import annotations
@@ -14,6 +29,10 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from trainer.model import Transformer
+
+MIXED_PRECISION = MixedPrecisionPolicy(
+    param_dtype=torch.bfloat16, reduce_dtype=torch.float32, cast_forward_inputs=False
+)
 
 
 def build_mesh(device_type: str, world: int, shard: int) -> DeviceMesh:
@@ -28,14 +47,47 @@ def mesh_description(mesh: DeviceMesh) -> str:
     return f"HSDP: {mesh.size(0)} replicas x {mesh.size(1)}-way shard"
 
 
-def shard_model(model: Transformer, mesh: DeviceMesh) -> Transformer:
-    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+def fsdp_units(model: Transformer) -> list[tuple[str, list[torch.nn.Module], bool]]:
+    """(name, modules, reshard_after_forward) for every unit below the root, in forward order."""
     last = len(model.layers) - 1
-    for index, block in enumerate(model.layers):
-        # The last block's parameters are needed again at the start of backward: keep them gathered.
-        fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=index < last)
-    fully_shard(model, mesh=mesh, mp_policy=policy)
+    blocks = [(f"layers.{i}", [block], i < last) for i, block in enumerate(model.layers)]
+    head = [model.norm, model.output]
+    if model.shape.tied_embeddings:
+        return [("tok_embeddings+norm+output", [model.tok_embeddings, *head], False), *blocks]
+    return [("tok_embeddings", [model.tok_embeddings], True), *blocks, ("norm+output", head, False)]
+
+
+def shard_model(model: Transformer, mesh: DeviceMesh) -> Transformer:
+    for _, modules, reshard in fsdp_units(model):
+        target = modules[0] if len(modules) == 1 else modules
+        with _custom_attributes_kept(modules):
+            fully_shard(target, mesh=mesh, mp_policy=MIXED_PRECISION, reshard_after_forward=reshard)
+    fully_shard(model, mesh=mesh, mp_policy=MIXED_PRECISION)
     return model
+
+
+class _custom_attributes_kept:
+    """Transformer Engine marks its parameters with Python attributes (e.g. for FP8 metadata) that
+    FSDP2 drops when it replaces each parameter with a DTensor shard; TE's own FSDP2 tests save and
+    restore them around `fully_shard`. A no-op for plain PyTorch parameters."""
+
+    def __init__(self, modules: list[torch.nn.Module]):
+        self.modules = modules
+        self.saved: dict[tuple[int, str], dict] = {}
+
+    def __enter__(self):
+        for i, module in enumerate(self.modules):
+            for name, param in module.named_parameters():
+                attributes = {k: v for k, v in vars(param).items() if not k.startswith("_")}
+                if attributes:
+                    self.saved[(i, name)] = attributes
+
+    def __exit__(self, *exc):
+        if exc[0] is None:
+            for (i, name), attributes in self.saved.items():
+                param = self.modules[i].get_parameter(name)
+                for key, value in attributes.items():
+                    setattr(param, key, value)
 
 
 def set_gradient_sync(model: Transformer, mesh: DeviceMesh, last_micro_step: bool) -> None:
@@ -48,4 +100,4 @@ def set_gradient_sync(model: Transformer, mesh: DeviceMesh, last_micro_step: boo
     64B), which no GPU holds. On an HSDP mesh the all-reduce across replicas is what can wait: it
     runs on the last micro-step only (FSDP2's documented `set_requires_all_reduce`)."""
     if mesh.ndim == 2:
-        model.set_requires_all_reduce(last_micro_step)  # FSDPModule method, recursive over the blocks
+        model.set_requires_all_reduce(last_micro_step)  # FSDPModule method, recursive over the units

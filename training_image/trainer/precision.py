@@ -115,6 +115,6 @@ def autocast_factory(precision: Precision) -> Callable[[], contextlib.AbstractCo
     import transformer_engine.pytorch as te
 
     scaling = te_recipe(precision.fp8_recipe)
-    if hasattr(te, "autocast"):  # TE >= 2.8 renamed fp8_autocast to autocast
+    if hasattr(te, "autocast"):  # TE 2.9 renamed fp8_autocast to autocast (2.8 has only the old name)
         return lambda: te.autocast(enabled=True, recipe=scaling)
     return lambda: te.fp8_autocast(enabled=True, fp8_recipe=scaling)

@@ -24,11 +24,16 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 from torch.optim.lr_scheduler import LRScheduler
 
-from trainer.activation_checkpointing import apply_activation_checkpointing
+from trainer.activation_checkpointing import (
+    apply_activation_checkpointing,
+    check_activation_checkpointing,
+    is_op_level,
+)
 from trainer.checkpoint import CheckpointManager, TrainerState
+from trainer.comms import check_efa
 from trainer.config import Layout, load_recipe, resolve_layout
 from trainer.data import TokenSource, load_batch, micro_batch_indices, open_source
-from trainer.model import Transformer, build_model, select_backend
+from trainer.model import Transformer, build_model, compile_blocks, compile_decision, select_backend
 from trainer.optim import build_optimizer, build_scheduler
 from trainer.parallel import build_mesh, mesh_description, set_gradient_sync, shard_model
 from trainer.precision import autocast_factory, check_precision
@@ -151,8 +156,11 @@ def _train(
             recipe.compute.instance_count,
             world,
         )
-    backend = select_backend(device.type)
+    ac = recipe.activation_checkpointing
+    check_activation_checkpointing(ac, recipe.precision)
+    backend = select_backend(device.type, needs_pytorch_ops=is_op_level(ac))
     check_precision(recipe.precision, device.type, backend.name)
+    log.info("comms gate: %s", check_efa(device, rank, world))
     data_dir = None if options.synthetic else options.data_dir
     if data_dir is None and recipe.data.train_s3_uri and not options.synthetic:
         raise TrainstackError(
@@ -163,7 +171,10 @@ def _train(
 
     torch.manual_seed(recipe.training.seed)
     model = build_model(recipe.model, recipe.training.seq_len, backend, recipe.training.loss_chunk_tokens)
-    recomputed = apply_activation_checkpointing(model, recipe.activation_checkpointing)
+    recomputed = apply_activation_checkpointing(model, ac)
+    compiled, compile_note = compile_decision(recipe.training.compile, device.type, backend.name)
+    if compiled:  # per block, after checkpointing and before sharding, as torchtitan orders it
+        compile_blocks(model)
     mesh = build_mesh(device.type, world, layout.shard)
     shard_model(model, mesh)
     model.to_empty(device=device)
@@ -171,15 +182,17 @@ def _train(
     optimizer = build_optimizer(model, recipe.training, device.type)
     scheduler = build_scheduler(optimizer, recipe.training)
     log.info(
-        "model %s: %.1fM params, backend %s, precision %s%s, activation checkpointing %s (%d of %d blocks)",
+        "model %s: %.1fM params, backend %s, precision %s%s, activation checkpointing %s (%d of %d "
+        "blocks), compile %s",
         recipe.name,
         recipe.model.total_params / 1e6,
         backend.name,
         recipe.precision.dtype,
         f"/{recipe.precision.fp8_recipe}" if recipe.precision.fp8_recipe else "",
-        recipe.activation_checkpointing.mode,
+        f"{ac.mode}, policy op" if is_op_level(ac) else ac.mode,
         len(recomputed),
         recipe.model.layers,
+        compile_note,
     )
     log.info(
         "layout: %s; micro_batch %d x %d ranks x %d accumulation = global_batch %d; data %s",
