@@ -124,11 +124,13 @@ class BlockComputeTimer:
     def collect(self) -> float:
         """Seconds measured since `arm` (synchronises on the last CUDA event), and disarm."""
         self.armed = False
+        pairs, host_s = self._pairs, self._host_s
+        self._pairs, self._open, self._host_s = [], [], 0.0
         if not self.cuda:
-            return self._host_s
-        if self._pairs:
-            self._pairs[-1][1].synchronize()
-        return sum(start.elapsed_time(end) for start, end in self._pairs) / 1000.0
+            return host_s
+        if pairs:
+            pairs[-1][1].synchronize()
+        return sum(start.elapsed_time(end) for start, end in pairs) / 1000.0
 
 
 @dataclass(frozen=True)

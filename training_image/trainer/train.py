@@ -376,7 +376,7 @@ def _loop(ctx: LoopContext, state: TrainerState, max_steps: int, stop: StopReque
     )
     run_plan = plan(recipe).run
     log.info(
-        "SIGTERM: a final save is planned at %.0f s per node (%.1f GiB); it %s inside SageMaker's %.0f s",
+        "on SIGTERM a final save is planned to take %.0f s per node (%.1f GiB): it %s in SageMaker's %.0f s",
         run_plan.checkpoint.save_seconds,
         run_plan.checkpoint.gib_per_node,
         "fits" if run_plan.checkpoint.sigterm_fits else "does NOT fit",
