@@ -75,6 +75,7 @@ __all__ = [
     "CheckpointManager",
     "TrainerState",
     "completeness_problem",
+    "newest_complete",
     "prune_candidates",
     "step_dir_name",
     "step_dirs",
@@ -150,6 +151,12 @@ def completeness_problem(directory: Path) -> str | None:
 def step_dirs(root: Path) -> list[tuple[int, Path]]:
     """(step, directory) for every step-N directory under a local root, newest first."""
     return [(step, root / step_dir_name(step)) for step in LocalStorage(root).steps()]
+
+
+def newest_complete(root: Path) -> Path | None:
+    """The newest complete checkpoint directory under a local root (incomplete ones logged)."""
+    found = complete_steps(LocalStorage(Path(root)))
+    return Path(root) / step_dir_name(found[0]) if found else None
 
 
 def complete_steps(storage: CheckpointStorage) -> list[int]:
