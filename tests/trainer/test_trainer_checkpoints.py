@@ -4,6 +4,7 @@ and the S3 backend against the local emulator's S3 (moto server)."""
 from __future__ import annotations
 
 import pickle
+from pathlib import Path
 
 import pytest
 import torch
@@ -23,6 +24,8 @@ from trainer.checkpoint import (
 from trainer.storage import S3_WRITER_THREADS, S3Storage, open_storage, s3_settings
 
 from trainstack.errors import TrainstackError
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -166,6 +169,23 @@ def test_async_save_holds_the_state_of_its_step_though_training_goes_on(world_of
     manager.close()
     for key, value in fresh.state_dict().items():
         assert torch.equal(value, expected[key]), key
+
+
+def test_every_recipes_shard_objects_stay_within_s3_multipart_limits():
+    """Amazon S3 multipart upload limits (S3 User Guide, "Amazon S3 multipart upload limits"): at most
+    10,000 parts per upload, parts of 5 MiB to 5 GiB. One DCP writer thread's object holds a rank's
+    share of 12 bytes per parameter split over S3_WRITER_THREADS; with s3torchconnector's part size
+    it must fit 10,000 parts. The emulator enforces none of this."""
+    from s3torchconnector import S3ClientConfig
+
+    from trainstack.loader import resolve
+
+    part = S3ClientConfig().part_size
+    assert 5 * 2**20 <= part <= 5 * 2**30
+    for path in sorted((REPO / "recipes").glob("*.yaml")):
+        recipe = resolve(str(path)).recipe
+        per_object = 12 * recipe.model.total_params / recipe.world_size / S3_WRITER_THREADS
+        assert per_object <= 10_000 * part, (recipe.name, per_object / 2**30)
 
 
 def test_s3_location_needs_a_region_and_an_s3_uri(monkeypatch):

@@ -457,7 +457,7 @@ def test_checkpoints_go_straight_to_the_emulators_s3_and_resume_exactly(straight
 
 
 SLOW_ATTENTION = """\
-# Test only: makes this node's attention 10 ms slower per call, as a throttled GPU would be.
+# Test only: makes this node's attention 30 ms slower per call, as a throttled GPU would be.
 import time
 import torch.nn.functional as F
 
@@ -465,7 +465,7 @@ _attention = F.scaled_dot_product_attention
 
 
 def _slow_attention(*args, **kwargs):
-    time.sleep(0.01)
+    time.sleep(0.03)
     return _attention(*args, **kwargs)
 
 
@@ -491,6 +491,6 @@ def test_the_slow_node_is_named_as_straggler_though_step_times_are_equal(tmp_pat
     assert len(lines) == 4
     for values in lines:
         assert values["straggler_host"] == 2 and values["straggler_rank"] == 1, values
-        # 4 micro-steps x 2 blocks x 10 ms added to a few ms of compute; with 2 ranks the median is
-        # their mean, so the skew (a - b) / (a + b) stays below 1
-        assert values["straggler_compute_s"] >= 0.08 and values["straggler_skew"] > 0.5, values
+        # 4 micro-steps x 2 blocks x 30 ms added to a few ms of compute (more when other tests load the
+        # cores); with 2 ranks the median is their mean, so the skew (a - b) / (a + b) stays below 1
+        assert values["straggler_compute_s"] >= 0.24 and values["straggler_skew"] > 0.25, values

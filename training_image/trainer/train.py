@@ -407,6 +407,7 @@ def _loop(ctx: LoopContext, state: TrainerState, max_steps: int, stop: StopReque
     gc.collect(1)
     if step >= max_steps:
         log.info("already at step %d of %d: nothing to do", step, max_steps)
+    stopping = False  # agreed by every rank (the vote), never this rank's own flag
     try:
         while step < max_steps:
             log_step = (step + 1) % tr.log_every == 0 or step + 1 == max_steps
@@ -425,6 +426,7 @@ def _loop(ctx: LoopContext, state: TrainerState, max_steps: int, stop: StopReque
                     layout.grad_accum,
                 )
                 ctx.timer.collect()
+                stopping = True
                 break
             checkpoints.wait_for_staging()  # the optimizer step changes what an in-flight save copies
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), tr.grad_clip)
@@ -458,12 +460,13 @@ def _loop(ctx: LoopContext, state: TrainerState, max_steps: int, stop: StopReque
             state = TrainerState(step, position, ctx.token_source.name, ctx.world)
             if done.stop:
                 log.info("SIGTERM during step %d after its last micro-step: the step is completed", step)
+                stopping = True
                 break
             if done.save_due or (save_every_steps and step % save_every_steps == 0) or step == max_steps:
                 watch.check()  # never save a state that came from a non-finite step
                 checkpoints.save(model, optimizer, scheduler, state, blocking=step == max_steps)
                 last_save = time.monotonic()
-        if step < max_steps or stop.requested:
+        if stopping:
             watch.check()
             _stop(ctx, state, stop, run_plan.checkpoint.save_seconds)
     finally:
