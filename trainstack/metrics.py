@@ -3,6 +3,12 @@
 The trainer prints one line per log interval:
 
     step=120 loss=2.4131 lr=0.0003 tokens_per_sec=245000.0 tflops_per_gpu=1510.2 mfu=0.3356 mem_gib=151.2
+        step_time_s=5.35 straggler_host=3 straggler_rank=17 straggler_compute_s=1.92 straggler_skew=0.04
+
+(one line). The straggler fields name the rank whose own compute was slowest on the log step and how
+much slower than the median rank it was; see trainer.throughput for what is timed and why (step time
+cannot show it: collectives make every rank wait for the slowest). `straggler_host` is the N of
+SageMaker's host name algo-N (metric values are numbers), 0 off SageMaker.
 
 SageMaker turns such lines into CloudWatch metrics through the training job's MetricDefinitions;
 `metric_definitions()` generates those regexes from the same table, so a renamed or added metric
@@ -47,6 +53,10 @@ FIELDS: tuple[MetricField, ...] = (
     MetricField("mfu", float, "None", "model FLOPs utilization, 0..1, against the dense peak"),
     MetricField("mem_gib", float, "Gigabytes", "peak GPU memory allocated on this rank, GiB"),
     MetricField("step_time_s", float, "Seconds", "mean wall time of one optimizer step"),
+    MetricField("straggler_host", int, "None", "N of algo-N, the host of the rank with the slowest compute"),
+    MetricField("straggler_rank", int, "None", "the global rank with the slowest compute on the log step"),
+    MetricField("straggler_compute_s", float, "Seconds", "that rank's block forward compute time, one step"),
+    MetricField("straggler_skew", float, "None", "that time over the median rank's, minus 1"),
 )
 FIELD_BY_KEY = {f.key: f for f in FIELDS}
 
@@ -80,5 +90,5 @@ def parse_line(line: str) -> dict[str, float]:
 
 
 def metric_definitions() -> list[dict[str, str]]:
-    """CreateTrainingJob AlgorithmSpecification.MetricDefinitions (at most 40; we define 8)."""
+    """CreateTrainingJob AlgorithmSpecification.MetricDefinitions (at most 40; we define 12)."""
     return [{"Name": f.metric_name, "Regex": f.regex} for f in FIELDS]

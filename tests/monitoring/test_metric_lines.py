@@ -65,6 +65,10 @@ def test_a_diverged_run_publishes_nan_rather_than_nothing():
         mfu=0.1,
         mem_gib=1.0,
         step_time_s=1.0,
+        straggler_host=1,
+        straggler_rank=0,
+        straggler_compute_s=0.5,
+        straggler_skew=0.0,
     )
     assert math.isnan(extract([line])["train:loss"][0])
 
@@ -96,6 +100,10 @@ def test_slow_alarm_threshold_against_lines_at_fractions_of_plan(fraction_of_pla
             mfu=thr.mfu * fraction_of_plan,
             mem_gib=s.plan.memory.peak_gib,
             step_time_s=thr.step_time_s / fraction_of_plan,
+            straggler_host=3,
+            straggler_rank=17,
+            straggler_compute_s=thr.step_time_s / 3,
+            straggler_skew=0.02,
         )
         for i in range(6)
     ]
@@ -119,7 +127,42 @@ def test_memory_and_mfu_lines_read_back_exactly():
         mfu=0.3114,
         mem_gib=151.25,
         step_time_s=10.5,
+        straggler_host=12,
+        straggler_rank=95,
+        straggler_compute_s=3.25,
+        straggler_skew=0.375,
     )
     extracted = extract([format_line(**values)])
     for field in FIELDS:
         assert extracted[field.metric_name] == [pytest.approx(values[field.key], rel=1e-5)]
+
+
+def test_metric_definitions_stay_within_createtrainingjobs_limits():
+    """AlgorithmSpecification.MetricDefinitions: at most 40; each Name 1-255 and Regex 1-500 characters
+    (SageMaker API reference, CreateTrainingJob / MetricDefinition). botocore does not check lengths
+    and the emulator accepts anything, so this is the check."""
+    definitions = metric_definitions()
+    assert len(definitions) <= 40
+    assert all(1 <= len(d["Name"]) <= 255 and 1 <= len(d["Regex"]) <= 500 for d in definitions)
+    assert len({d["Name"] for d in definitions}) == len(definitions)
+
+
+def test_straggler_fields_name_the_host_as_a_number_and_never_match_inside_other_keys():
+    line = format_line(
+        step=5,
+        loss=2.0,
+        lr=1e-4,
+        tokens_per_sec=10.0,
+        tflops_per_gpu=1.0,
+        mfu=0.1,
+        mem_gib=1.0,
+        step_time_s=9.75,
+        straggler_host=7,
+        straggler_rank=52,
+        straggler_compute_s=3.5,
+        straggler_skew=0.31,
+    )
+    extracted = extract([line])
+    assert extracted["train:straggler_host"] == [7.0] and extracted["train:straggler_rank"] == [52.0]
+    assert extracted["train:step"] == [5.0] and extracted["train:step_time_s"] == [9.75]
+    assert extracted["train:straggler_skew"] == [pytest.approx(0.31)]

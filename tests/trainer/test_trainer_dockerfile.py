@@ -57,14 +57,16 @@ def test_the_required_api_is_what_the_trainer_calls():
         assert attribute in sources, (module, attribute)
 
 
-def test_core_dependencies_are_pinned_as_in_pyproject():
-    pins = {
-        re.split("==", d)[0]: d
-        for d in tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
-    }
+def test_core_and_checkpoint_dependencies_are_pinned_as_in_pyproject():
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    declared = project["dependencies"] + project["optional-dependencies"]["trainer"]
+    pins = {re.split(r"[\[=]", d)[0]: d for d in declared}
     text = DOCKERFILE.read_text()
-    for name in ("pydantic", "pyyaml"):
+    for name in ("pydantic", "pyyaml", "s3torchconnector", "s3torchconnectorclient", "tenacity"):
         assert f'"{pins[name]}"' in text, pins[name]
+    lock = (REPO / "requirements.lock").read_text().splitlines()
+    for name in ("s3torchconnector", "s3torchconnectorclient", "tenacity"):  # make setup installs these
+        assert pins[name].replace("[dcp]", "") in lock, pins[name]
 
 
 def test_build_context_holds_everything_the_dockerfile_copies():
@@ -86,6 +88,7 @@ class Block(importlib.abc.MetaPathFinder):
             raise ImportError("not in the training image: " + name)
 sys.meta_path.insert(0, Block())
 import trainer.__main__, trainer.entrypoint, trainer.make_shards, trainer.train
+import s3torchconnector.dcp  # the S3 checkpoint backend, imported only for s3:// locations
 """
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-2000:]

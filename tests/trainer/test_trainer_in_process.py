@@ -7,7 +7,6 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule
-from trainer.checkpoint import CheckpointManager, TrainerState, completeness_problem, step_dirs
 from trainer.data import SyntheticTokens, load_batch, micro_batch_indices
 from trainer.model import build_model, pytorch_backend
 from trainer.parallel import set_gradient_sync, shard_model
@@ -58,29 +57,3 @@ def test_accumulated_gradients_stay_sharded_between_micro_steps(world_of_one, me
         assert not held, f"after micro-step {micro_step}: full FP32 gradients held for {held[:3]}"
     # The last micro-step reduced across every rank: each parameter has its FP32 gradient shard.
     assert all(p.grad is not None and p.grad.dtype == torch.float32 for p in model.parameters())
-
-
-def test_old_checkpoints_are_pruned_only_after_every_rank_finalized_the_newest(world_of_one, tmp_path):
-    """keep: 1. A rank writes its manifest at its own next step boundary, so when this rank finalizes
-    step 2 another rank may not have: step 1 must survive until the next save's barrier."""
-    model = torch.nn.Linear(4, 4)
-    optimizer = torch.optim.AdamW(model.parameters())
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
-    manager = CheckpointManager(tmp_path / "ck", keep=1, rank=0, world=1, asynchronous=True)
-
-    def save(step: int, blocking: bool = False) -> None:
-        state = TrainerState(step=step, samples_consumed=step * 8, data_source="synthetic", world_size=1)
-        manager.save(model, optimizer, scheduler, state, blocking=blocking)
-
-    def steps_on_disk() -> list[int]:
-        return sorted(step for step, _ in step_dirs(tmp_path / "ck"))
-
-    save(1)
-    manager.wait()
-    save(2)
-    manager.wait()  # this rank finalized step 2; in a larger world others might not have yet
-    assert steps_on_disk() == [1, 2]
-    assert completeness_problem(tmp_path / "ck" / "step-000000001") is None
-    save(3, blocking=True)  # barrier first: now steps 1 and then 2 may go
-    assert steps_on_disk() == [3]
-    assert completeness_problem(tmp_path / "ck" / "step-000000003") is None

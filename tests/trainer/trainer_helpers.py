@@ -12,14 +12,17 @@ FIXTURES = Path(__file__).resolve().parent / "fixtures"
 TINY = FIXTURES / "tiny.yaml"
 
 
-def trainer_env() -> dict[str, str]:
+def trainer_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env = dict(os.environ)
     # One thread per rank: the CI machine has 2 cores shared by every test worker.
     env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", PYTHONDONTWRITEBYTECODE="1")
+    env.update(extra or {})
     return env
 
 
-def torchrun(nproc: int, *trainer_args: str, timeout: float = 240) -> subprocess.CompletedProcess:
+def torchrun(
+    nproc: int, *trainer_args: str, timeout: float = 240, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
     """`torchrun --standalone --nproc-per-node N -m trainer ...` on CPU; stdout and stderr captured."""
     command = [
         sys.executable,
@@ -34,7 +37,7 @@ def torchrun(nproc: int, *trainer_args: str, timeout: float = 240) -> subprocess
         *trainer_args,
     ]
     return subprocess.run(
-        command, cwd=REPO, env=trainer_env(), capture_output=True, text=True, timeout=timeout
+        command, cwd=REPO, env=trainer_env(env), capture_output=True, text=True, timeout=timeout
     )
 
 
@@ -50,9 +53,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def two_nodes(checkpoint_dirs: tuple[Path, Path], *trainer_args: str, timeout: float = 240) -> list[str]:
-    """Two torchrun 'nodes' of one rank each on this machine, each with its own checkpoint directory,
-    as SageMaker gives every node its own /opt/ml/checkpoints. Returns each node's combined output."""
+def two_nodes(
+    checkpoint_dirs: tuple[Path, Path],
+    *trainer_args: str,
+    timeout: float = 240,
+    node_env: tuple[dict[str, str], dict[str, str]] | None = None,
+) -> list[str]:
+    """Two torchrun 'nodes' of one rank each on this machine, each with its own checkpoint directory
+    (as a node-local directory would be) and optionally its own environment. Returns each node's
+    combined output."""
     port = str(free_port())
     processes = []
     for node, directory in enumerate(checkpoint_dirs):
@@ -77,7 +86,7 @@ def two_nodes(checkpoint_dirs: tuple[Path, Path], *trainer_args: str, timeout: f
             subprocess.Popen(
                 command,
                 cwd=REPO,
-                env=trainer_env(),
+                env=trainer_env(node_env[node] if node_env else None),
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 text=True,

@@ -7,6 +7,7 @@ import os
 import sys
 from pathlib import Path
 
+from trainer.checkpoint import CheckpointError
 from trainer.train import EXIT_NON_FINITE, NonFiniteLoss, RunOptions, run
 from trainstack import exit_codes
 from trainstack.errors import TrainstackError
@@ -22,15 +23,39 @@ def default_data_dir() -> Path | None:
     return SAGEMAKER_TRAIN_CHANNEL if SAGEMAKER_TRAIN_CHANNEL.is_dir() else None
 
 
-def default_checkpoint_dir() -> Path:
-    configured = os.environ.get("TRAINSTACK_CHECKPOINT_DIR")  # set by the launcher's request
-    if configured:
-        return Path(configured)
-    return SAGEMAKER_CHECKPOINTS if SAGEMAKER_CHECKPOINTS.parent.is_dir() else Path("checkpoints")
+EXIT_SAVE_FAILED = 1  # the final save failed: worth another job of the run (not trainstack-fatal)
+
+
+def default_checkpoint_location() -> str:
+    """$TRAINSTACK_CHECKPOINT_URI (the launcher sets the run's s3:// prefix), else
+    $TRAINSTACK_CHECKPOINT_DIR, else /opt/ml/checkpoints on SageMaker, else ./checkpoints."""
+    for name in ("TRAINSTACK_CHECKPOINT_URI", "TRAINSTACK_CHECKPOINT_DIR"):
+        if os.environ.get(name):
+            return os.environ[name]
+    return str(SAGEMAKER_CHECKPOINTS if SAGEMAKER_CHECKPOINTS.parent.is_dir() else Path("checkpoints"))
+
+
+EPILOG = """\
+examples:
+  torchrun --standalone --nproc-per-node 2 -m trainer --recipe tests/trainer/fixtures/tiny.yaml \\
+      --device cpu --max-steps 30 --checkpoint-dir /tmp/ck
+  AWS_REGION=us-west-2 python -m trainer --recipe 8b-fp8 --checkpoint-dir s3://bucket/checkpoints/run-1/
+
+exit codes:
+  0  finished, or stopped by SIGTERM (saved, or logged which checkpoint the next job resumes from)
+  1  the final checkpoint could not be saved
+  2  a mistake in the recipe, the data or the environment (one line names the file and field)
+  3  the loss or the gradient norm became NaN/inf (nothing saved from that step on)
+"""
 
 
 def parse_args(argv: list[str] | None) -> RunOptions:
-    parser = argparse.ArgumentParser(prog="python -m trainer", description="Train a trainstack recipe.")
+    parser = argparse.ArgumentParser(
+        prog="python -m trainer",
+        description="Train a trainstack recipe with FSDP2; resume from the newest complete checkpoint.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=EPILOG,
+    )
     parser.add_argument(
         "--recipe",
         help="recipe YAML (or name), recipe JSON, or hyperparameters JSON; "
@@ -54,9 +79,12 @@ def parse_args(argv: list[str] | None) -> RunOptions:
     )
     parser.add_argument(
         "--checkpoint-dir",
-        type=Path,
-        default=default_checkpoint_dir(),
-        help="default: $TRAINSTACK_CHECKPOINT_DIR, else /opt/ml/checkpoints on SageMaker, else ./checkpoints",
+        dest="checkpoint_location",
+        metavar="PATH_OR_S3_URI",
+        default=default_checkpoint_location(),
+        help="where checkpoints go: a local directory or s3://bucket/prefix/ (written from every rank "
+        "with s3torchconnector; needs AWS_REGION). Default: $TRAINSTACK_CHECKPOINT_URI, else "
+        "$TRAINSTACK_CHECKPOINT_DIR, else /opt/ml/checkpoints on SageMaker, else ./checkpoints",
     )
     parser.add_argument(
         "--data-dir",
@@ -75,7 +103,7 @@ def parse_args(argv: list[str] | None) -> RunOptions:
         overrides=tuple(args.overrides),
         device=args.device,
         max_steps=args.max_steps,
-        checkpoint_dir=args.checkpoint_dir,
+        checkpoint_location=args.checkpoint_location,
         data_dir=args.data_dir,
         synthetic=args.synthetic,
         trace_dir=args.trace_dir,
@@ -113,6 +141,8 @@ def main(argv: list[str] | None = None) -> int:
         return report_failure(exc.exit_code, str(exc))
     except NonFiniteLoss as exc:
         return report_failure(EXIT_NON_FINITE, str(exc))
+    except CheckpointError as exc:
+        return report_failure(EXIT_SAVE_FAILED, str(exc))
 
 
 if __name__ == "__main__":

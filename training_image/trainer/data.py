@@ -15,12 +15,18 @@ contiguous memory-mapped slice, and the position stays exact across restarts and
 
 Within an optimizer step that starts at position p, micro-step m of rank r (world W, micro-batch b)
 takes samples p + (m * W + r) * b ... + b - 1; the step consumes global_batch samples in total.
+
+`Prefetcher` reads those micro-batches ahead on a background thread (into pinned host memory on CUDA)
+so the step loop never waits on a read; the loop copies each to the GPU without blocking.
 """
 
 from __future__ import annotations
 
 import bisect
 import json
+import queue
+import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -139,3 +145,63 @@ def load_batch(source: TokenSource, indices: range, device: torch.device) -> Bat
     if device.type == "cuda":
         windows = windows.pin_memory().to(device, non_blocking=True)
     return Batch(windows[:, :-1], windows[:, 1:], tuple(indices))
+
+
+def micro_batch_plan(
+    position: int, grad_accum: int, global_batch: int, rank: int, world: int, micro_batch: int
+) -> Iterator[range]:
+    """This rank's micro-batches from data position `position` on, step after step."""
+    while True:
+        for micro_step in range(grad_accum):
+            yield micro_batch_indices(position, micro_step, rank, world, micro_batch)
+        position += global_batch
+
+
+class Prefetcher:
+    """Micro-batches of one rank, read `depth` ahead on a daemon thread, in the order of
+    `micro_batch_plan`. On CUDA each is pinned there and copied to the device with non_blocking in
+    `next` (the caching host allocator keeps a pinned block until its copy has run). A read error is
+    raised by `next`, in the training thread."""
+
+    def __init__(self, source: TokenSource, plan: Iterator[range], device: torch.device, depth: int = 4):
+        self.device = device
+        self._pin = device.type == "cuda"
+        self._queue: queue.Queue = queue.Queue(maxsize=depth)
+        self._closed = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(source, plan), name="prefetch", daemon=True)
+        self._thread.start()
+
+    def _run(self, source: TokenSource, plan: Iterator[range]) -> None:
+        try:
+            for indices in plan:
+                windows = torch.from_numpy(np.stack([source.sample(i) for i in indices]))
+                if self._pin:
+                    windows = windows.pin_memory()
+                if not self._put((indices, windows)):
+                    return
+        except BaseException as exc:  # handed to the training thread
+            self._put(exc)
+
+    def _put(self, item: object) -> bool:
+        while not self._closed.is_set():
+            try:
+                self._queue.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def next(self, expected: range) -> Batch:
+        item = self._queue.get()
+        if isinstance(item, BaseException):
+            raise item
+        indices, windows = item
+        if indices != expected:  # the plan and the loop disagree: a bug, never silently wrong data
+            raise RuntimeError(f"prefetched samples {indices}, the step needs {expected}")
+        if self._pin:
+            windows = windows.to(self.device, non_blocking=True)
+        return Batch(windows[:, :-1], windows[:, 1:], tuple(indices))
+
+    def close(self) -> None:
+        self._closed.set()
+        self._thread.join(timeout=5)

@@ -1,17 +1,26 @@
 """The training loop: build, shard, resume, step, log, checkpoint, stop cleanly.
 
-Exit codes: 0 finished or stopped by SIGTERM after a complete checkpoint; 2 a mistake in the recipe or
-the environment (one line naming the field); 3 the loss or gradient norm became NaN/inf (nothing is
-saved from that step on; the previous complete checkpoint stays the newest).
+Exit codes: 0 finished, or stopped by SIGTERM (after a final save, or after logging which checkpoint
+the next job resumes from when none fits; trainer.stopping); 1 the final save failed; 2 a mistake in
+the recipe or the environment (one line naming the field); 3 the loss or gradient norm became NaN/inf
+(found on the next log step or before the next save, whichever is first; nothing is saved from that
+step on, the previous complete checkpoint stays the newest).
+
+No stalls between steps: the host never waits on the GPU except on log steps (the metric line reads
+the loss and the stragglers' CUDA events there) and at saves; micro-batches are read ahead on a
+thread into pinned memory (trainer.data.Prefetcher); a save's host copy goes to pinned memory on a
+side stream and is awaited only before the next optimizer step (trainer.checkpoint); Python's cyclic
+GC runs every GC_EVERY_STEPS steps on every rank at once instead of whenever one rank's allocator
+trips it.
 """
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import math
 import os
-import signal
 import socket
 import sys
 import time
@@ -32,24 +41,39 @@ from trainer.activation_checkpointing import (
 from trainer.checkpoint import CheckpointManager, TrainerState
 from trainer.comms import check_efa
 from trainer.config import Layout, load_recipe, resolve_layout
-from trainer.data import TokenSource, load_batch, micro_batch_indices, open_source
+from trainer.data import Prefetcher, TokenSource, micro_batch_indices, micro_batch_plan, open_source
 from trainer.model import Transformer, build_model, compile_blocks, compile_decision, select_backend
 from trainer.optim import build_optimizer, build_scheduler
 from trainer.parallel import build_mesh, mesh_description, set_gradient_sync, shard_model
 from trainer.precision import autocast_factory, check_precision
-from trainer.throughput import peak_memory_gib, peak_tflops
+from trainer.stopping import EXIT_MARGIN_S, StopPlan, StopRequest, StopVote, plan_stop
+from trainer.storage import open_storage
+from trainer.throughput import (
+    BlockComputeTimer,
+    current_host,
+    host_number,
+    peak_memory_gib,
+    peak_tflops,
+    slowest_rank,
+)
 from trainstack import exit_codes
 from trainstack.errors import TrainstackError
 from trainstack.metrics import format_line
 from trainstack.planner import flops_per_token, plan
 from trainstack.recipe import Recipe
+from trainstack.run_plan import SIGTERM_GRACE_S
 
 log = logging.getLogger("trainer")
 EXIT_NON_FINITE = exit_codes.NON_FINITE
+GC_EVERY_STEPS = 50  # torchtitan's default gc_freq
 
 
 class NonFiniteLoss(Exception):
     exit_code = EXIT_NON_FINITE
+
+
+class AbandonedSave(Exception):
+    """SIGTERM with a save in flight that cannot finish in time: exit 0 at once, leaving it unmarked."""
 
 
 @dataclass(frozen=True)
@@ -58,22 +82,11 @@ class RunOptions:
     overrides: tuple[str, ...]
     device: str | None
     max_steps: int | None
-    checkpoint_dir: Path
+    checkpoint_location: str  # a local directory or an s3:// URI (trainer.storage)
     data_dir: Path | None
     synthetic: bool
     trace_dir: Path | None
     async_checkpoint: bool = True
-
-
-class StopRequest:
-    """Set by SIGTERM (SageMaker stop, spot reclaim, max runtime); acted on at the next step boundary."""
-
-    def __init__(self) -> None:
-        self.requested = False
-        signal.signal(signal.SIGTERM, self._handle)
-
-    def _handle(self, signum: int, frame: object) -> None:
-        self.requested = True
 
 
 def _free_port() -> int:
@@ -133,6 +146,13 @@ def run(options: RunOptions) -> int:
     try:
         setup_logging(rank)
         return _train(recipe, source, options, rank, world, device, stop)
+    except AbandonedSave as exc:
+        # The save thread is inside collectives that will never finish: no teardown, exit now.
+        log.warning("%s", exc)
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
     finally:
         dist.destroy_process_group()
 
@@ -168,6 +188,7 @@ def _train(
             "channel is mounted (pass --synthetic to train on synthetic tokens anyway)"
         )
     token_source = open_source(data_dir, recipe.training.seq_len, recipe.model.vocab, recipe.training.seed)
+    storage = open_storage(options.checkpoint_location)  # a bad URI or missing region: exit 2 before building
 
     torch.manual_seed(recipe.training.seed)
     model = build_model(recipe.model, recipe.training.seq_len, backend, recipe.training.loss_chunk_tokens)
@@ -205,25 +226,31 @@ def _train(
     )
 
     checkpoints = CheckpointManager(
-        options.checkpoint_dir,
+        storage,
         recipe.checkpointing.keep,
         rank,
         world,
         local_rank=int(os.environ.get("LOCAL_RANK", "0")),
         asynchronous=options.async_checkpoint,
+        run=os.environ.get("TRAINSTACK_RUN"),
     )
     state = TrainerState(step=0, samples_consumed=0, data_source=token_source.name, world_size=world)
-    latest = checkpoints.newest_complete()
+    latest = checkpoints.discover()
     if latest is not None:
         state = checkpoints.load(latest, model, optimizer, scheduler)
         if state.data_source != token_source.name:
             raise TrainstackError(
-                f"{latest}: was trained on {state.data_source}, this run reads "
-                f"{token_source.name}; use a new checkpoint directory for new data"
+                f"{checkpoints.describe(latest)}: was trained on {state.data_source}, this run reads "
+                f"{token_source.name}; use a new checkpoint location for new data"
             )
-        log.info("resumed from %s: step %d, data position %d", latest, state.step, state.samples_consumed)
+        log.info(
+            "resumed from %s: step %d, data position %d",
+            checkpoints.describe(latest),
+            state.step,
+            state.samples_consumed,
+        )
     else:
-        log.info("no complete checkpoint in %s: starting at step 0", options.checkpoint_dir)
+        log.info("no complete checkpoint in %s: starting at step 0", checkpoints.location)
     max_steps = options.max_steps if options.max_steps is not None else recipe.training.steps
     ctx = LoopContext(
         recipe=recipe,
@@ -238,11 +265,19 @@ def _train(
         scheduler=scheduler,
         token_source=token_source,
         checkpoints=checkpoints,
+        control=dist.new_group(backend="gloo"),
+        timer=BlockComputeTimer(list(model.layers), device),
     )
     try:
         return _loop(ctx, state, max_steps, stop)
+    except AbandonedSave:
+        raise
+    except BaseException:
+        checkpoints.wait()  # a NaN or an error: a pending save of an earlier, good step still completes
+        raise
     finally:
-        checkpoints.wait()
+        if not checkpoints.abandoned:
+            checkpoints.close()
 
 
 @dataclass(frozen=True)
@@ -261,26 +296,80 @@ class LoopContext:
     scheduler: LRScheduler
     token_source: TokenSource
     checkpoints: CheckpointManager
+    control: dist.ProcessGroup  # gloo, host-side: stop votes, straggler times, agreements
+    timer: BlockComputeTimer
 
 
-def _forward_backward(ctx: LoopContext, position: int, autocast: Callable) -> tuple[torch.Tensor, list[int]]:
-    """One optimizer step's micro-steps from data position `position`: (summed loss, samples used).
+@dataclass(frozen=True)
+class MicroSteps:
+    loss_sum: torch.Tensor  # sum of the micro-steps' mean losses (device; not read here)
+    samples: list[int]
+    stop: bool  # every rank saw a stop request
+    done: int  # micro-steps computed; < grad_accum: the step is dropped
+    save_due: bool  # rank 0's checkpoint clock says save after this step
+
+
+def _forward_backward(
+    ctx: LoopContext, position: int, autocast: Callable, batches: Prefetcher, vote: StopVote, save_due: bool
+) -> MicroSteps:
+    """One optimizer step's micro-steps from data position `position`, until done or stopped.
 
     Each micro-step's mean loss is divided by the accumulation count, and FSDP2 averages gradients
-    over the ranks, so the accumulated gradient is that of the mean loss over the global batch."""
+    over the ranks, so the accumulated gradient is that of the mean loss over the global batch. The
+    stop vote posted after micro-step m is read after micro-step m + 1 is queued (and the last one
+    before returning): no rank waits on the vote while it has compute to queue."""
     layout = ctx.layout
     loss_sum = torch.zeros((), device=ctx.device)
     used: list[int] = []
     for micro_step in range(layout.grad_accum):
+        last = micro_step == layout.grad_accum - 1
         indices = micro_batch_indices(position, micro_step, ctx.rank, ctx.world, layout.micro_batch)
-        batch = load_batch(ctx.token_source, indices, ctx.device)
+        batch = batches.next(indices)
         used.extend(batch.sample_indices)
-        set_gradient_sync(ctx.model, ctx.mesh, last_micro_step=micro_step == layout.grad_accum - 1)
+        set_gradient_sync(ctx.model, ctx.mesh, last_micro_step=last)
         with autocast():  # forward only: TE's autocast must not wrap backward
             loss = ctx.model(batch.inputs, batch.targets)
         (loss / layout.grad_accum).backward()
         loss_sum += loss.detach()
-    return loss_sum, used
+        stopped, _ = vote.result()  # the previous micro-step's vote
+        vote.post(save_due=save_due and last)
+        if stopped and not last:
+            vote.result()  # every rank reads the vote it posted: the group stays in step
+            return MicroSteps(loss_sum, used, True, micro_step + 1, False)
+    stopped, due = vote.result()
+    return MicroSteps(loss_sum, used, stopped, layout.grad_accum, due)
+
+
+class NonFiniteWatch:
+    """Per-step (loss, grad norm) kept on the device and checked only when the host reads anyway (log
+    steps, saves): a check per step would be a host sync per step. Every rank agrees on the result."""
+
+    def __init__(self, control: dist.ProcessGroup):
+        self.control = control
+        self.first_step = 1
+        self.values: list[torch.Tensor] = []
+
+    def add(self, step: int, loss: torch.Tensor, grad_norm: torch.Tensor) -> None:
+        if not self.values:
+            self.first_step = step
+        self.values.append(torch.stack([loss.float(), grad_norm.float()]))
+
+    def check(self) -> None:
+        if not self.values:
+            return
+        values = torch.stack(self.values).cpu()  # the one host sync
+        bad = (~torch.isfinite(values).all(dim=1)).nonzero()
+        first = torch.tensor([self.first_step + int(bad[0]) if len(bad) else 2**62], dtype=torch.int64)
+        dist.all_reduce(first, op=dist.ReduceOp.MIN, group=self.control)
+        self.values = []
+        if int(first) < 2**62:
+            index = min(int(first) - self.first_step, len(values) - 1)
+            loss, norm = values[index].tolist() if index >= 0 else [math.nan, math.nan]
+            raise NonFiniteLoss(
+                f"non-finite loss or gradient at step {int(first)} (loss={loss}, grad_norm={norm}); "
+                "stopped, nothing saved from that step on "
+                "(lower training.lr or raise warmup_steps, and check the data)"
+            )
 
 
 def _loop(ctx: LoopContext, state: TrainerState, max_steps: int, stop: StopRequest) -> int:
@@ -298,68 +387,172 @@ def _loop(ctx: LoopContext, state: TrainerState, max_steps: int, stop: StopReque
         peak,
         flops,
     )
-    tokens_per_rank_step = layout.micro_batch * layout.grad_accum * tr.seq_len
+    run_plan = plan(recipe).run
+    log.info(
+        "on SIGTERM a final save is planned to take %.0f s per node (%.1f GiB): it %s in SageMaker's %.0f s",
+        run_plan.checkpoint.save_seconds,
+        run_plan.checkpoint.gib_per_node,
+        "fits" if run_plan.checkpoint.sigterm_fits else "does NOT fit",
+        SIGTERM_GRACE_S,
+    )
+    hosts = [0] * ctx.world
+    dist.all_gather_object(hosts, host_number(current_host()), group=ctx.control)
     step, position = state.step, state.samples_consumed
-    interval_losses: list[float] = []
+    interval_loss, interval_steps = torch.zeros((), device=device), 0
     interval_start = time.perf_counter()
+    watch = NonFiniteWatch(ctx.control)
     # Checkpoint every interval_steps steps, or every interval_minutes of wall time (the recipe's, else
-    # the plan's Young/Daly optimum). Rank 0's clock decides, shared in the step's all-reduce below.
+    # the plan's Young/Daly optimum). Rank 0's clock decides, shared in the stop vote.
     save_every_steps = recipe.checkpointing.interval_steps
-    save_every_s = None if save_every_steps else plan(recipe).run.checkpoint.interval_minutes * 60.0
+    save_every_s = None if save_every_steps else run_plan.checkpoint.interval_minutes * 60.0
     last_save = time.monotonic()
+    batches = Prefetcher(
+        ctx.token_source,
+        micro_batch_plan(
+            position, layout.grad_accum, layout.global_batch, ctx.rank, ctx.world, layout.micro_batch
+        ),
+        device,
+    )
+    vote = StopVote(ctx.control, stop)
+    # Python's cyclic GC at a moment of its choosing stalls one rank and so every rank: run it on a
+    # schedule instead (torchtitan's pattern), the same step on every rank.
+    gc.disable()
+    gc.collect(1)
     if step >= max_steps:
         log.info("already at step %d of %d: nothing to do", step, max_steps)
-    while step < max_steps:
-        loss_sum, used = _forward_backward(ctx, position, autocast)
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), tr.grad_clip)
-        if hasattr(grad_norm, "full_tensor"):
-            grad_norm = grad_norm.full_tensor()
-        # One collective for the step's loss and the stop flag, so every rank stops at the same step.
-        save_due = ctx.rank == 0 and save_every_s is not None and time.monotonic() - last_save >= save_every_s
-        flags = torch.tensor([float(stop.requested), float(save_due)], device=device)
-        shared = torch.cat([(loss_sum / layout.grad_accum).reshape(1), flags])
-        dist.all_reduce(shared)
-        mean_loss, stopping = shared[0].item() / ctx.world, shared[1].item() > 0
-        save_due = shared[2].item() > 0
-        if not (math.isfinite(mean_loss) and math.isfinite(grad_norm.item())):
-            raise NonFiniteLoss(
-                f"non-finite loss or gradient at step {step + 1} (loss={mean_loss}, "
-                f"grad_norm={grad_norm.item()}); "
-                "stopped before the optimizer step, nothing saved from this step on "
-                "(lower training.lr or raise warmup_steps, and check the data)"
+    stopping = False  # agreed by every rank (the vote), never this rank's own flag
+    try:
+        while step < max_steps:
+            log_step = (step + 1) % tr.log_every == 0 or step + 1 == max_steps
+            if log_step:
+                ctx.timer.arm()
+            save_due = (
+                ctx.rank == 0 and save_every_s is not None and time.monotonic() - last_save >= save_every_s
             )
-        lr = optimizer.param_groups[0]["lr"]
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
-        step += 1
-        position += layout.global_batch
-        trace.write(step, mean_loss, used)
-        checkpoints.poll()
-        interval_losses.append(mean_loss)
-        if step % tr.log_every == 0 or step == max_steps or stopping:
-            elapsed = time.perf_counter() - interval_start
-            tokens_per_sec = tokens_per_rank_step * len(interval_losses) / elapsed
-            tflops = tokens_per_sec * flops / 1e12
-            line = format_line(
-                step=step,
-                loss=sum(interval_losses) / len(interval_losses),
-                lr=lr,
-                tokens_per_sec=tokens_per_sec,
-                tflops_per_gpu=tflops,
-                mfu=tflops / peak,
-                mem_gib=peak_memory_gib(device),
-                step_time_s=elapsed / len(interval_losses),
-            )
-            if ctx.rank == 0:
-                print(line, flush=True)
-            interval_losses, interval_start = [], time.perf_counter()
-        state = TrainerState(step, position, ctx.token_source.name, ctx.world)
-        final = stopping or step == max_steps
-        if save_due or (save_every_steps and step % save_every_steps == 0) or final:
-            checkpoints.save(model, optimizer, scheduler, state, blocking=final)
-            last_save = time.monotonic()
+            done = _forward_backward(ctx, position, autocast, batches, vote, save_due)
+            if done.done < layout.grad_accum:
+                optimizer.zero_grad(set_to_none=True)
+                log.info(
+                    "SIGTERM during step %d after micro-step %d of %d: the partial step is dropped",
+                    step + 1,
+                    done.done,
+                    layout.grad_accum,
+                )
+                ctx.timer.collect()
+                stopping = True
+                break
+            checkpoints.wait_for_staging()  # the optimizer step changes what an in-flight save copies
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), tr.grad_clip)
+            if hasattr(grad_norm, "full_tensor"):
+                grad_norm = grad_norm.full_tensor()
+            lr = optimizer.param_groups[0]["lr"]
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            step += 1
+            position += layout.global_batch
+            step_loss = done.loss_sum / layout.grad_accum  # this rank's mean over its micro-steps
+            watch.add(step, step_loss, grad_norm)
+            interval_loss += step_loss
+            interval_steps += 1
+            if trace.file is not None:  # tests only: a host sync per step
+                mean = step_loss.detach().clone()
+                dist.all_reduce(mean)
+                trace.write(step, mean.item() / ctx.world, done.samples)
+            if step % GC_EVERY_STEPS == 0:
+                gc.collect(1)
+            checkpoints.poll()
+            if log_step or done.stop:
+                watch.check()
+                elapsed = time.perf_counter() - interval_start
+                line = _metric_line(ctx, step, lr, interval_loss, interval_steps, elapsed, hosts, peak)
+                if ctx.rank == 0:
+                    print(line, flush=True)
+                interval_loss, interval_steps = torch.zeros((), device=device), 0
+                interval_start = time.perf_counter()
+            state = TrainerState(step, position, ctx.token_source.name, ctx.world)
+            if done.stop:
+                log.info("SIGTERM during step %d after its last micro-step: the step is completed", step)
+                stopping = True
+                break
+            if done.save_due or (save_every_steps and step % save_every_steps == 0) or step == max_steps:
+                watch.check()  # never save a state that came from a non-finite step
+                checkpoints.save(model, optimizer, scheduler, state, blocking=step == max_steps)
+                last_save = time.monotonic()
         if stopping:
-            log.info("SIGTERM: saved step %d and stopping", step)
-            break
+            watch.check()
+            _stop(ctx, state, stop, run_plan.checkpoint.save_seconds)
+    finally:
+        batches.close()
+        gc.enable()
     return 0
+
+
+def _metric_line(
+    ctx: LoopContext,
+    step: int,
+    lr: float,
+    interval_loss: torch.Tensor,
+    steps: int,
+    elapsed: float,
+    hosts: list[int],
+    peak: float,
+) -> str:
+    """The log step's metric line; reads the loss and the block timers (the log step's host syncs)."""
+    tr = ctx.recipe.training
+    total = interval_loss.detach().clone()
+    dist.all_reduce(total)
+    times = [0.0] * ctx.world
+    dist.all_gather_object(times, ctx.timer.collect(), group=ctx.control)
+    slowest = slowest_rank(times, hosts)
+    tokens_per_sec = ctx.layout.micro_batch * ctx.layout.grad_accum * tr.seq_len * steps / elapsed
+    tflops = tokens_per_sec * flops_per_token(ctx.recipe.model, tr.seq_len) / 1e12
+    return format_line(
+        step=step,
+        loss=total.item() / ctx.world / steps,
+        lr=lr,
+        tokens_per_sec=tokens_per_sec,
+        tflops_per_gpu=tflops,
+        mfu=tflops / peak,
+        mem_gib=peak_memory_gib(ctx.device),
+        step_time_s=elapsed / steps,
+        straggler_host=slowest.host,
+        straggler_rank=slowest.rank,
+        straggler_compute_s=slowest.compute_s,
+        straggler_skew=slowest.skew,
+    )
+
+
+def _stop(ctx: LoopContext, state: TrainerState, stop: StopRequest, planned_save_s: float) -> None:
+    """Spend what is left of the SIGTERM window as `plan_stop` says (rank 0 decides for all)."""
+    checkpoints = ctx.checkpoints
+    decision = [None]
+    if ctx.rank == 0:
+        save_s = checkpoints.measured_save_s or planned_save_s
+        decision[0] = plan_stop(
+            stop.seconds_left(), state.step, checkpoints.newest_complete(), checkpoints.in_flight(), save_s
+        )
+    dist.broadcast_object_list(decision, src=0, group=ctx.control)
+    choice: StopPlan = decision[0]
+    log.info("SIGTERM at step %d: %s", state.step, choice.reason)
+    finished = True
+    if checkpoints.in_flight() is not None or choice.finish_in_flight:
+        finished = choice.finish_in_flight and checkpoints.wait(
+            timeout=max(stop.seconds_left() - EXIT_MARGIN_S, 0)
+        )
+    agreed = torch.tensor([1 if finished else 0])
+    dist.all_reduce(agreed, op=dist.ReduceOp.MIN, group=ctx.control)
+    if not int(agreed):
+        checkpoints.abandoned = True
+        raise AbandonedSave(
+            f"SIGTERM: abandoned the save in flight; the next job resumes from "
+            f"{checkpoints.describe(checkpoints.newest_complete())}"
+        )
+    if choice.final_save:
+        checkpoints.save(ctx.model, ctx.optimizer, ctx.scheduler, state, blocking=True)
+        log.info("SIGTERM: saved step %d and stopping", state.step)
+    else:
+        log.info(
+            "SIGTERM: stopping without a final save; the next job resumes from %s",
+            checkpoints.describe(checkpoints.newest_complete()),
+        )
