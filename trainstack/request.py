@@ -33,6 +33,7 @@ INPUT_JOB = "Job"  # the index of the job to start, 1-based
 INPUT_LAST_JOB = "LastJob"  # the highest index this launch or resume may reach (compute.max_jobs)
 INPUT_HYPERPARAMETER_OVERRIDES = "HyperParameterOverrides"  # {"training.steps": "50"}; {} for none
 INPUT_KEEP_ALIVE = "KeepAlivePeriodInSeconds"
+INPUT_STEPS = "Steps"  # the run's training.steps (the registry keeps it for progress)
 INPUT_REASON = "Reason"  # why the job starts: one of START_REASONS
 START_REASONS = ("launch", "resume", "next")
 
@@ -49,6 +50,7 @@ def execution_input(
     run_id: str,
     job: int,
     last_job: int,
+    steps: int,
     overrides: Mapping[str, str] | None = None,
     keep_alive_seconds: int = 0,
     reason: str = "launch",
@@ -65,6 +67,7 @@ def execution_input(
         INPUT_LAST_JOB: int(last_job),
         INPUT_HYPERPARAMETER_OVERRIDES: dict(overrides or {}),
         INPUT_KEEP_ALIVE: int(keep_alive_seconds),
+        INPUT_STEPS: int(steps),
         INPUT_REASON: reason,
     }
 

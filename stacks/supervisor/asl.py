@@ -31,11 +31,13 @@ so none can collide with DynamoDB's reserved words.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
 from stacks.retries import retriers
-from trainstack import supervisor
+from trainstack import naming, supervisor
+from trainstack.recipe import Recipe
 from trainstack.request import (
     INPUT_HYPERPARAMETER_OVERRIDES,
     INPUT_KEEP_ALIVE,
@@ -50,7 +52,6 @@ UPDATE_ITEM = "arn:aws:states:::dynamodb:updateItem"
 PUBLISH = "arn:aws:states:::sns:publish"
 CONDITION_FAILED = "DynamoDB.ConditionalCheckFailedException"
 ALREADY_EXISTS = "SageMaker.ResourceInUseException"
-INPUT_STEPS = "Steps"  # the run's training.steps (the registry keeps it for progress)
 
 # Where values live inside an execution (JSONPath).
 RECIPE_PATH = "$.Recipe"
@@ -83,10 +84,16 @@ REGISTRY_ATTRIBUTES = {
     "stop_requested": "BOOL",
     "why": "S",  # why the newest job ended (or was started), in words
     "next_step": "S",  # what happens next, in words
+    "recipe_hash": "S",  # the deployed recipe's hash when the run was launched
+    "max_jobs": "N",  # compute.max_jobs of that recipe
+    "creator": "S",  # the execution that registered the newest job (and creates it): `stop` may end it
     "created": "S",
     "updated": "S",
 }
 NAMES = {f"#{a}": a for a in REGISTRY_ATTRIBUTES}
+
+
+CDK_TOKEN = re.compile(r"\$\{Token\[[A-Za-z0-9_.\-]+\]\}")
 
 
 def literal(text: str) -> str:
@@ -95,7 +102,8 @@ def literal(text: str) -> str:
     The language escapes quotes, braces and backslashes there with a backslash; the emulator's
     interpreter does not undo those escapes, so texts that reach a template have none to escape.
     """
-    bad = sorted({c for c in text if c in "'{}\\"})
+    # A CDK token (`${Token[...]}`, a bucket name, an ARN) resolves to a value without such characters.
+    bad = sorted({c for c in CDK_TOKEN.sub("", text) if c in "'{}\\"})
     if bad:
         raise ValueError(f"intrinsic string literal may not contain {bad}: {text!r}")
     return text
@@ -136,6 +144,26 @@ class SupervisorConstants:
     checkpoint_base: str  # s3://<bucket>/checkpoints/<team>/<recipe>/
     tokens_per_step: int
     usd_per_hour: float
+    recipe_hash: str
+    max_jobs: int
+
+
+def constants_for(
+    recipe: Recipe, team: str | None, plan: Any, *, table_name: str, topic_arn: str, bucket_name: str
+) -> SupervisorConstants:
+    """The constants of a deployment of `recipe` for `team` (CDK tokens or literal values)."""
+    return SupervisorConstants(
+        recipe=recipe.name,
+        team=team or recipe.tags.team,
+        team_option=f" --team {team}" if team else "",
+        table_name=table_name,
+        topic_arn=topic_arn,
+        checkpoint_base=f"s3://{bucket_name}/{naming.checkpoint_prefix(recipe, team)}/",
+        tokens_per_step=recipe.tokens_per_step,
+        usd_per_hour=float(plan.cost.usd_per_hour),
+        recipe_hash=naming.recipe_hash(recipe),
+        max_jobs=recipe.compute.max_jobs,
+    )
 
 
 def notify(c: SupervisorConstants, *, run: str, job: str, status: str, secondary: str) -> dict:

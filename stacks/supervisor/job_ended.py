@@ -8,7 +8,6 @@ from stacks.supervisor.asl import (
     CONDITION_FAILED,
     DESCRIBE,
     GET_ITEM,
-    INPUT_STEPS,
     UPDATE_ITEM,
     SupervisorConstants,
     fmt,
@@ -26,6 +25,7 @@ from trainstack.request import (
     INPUT_REASON,
     INPUT_RUN,
     INPUT_RUN_ID,
+    INPUT_STEPS,
 )
 
 # --- JobEnded ---------------------------------------------------------------------------------------

@@ -9,7 +9,6 @@ from stacks.supervisor.asl import (
     CHECKPOINT_URI_PATH,
     CONDITION_FAILED,
     CREATE,
-    INPUT_STEPS,
     JOB_NAME_PATH,
     KEEP_ALIVE_PATH,
     PUT_ITEM,
@@ -30,6 +29,7 @@ from trainstack.request import (
     INPUT_LAST_JOB,
     INPUT_REASON,
     INPUT_RUN_ID,
+    INPUT_STEPS,
 )
 
 # --- StartJob ---------------------------------------------------------------------------------------
@@ -67,6 +67,7 @@ def start_job_states(
         ":now": {"S.$": now},
         ":previous": {"N.$": "$.Names.Previous"},
         ":running": {"S": "running"},
+        ":creator": {"S.$": "$$.Execution.Id"},
     }
     put_item = {
         "run": {"S.$": RUN_PATH},
@@ -88,6 +89,9 @@ def start_job_states(
         "stop_requested": {"BOOL": False},
         "why": {"S": "launched"},
         "next_step": {"S.$": fmt("job {} starts", JOB_NAME_PATH)},
+        "recipe_hash": {"S": c.recipe_hash},
+        "max_jobs": {"N": str(c.max_jobs)},
+        "creator": {"S.$": "$$.Execution.Id"},
         "created": {"S.$": now},
         "updated": {"S.$": now},
     }
@@ -150,7 +154,7 @@ def start_job_states(
                     "SET #run_state = :running, #current_job = :job, #job_index = :index, "
                     "#last_job = :last, #jobs = list_append(#jobs, :jobs), #stop_requested = :false, "
                     "#overrides = :overrides, #keep_alive = :keep, #why = :why, #next_step = :next, "
-                    "#updated = :now"
+                    "#creator = :creator, #updated = :now"
                 ),
                 "ConditionExpression": (
                     "#job_index = :previous AND (#run_state = :stopped OR #run_state = :failed)"
@@ -166,6 +170,7 @@ def start_job_states(
                     "keep_alive",
                     "why",
                     "next_step",
+                    "creator",
                     "updated",
                 ),
                 "ExpressionAttributeValues": {
@@ -190,13 +195,13 @@ def start_job_states(
                 **table,
                 "UpdateExpression": (
                     "SET #current_job = :job, #job_index = :index, #jobs = list_append(#jobs, :jobs), "
-                    "#updated = :now"
+                    "#creator = :creator, #updated = :now"
                 ),
                 "ConditionExpression": (
                     "#job_index = :previous AND #run_state = :running AND #stop_requested = :false"
                 ),
                 "ExpressionAttributeNames": names(
-                    "current_job", "job_index", "jobs", "updated", "run_state", "stop_requested"
+                    "current_job", "job_index", "jobs", "creator", "updated", "run_state", "stop_requested"
                 ),
                 "ExpressionAttributeValues": {**entry_values, ":false": {"BOOL": False}},
             },
