@@ -73,7 +73,7 @@ def test_launch_wait_shows_progress_then_the_job(monkeypatch, capsys) -> None:
     monkeypatch.setattr(launch.time, "sleep", lambda s: None)
     launch._wait_for_job(_FakeClients(job_after=2), "arn:execution", "ts-x--abc-r1", timeout_s=60)
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].startswith("  ... launcher execution RUNNING, no training job yet (")
+    assert lines[0].startswith("  ... supervisor execution RUNNING, no training job yet (")
     assert lines[-1] == "training job ts-x--abc-r1: InProgress"
 
 
@@ -90,3 +90,19 @@ def test_launch_wait_that_runs_out_says_the_run_started_and_exits_1(monkeypatch,
         launch._wait_for_job(_FakeClients(), "arn:execution", "ts-x--abc-r1", timeout_s=0.2)
     assert caught.value.exit_code == 1
     assert "no training job yet" in capsys.readouterr().out
+
+
+def test_launch_wait_says_so_when_the_supervisor_started_no_job(monkeypatch) -> None:
+    """An execution that ended without creating the job (the run changed meanwhile) is an error, not a
+    two-minute wait."""
+    import pytest
+
+    from trainstack.commands import launch
+    from trainstack.errors import TrainstackError
+
+    monkeypatch.setattr(launch.time, "sleep", lambda s: None)
+    with pytest.raises(TrainstackError, match="^the supervisor started no job ts-x--abc-r1-1") as caught:
+        launch._wait_for_job(
+            _FakeClients(status="SUCCEEDED"), "arn:execution", "ts-x--abc-r1-1", timeout_s=60
+        )
+    assert caught.value.exit_code == 2
