@@ -7,6 +7,7 @@ role that only Step Functions of this account may assume.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from aws_cdk import Aws, Duration, RemovalPolicy, Stack
@@ -49,7 +50,10 @@ def logged_state_machine(
         scope, log_group_id, encryption_key=key, retention=retention, removal_policy=RemovalPolicy.RETAIN
     )
     if isinstance(definition, dict):
-        body = sfn.DefinitionBody.from_string(Stack.of(scope).to_json_string(definition))
+        # json.dumps, not Stack.to_json_string: that drops nulls, and `"ResultPath": null` (keep the
+        # state's input, discard the task's result) would become the default, `$`. CDK tokens in the
+        # text (`${Token[...]}`) still resolve: CDK finds them in any string.
+        body = sfn.DefinitionBody.from_string(json.dumps(definition))
     else:
         body = sfn.DefinitionBody.from_chainable(definition)
     role = service_role(

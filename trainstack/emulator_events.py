@@ -274,6 +274,9 @@ def deliver_job_state_change(env: dict[str, str], job_name: str) -> list[str]:
             continue
         for target in events.list_targets_by_rule(Rule=rule["Name"])["Targets"]:
             if ":states:" in target["Arn"]:
-                run = sfn.start_execution(stateMachineArn=target["Arn"], input=_target_input(target, event))
+                # EventBridge gives each execution a unique name; moto would name every one "None".
+                run = sfn.start_execution(
+                    stateMachineArn=target["Arn"], name=uuid.uuid4().hex, input=_target_input(target, event)
+                )
                 started.append(run["executionArn"])
     return started

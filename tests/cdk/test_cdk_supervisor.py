@@ -129,3 +129,14 @@ def test_the_job_ended_machine_decides_with_the_rule_table(all_templates: dict) 
     assert [c["Next"] for c in states["Decide"]["Choices"]] == [f"Rule{r.id}" for r in RULES]
     topic = states["Notify"]["Parameters"]["TopicArn"]
     assert "MonitoringNotificationsTopic" in topic
+
+
+def test_results_discarded_in_the_builder_stay_discarded_in_the_template(all_templates: dict) -> None:
+    """`"ResultPath": null` keeps a task's input; a template that dropped it would replace the input with
+    the task's result (as Stack.to_json_string does with nulls)."""
+    for which in ("StartJob", "JobEnded"):
+        states = state_machine_definition(all_templates[LAUNCHER], which)["States"]
+        for name in ("RegisterRun", "RegisterNextJob", "RegisterResume", "NotifyNotCreated"):
+            assert "ResultPath" in states[name] and states[name]["ResultPath"] is None, (which, name)
+        if which == "JobEnded":
+            assert states["RecordEnd"]["ResultPath"] is None and states["Notify"]["ResultPath"] is None
