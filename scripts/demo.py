@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -138,13 +139,10 @@ def main() -> int:
                 print("    " + line.strip(), flush=True)
 
         step(4, total, f"trainstack launch {args.recipe} --local --name demo --wait")
-        launched = json.loads(
-            run(
-                [trainstack, "launch", args.recipe, *team, "--local", "--name", "demo", "--wait", "--json"],
-                env,
-            )
-        )
-        run_name, first_job = launched["run"], launched["job"]
+        launched = run([trainstack, "launch", args.recipe, *team, "--local", "--name", "demo", "--wait"], env)
+        # "launched run <run>: job <job> (...)"
+        words = launched.splitlines()[0].split()
+        run_name, first_job = words[2].rstrip(":"), words[4]
 
         step(5, total, f"trainstack stop {run_name} --local")
         run([trainstack, "stop", run_name, "--local"], env)
@@ -158,8 +156,10 @@ def main() -> int:
         )
 
         step(6, total, f"trainstack resume {run_name} --local")
-        resumed = json.loads(run([trainstack, "resume", run_name, "--local", "--json"], env))
-        second_job = resumed["job"]
+        resumed = run([trainstack, "resume", run_name, "--local"], env)
+        # "resuming run <run> (...): job <job> resumes from <checkpoints>" / "execution: <arn>"
+        second_job = re.search(r"job (\S+) resumes", resumed).group(1)
+        second_execution = resumed.splitlines()[1].split()[-1]
         wait_for_job(emulator.env(), second_job)
 
         step(7, total, f"trainstack runs {args.recipe} --local")
@@ -169,7 +169,7 @@ def main() -> int:
         run([trainstack, "status", args.recipe, *team, "--local", "--runs", "2"], env)
 
         step(9, total, f"the training job the emulator received: {second_job}")
-        show_job(emulator.env(), second_job, resumed["execution"], first_job)
+        show_job(emulator.env(), second_job, second_execution, first_job)
     except (DemoError, TrainstackError, subprocess.TimeoutExpired) as exc:
         print(f"\nerror: {exc}", file=sys.stderr)
         print(f"(emulator log: {log})", file=sys.stderr)

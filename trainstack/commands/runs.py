@@ -148,7 +148,7 @@ def render(views: list[RunView], where: str, recipe: str | None, team: str | Non
         )
         return
     table = Table(title=f"Runs of {scope} in {where}, newest first", title_justify="left")
-    for column in ("run", "state", "step / steps", "tokens", "jobs", "cost so far", "checkpoints"):
+    for column in ("run", "state", "step / steps", "tokens", "jobs", "cost so far"):
         table.add_column(column, overflow="fold")
     for v in views:
         r = v.run
@@ -166,11 +166,12 @@ def render(views: list[RunView], where: str, recipe: str | None, team: str | Non
             f"{_tokens(v.tokens)} / {_tokens(r.steps * r.tokens_per_step)}",
             f"{len(v.jobs)} ({jobs})",
             f"${v.cost_usd:,.0f}",
-            r.checkpoint_uri,
         )
     console.print(table)
     for v in views:
-        lines = [f"{v.run.run}: {v.run.state}; {v.run.why}. Next: {v.run.next_step}."]
-        lines += [f"  ! {note}" for note in v.notes]
-        for line in lines:
-            console.print(Text(line, style="dim" if not v.notes else ""))
+        console.print(
+            Text.assemble((v.run.run, "bold"), f": {v.run.state}, {v.run.why}. Next: {v.run.next_step}.")
+        )
+        console.print(Text(f"  checkpoints {v.run.checkpoint_uri}", style="dim"), soft_wrap=True)
+        for note in v.notes:
+            console.print(Text(f"  ! {note}", style="bold red"))
