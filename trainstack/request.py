@@ -160,8 +160,8 @@ def create_training_job_request(
     team: str | None,
     *,
     job_name: str | Runtime,
-    run: str | Runtime,
-    checkpoint_uri: str | Runtime,
+    run: str | Runtime | None = None,
+    checkpoint_uri: str | Runtime | None = None,
     role_arn: str,
     image_uri: str,
     bucket_name: str,
@@ -177,7 +177,8 @@ def create_training_job_request(
 
     `hyperparameters` defaults to the recipe's own encoding; `keep_alive_seconds` to the recipe's.
     Every job of `run` gets the run's `checkpoint_uri` (trainstack.request.checkpoint_uri) in its
-    environment, so each resumes from the newest checkpoint any job of the run saved.
+    environment, so each resumes from the newest checkpoint any job of the run saved. The supervisor and
+    the CLI always pass both; without them the request is a lone job's, with no run to resume.
     With `subnet_ids` the job runs in a VPC (VpcConfig; network isolation and inter-container
     encryption are explicit choices). Keys whose value is a `Runtime` are emitted as `"Key.$"`.
     """
@@ -207,8 +208,10 @@ def create_training_job_request(
     output: dict[str, Any] = {"S3OutputPath": f"s3://{bucket_name}/{output_prefix(recipe, team)}"}
     if kms_key_arn:
         output["KmsKeyId"] = kms_key_arn
-    run_tag: dict[str, Any] = {"Key": RUN_TAG}
-    _put(run_tag, "Value", run)
+    run_tags: list[dict[str, Any]] = []
+    if run is not None:
+        run_tags.append({"Key": RUN_TAG})
+        _put(run_tags[0], "Value", run)
 
     request: dict[str, Any] = {}
     _put(request, "TrainingJobName", job_name)
@@ -224,7 +227,7 @@ def create_training_job_request(
             "InfraCheckConfig": {"EnableInfraCheck": True},
             "EnableManagedSpotTraining": compute.spot,
             "Environment": environment(recipe, run, checkpoint_uri),
-            "Tags": [{"Key": k, "Value": v} for k, v in tags(recipe, team).items()] + [run_tag],
+            "Tags": [{"Key": k, "Value": v} for k, v in tags(recipe, team).items()] + run_tags,
         }
     )
     _put(

@@ -80,9 +80,10 @@ class Notifications(Construct):
             )
         )
         # Were an EventBridge rule ever to target this topic again: its key-policy statement for
-        # events.amazonaws.com must carry no aws:SourceArn / aws:SourceAccount, which the requests
-        # EventBridge makes to KMS do not include, so delivery would stop silently (SNS developer guide,
-        # same section; EventBridge user guide, "Amazon SNS permissions"). Its topic-policy statement
-        # can and should carry them. tests/monitoring/test_rule.py pins both rules for every statement.
+        # events.amazonaws.com must carry no aws:SourceArn / aws:SourceAccount, which (as reported for
+        # EventBridge deliveries) its requests to KMS do not include, so delivery would stop silently
+        # (SNS developer guide, same section; EventBridge user guide, "Using resource-based policies for
+        # Amazon EventBridge", Amazon SNS permissions). Its topic-policy statement can and should carry
+        # them. tests/monitoring/test_rule.py pins both rules for every statement of both policies.
         if recipe.monitoring.notification_email:
             self.topic.add_subscription(subs.EmailSubscription(recipe.monitoring.notification_email))

@@ -85,6 +85,11 @@ def test_every_job_of_a_run_gets_the_runs_checkpoint_prefix_and_no_checkpoint_co
         "KmsKeyId": ARGS["kms_key_arn"],
     }
     assert requests[0]["ResourceConfig"]["VolumeKmsKeyId"] == ARGS["kms_key_arn"]
+    lone = create_training_job_request(r, None, job_name="ts-platform-30b-fp8--x-1", **ARGS)
+    assert (
+        "TRAINSTACK_RUN" not in lone["Environment"] and "TRAINSTACK_CHECKPOINT_URI" not in lone["Environment"]
+    )
+    assert "run" not in {t["Key"] for t in lone["Tags"]}
 
 
 def test_metrics_retries_infra_checks_environment_and_tags() -> None:
