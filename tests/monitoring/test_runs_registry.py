@@ -83,3 +83,54 @@ def test_a_running_run_whose_newest_job_ended_without_a_decision_is_unsupervised
     v = view(run, described, None, T0 + timedelta(hours=5))
     assert v.unsupervised and f"trainstack stop {RUN}" in v.notes[0]
     assert not view(run_from_item(item(run_state={"S": "failed"})), described, None, T0).unsupervised
+
+
+class _Stacks:
+    """CloudFormation with three trainstack deployments (one without a registry) and another stack."""
+
+    class exceptions:  # noqa: N801 (boto3's spelling)
+        ClientError = Exception
+
+    stacks = [
+        {
+            "StackName": "Trainstack-nlp-8b-fp8-Data",
+            "Outputs": [{"OutputKey": "RunTableName", "OutputValue": "t1"}],
+        },
+        {"StackName": "Trainstack-nlp-8b-fp8-Launcher", "Outputs": []},
+        {
+            "StackName": "Trainstack-platform-1b-bf16-Data",
+            "Outputs": [{"OutputKey": "RunTableName", "OutputValue": "t2"}],
+        },
+        {
+            "StackName": "Trainstack-old-7b-bf16-Data",
+            "Outputs": [{"OutputKey": "BucketName", "OutputValue": "b"}],
+        },
+        {"StackName": "CDKToolkit", "Outputs": []},
+    ]
+
+    def get_paginator(self, operation: str):
+        assert operation == "describe_stacks"
+        return self
+
+    def paginate(self):
+        yield {"Stacks": self.stacks[:2]}
+        yield {"Stacks": self.stacks[2:]}
+
+    def describe_stacks(self, StackName: str):  # noqa: N803
+        found = [s for s in self.stacks if s["StackName"] == StackName]
+        if not found:
+            raise Exception(f"Stack with id {StackName} does not exist")
+        return {"Stacks": found}
+
+
+def test_registries_are_every_data_stack_with_a_run_table_or_the_one_asked_for() -> None:
+    from trainstack.registry import Registry, registries
+
+    assert registries(_Stacks()) == [
+        Registry("Trainstack-nlp-8b-fp8-Data", "t1"),
+        Registry("Trainstack-platform-1b-bf16-Data", "t2"),
+    ]
+    assert registries(_Stacks(), "Trainstack-platform-1b-bf16") == [
+        Registry("Trainstack-platform-1b-bf16-Data", "t2")
+    ]
+    assert registries(_Stacks(), "Trainstack-platform-64b-fp8") == []
