@@ -42,6 +42,9 @@ RUN_ID = re.compile(rf"^(?=.{{1,{RUN_ID_MAX}}}$)[a-z0-9]+(-[a-z0-9]+)*$")
 RUN_ID_RULE = f"1-{RUN_ID_MAX} characters: words of lowercase letters and digits joined by single hyphens"
 JOB_INDEX_MAX = 99  # `-<index>`: at most two digits, so a run has at most 99 jobs, resumes included
 JOB_SUFFIX_MAX = len(f"-{JOB_INDEX_MAX}")
+# What followed a run's id in a job name before runs (a capacity retry's `-c<n>`) is now the job index:
+# the same 3 characters, kept under the old name for code that builds the longest job name from it.
+ATTEMPT_SUFFIX_MAX = JOB_SUFFIX_MAX
 JOB_PREFIX_MAX = len("ts-") + TEAM_NAME_MAX + len("-") + RECIPE_NAME_MAX + len("--")  # 44
 RUN_NAME_MAX = JOB_PREFIX_MAX + RUN_ID_MAX  # 60
 # The longest team, recipe and run id still leave room for the job index: no truncation, which would
