@@ -1,13 +1,19 @@
 #!/usr/bin/env python3
-"""`make demo`: deploy and launch a recipe into a local AWS emulator; no AWS account needed.
+"""`make demo`: deploy a recipe into a local AWS emulator, then launch, stop, resume and list a run; no
+AWS account needed.
 
-1. start moto in server mode on localhost (trainstack.emulator)
+1. start moto in server mode on localhost (trainstack.emulator), jobs that run until ended
 2. `npx cdk bootstrap`, then the real `npx cdk deploy --all -c recipe=RECIPE` against it
-3. `trainstack launch RECIPE --local` (a real state machine execution, interpreted by the emulator)
-4. `trainstack status RECIPE --local`
-5. show the CreateTrainingJob request the emulator received, then stop the emulator
+3. `trainstack launch RECIPE --local --name demo` (the run supervisor's StartJob, interpreted by the
+   emulator, creates job 1 of run ts-<team>-<recipe>--demo)
+4. `trainstack stop RUN --local`, and the job's Stopped event delivered to the deployed rule
+   (EMULATOR: what EventBridge does on AWS), so the supervisor records the run stopped
+5. `trainstack resume RUN --local`: job 2, same checkpoint prefix
+6. `trainstack runs RECIPE --local`: the run, its two jobs, one checkpoint URI
+7. `trainstack status RECIPE --local`
+8. show the CreateTrainingJob request the emulator received for job 2, then stop the emulator
 
-The emulator does not run containers: its training jobs go straight to Completed and nothing trains.
+The emulator does not run containers: nothing trains; jobs end when the demo (or a test) ends them.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -24,6 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from trainstack import emulator_events  # noqa: E402
 from trainstack.emulator import ACCOUNT, REGION, Emulator, write_state  # noqa: E402
 from trainstack.errors import TrainstackError  # noqa: E402
 
@@ -80,13 +88,15 @@ def main() -> int:
     team = ["--team", args.team] if args.team else []
     log = ROOT / ".emulator" / "moto.log"
     log.parent.mkdir(exist_ok=True)
-    total = 6
+    total = 9
     t0 = time.monotonic()
     emulator = Emulator(log_path=log)
     try:
         step(1, total, f"starting the local AWS emulator (moto server; log: {log.relative_to(ROOT)})")
         emulator.start()
         write_state(emulator.endpoint, os.getpid())
+        # EMULATOR: jobs stay InProgress until something ends them, as on AWS.
+        emulator_events.configure(emulator.env(), jobs_run=True)
         print(f"    listening on {emulator.endpoint}", flush=True)
         env = {
             **os.environ,
@@ -128,16 +138,38 @@ def main() -> int:
             if "✅" in line or " = " in line:
                 print("    " + line.strip(), flush=True)
 
-        step(4, total, f"trainstack launch {args.recipe} --local")
-        launched = run([trainstack, "launch", args.recipe, *team, "--local", "--wait"], env)
-        job_name = launched.splitlines()[0].split()[1]
-        execution_arn = launched.splitlines()[1].split()[-1]
+        step(4, total, f"trainstack launch {args.recipe} --local --name demo --wait")
+        launched = run([trainstack, "launch", args.recipe, *team, "--local", "--name", "demo", "--wait"], env)
+        # "launched run <run>: job <job> (...)"
+        words = launched.splitlines()[0].split()
+        run_name, first_job = words[2].rstrip(":"), words[4]
 
-        step(5, total, f"trainstack status {args.recipe} --local")
-        run([trainstack, "status", args.recipe, *team, "--local"], env)
+        step(5, total, f"trainstack stop {run_name} --local")
+        run([trainstack, "stop", run_name, "--local"], env)
+        print(
+            "    EMULATOR: delivering the job's Stopped event to the deployed rule, as EventBridge would",
+            flush=True,
+        )
+        decision = deliver(emulator.env(), first_job, run_name)
+        print(
+            f"    the supervisor decided: {decision['Outcome']} ({decision['Why']}); next: {decision['Next']}"
+        )
 
-        step(6, total, f"the training job the emulator received: {job_name}")
-        show_job(emulator.env(), job_name, execution_arn)
+        step(6, total, f"trainstack resume {run_name} --local")
+        resumed = run([trainstack, "resume", run_name, "--local"], env)
+        # "resuming run <run> (...): job <job> resumes from <checkpoints>" / "execution: <arn>"
+        second_job = re.search(r"job (\S+) resumes", resumed).group(1)
+        second_execution = resumed.splitlines()[1].split()[-1]
+        wait_for_job(emulator.env(), second_job)
+
+        step(7, total, f"trainstack runs {args.recipe} --local")
+        run([trainstack, "runs", args.recipe, *team, "--local"], env)
+
+        step(8, total, f"trainstack status {args.recipe} --local")
+        run([trainstack, "status", args.recipe, *team, "--local", "--runs", "2"], env)
+
+        step(9, total, f"the training job the emulator received: {second_job}")
+        show_job(emulator.env(), second_job, second_execution, first_job)
     except (DemoError, TrainstackError, subprocess.TimeoutExpired) as exc:
         print(f"\nerror: {exc}", file=sys.stderr)
         print(f"(emulator log: {log})", file=sys.stderr)
@@ -158,7 +190,52 @@ def main() -> int:
     return 0
 
 
-def show_job(env: dict[str, str], job_name: str, execution_arn: str) -> None:
+def _clients(env: dict[str, str], *services: str) -> list:
+    import boto3
+
+    kw = dict(
+        endpoint_url=env["AWS_ENDPOINT_URL"],
+        region_name=env["AWS_REGION"],
+        aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
+    )
+    return [boto3.client(s, **kw) for s in services]
+
+
+def deliver(env: dict[str, str], job: str, run_name: str) -> dict:
+    """Deliver the job's state-change event to the deployed rules and wait for the supervisor's decision."""
+    (sfn,) = _clients(env, "stepfunctions")
+    started = emulator_events.deliver_job_state_change(env, job)
+    decisions = []
+    deadline = time.monotonic() + 120
+    for arn in started:
+        while (described := sfn.describe_execution(executionArn=arn))["status"] == "RUNNING":
+            if time.monotonic() > deadline:
+                raise DemoError(f"the supervisor did not decide within 2 minutes ({arn})")
+            time.sleep(0.5)
+        output = json.loads(described.get("output") or "{}")
+        if "Outcome" in output:
+            decisions.append(output)
+    if not decisions:
+        raise DemoError(f"no supervisor execution decided what run {run_name} does after {job}")
+    return decisions[0]
+
+
+def wait_for_job(env: dict[str, str], job: str, timeout_s: float = 60) -> None:
+    (sagemaker,) = _clients(env, "sagemaker")
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            status = sagemaker.describe_training_job(TrainingJobName=job)["TrainingJobStatus"]
+            print(f"    training job {job}: {status}", flush=True)
+            return
+        except sagemaker.exceptions.ClientError:
+            if time.monotonic() > deadline:
+                raise DemoError(f"no training job {job} after {timeout_s:.0f} s") from None
+            time.sleep(0.5)
+
+
+def show_job(env: dict[str, str], job_name: str, execution_arn: str, first_job: str | None = None) -> None:
     import boto3
 
     from trainstack.aws import training_job_request_sent
@@ -179,9 +256,15 @@ def show_job(env: dict[str, str], job_name: str, execution_arn: str) -> None:
         f"      instances        {resources['InstanceCount']} x {resources['InstanceType']}, "
         f"{resources.get('VolumeSizeInGB')} GB volume"
     )
-    print(
-        f"      checkpoints      {job['CheckpointConfig']['S3Uri']} <- {job['CheckpointConfig']['LocalPath']}"
-    )
+    checkpoints = job["Environment"]["TRAINSTACK_CHECKPOINT_URI"]
+    print(f"      checkpoints      {checkpoints} (TRAINSTACK_CHECKPOINT_URI; every rank writes there)")
+    if first_job:
+        first = boto3.client("sagemaker", **kw).describe_training_job(TrainingJobName=first_job)
+        same = first["Environment"]["TRAINSTACK_CHECKPOINT_URI"] == checkpoints
+        print(
+            f"      run              {job['Environment']['TRAINSTACK_RUN']}; job {first_job} had "
+            f"{'the same' if same else 'ANOTHER'} checkpoint prefix"
+        )
     print(f"      image            {job['AlgorithmSpecification']['TrainingImage']}")
     print(f"      hyperparameters  {len(hyper)} keys (the resolved recipe), e.g.")
     for key in (

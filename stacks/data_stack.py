@@ -1,4 +1,4 @@
-"""The stateful stack: key, checkpoint bucket, image repository. Termination protection on.
+"""The stateful stack: key, checkpoint bucket, image repository, run registry. Termination protection on.
 
 The launcher stack reads them through exports with explicit names (`<prefix>-BucketArn`, ...), so
 the stateful stack never depends on the launcher and a launcher change never touches it. Explicit
@@ -11,11 +11,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from aws_cdk import CfnOutput, Fn, Stack
+from aws_cdk import aws_dynamodb as dynamodb
 from aws_cdk import aws_ecr as ecr
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
+from stacks.registry import RunRegistry
 from stacks.storage import CheckpointBucket, EncryptionKey, ImageRepository
 from trainstack.config import Deployment
 
@@ -44,6 +46,11 @@ class Exports:
     def key(self, scope: Construct) -> kms.IKey:
         return kms.Key.from_key_arn(scope, "Key", self.value("KeyArn"))
 
+    def run_table(self, scope: Construct, key: kms.IKey) -> dynamodb.ITable:
+        return dynamodb.Table.from_table_attributes(
+            scope, "RunTable", table_arn=self.value("RunTableArn"), encryption_key=key
+        )
+
     def repository(self, scope: Construct) -> ecr.IRepository:
         return ecr.Repository.from_repository_attributes(
             scope,
@@ -67,7 +74,7 @@ class DataStack(Stack):
             scope,
             id,
             termination_protection=True,
-            description=f"trainstack {deployment.stack_prefix}: checkpoints, image repository, key",
+            description=f"trainstack {deployment.stack_prefix}: checkpoints, image repository, key, runs",
             **kwargs,
         )
         # Access-log delivery through a bucket policy, not the legacy LogDeliveryWrite ACL (cfn-lint W3045).
@@ -78,11 +85,14 @@ class DataStack(Stack):
         ).key
         self.bucket = CheckpointBucket(self, "Checkpoints", key=self.key).bucket
         self.repository = ImageRepository(self, "Images", key=self.key, name=repository_name).repository
+        self.run_table = RunRegistry(self, "Runs", key=self.key).table
         for what, value in {
             "KeyArn": self.key.key_arn,
             "BucketArn": self.bucket.bucket_arn,
             "BucketName": self.bucket.bucket_name,
             "RepositoryArn": self.repository.repository_arn,
             "RepositoryName": self.repository.repository_name,
+            "RunTableArn": self.run_table.table_arn,
+            "RunTableName": self.run_table.table_name,
         }.items():
             CfnOutput(self, what, value=value, export_name=self.exports.name(what))

@@ -1,10 +1,11 @@
 """Start a training run when a deployment changes the recipe, with no Lambda and no one at a console.
 
 CloudFormation publishes "CloudFormation Stack Status Change" events to EventBridge. A rule on this
-stack's own CREATE_COMPLETE / UPDATE_COMPLETE starts the state machine with a job name made of the
-recipe hash. A deploy that changes nothing creates no event; an update that leaves the recipe alone
-(say, a new alarm) sends the same job name again, and the state machine's CreateTrainingJob then meets
-`ResourceInUse` and ends in AlreadyLaunched. So each resolved recipe trains once.
+stack's own CREATE_COMPLETE / UPDATE_COMPLETE starts the supervisor's StartJob state machine for the
+run `<prefix><recipe hash>-deploy`, job 1. A deploy that changes nothing creates no event; an update
+that leaves the recipe alone (say, a new alarm) sends the same run again, and StartJob's conditional
+registration (no run of that name yet) ends it in AlreadyLaunched. So each resolved recipe trains once,
+for as many jobs as the run takes.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from aws_cdk import aws_events as events
 from aws_cdk import aws_events_targets as targets
 from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
+
+from stacks.state_machine import service_role
 
 DEPLOY_SUFFIX = "deploy"
 STACK_STATUS_CHANGE = "CloudFormation Stack Status Change"
@@ -37,7 +40,10 @@ class LaunchOnDeploy(Construct):
             ),
             targets=[
                 targets.SfnStateMachine(
-                    state_machine, input=events.RuleTargetInput.from_object(execution_input), retry_attempts=3
+                    state_machine,
+                    input=events.RuleTargetInput.from_object(execution_input),
+                    retry_attempts=3,
+                    role=service_role(self, "EventsRole", "events.amazonaws.com", "launch the run on deploy"),
                 )
             ],
         )

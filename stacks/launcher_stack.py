@@ -1,10 +1,12 @@
-"""The launcher stack: execution role, image, state machine, optional VPC, launch-on-deploy, monitoring."""
+"""The launcher stack: execution role, image, optional VPC, notifications, the run supervisor,
+launch-on-deploy, alarms and dashboard."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from aws_cdk import CfnOutput, Duration, Fn, Stack
+from aws_cdk import CfnOutput, Fn, Stack
+from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_s3 as s3
 from constructs import Construct
@@ -14,26 +16,19 @@ from stacks.execution_role import ExecutionRole
 from stacks.image import TrainingImage
 from stacks.launch_on_deploy import DEPLOY_SUFFIX, LaunchOnDeploy
 from stacks.network import TrainingNetwork
-from stacks.state_machine import (
-    ATTEMPT_JOB_NAME_PATH,
+from stacks.supervisor import RunSupervisor
+from stacks.supervisor.asl import (
+    CHECKPOINT_URI_PATH,
     HYPERPARAMETERS_EXPRESSION,
     JOB_NAME_PATH,
-    TrainingStateMachine,
+    KEEP_ALIVE_PATH,
+    RUN_PATH,
+    constants_for,
 )
 from trainstack import naming
 from trainstack.config import Deployment, Network
 from trainstack.recipe import to_hyperparameters
-from trainstack.request import (
-    INPUT_KEEP_ALIVE,
-    Runtime,
-    create_training_job_request,
-    execution_input,
-    job_name,
-    stopping_condition,
-)
-
-# State machine timeout beyond the job's own limit: creation retries and polling slack.
-TIMEOUT_SLACK = Duration.days(1)
+from trainstack.request import Runtime, create_training_job_request, execution_input, last_job
 
 
 class LauncherStack(Stack):
@@ -67,6 +62,67 @@ class LauncherStack(Stack):
         image = TrainingImage(self, "Image", source=deployment.image, repository=repository)
         image.grant_pull(self.execution_role)
 
+        # Monitoring adds key-policy statements (SNS, CloudWatch), so it gets the key itself. Its topic
+        # comes first: the supervisor publishes to it; its alarms and dashboard watch the supervisor.
+        self.monitoring = self._compose_monitoring(deployment, data.key, bucket)
+        self.supervisor = RunSupervisor(
+            self,
+            "Supervisor",
+            constants=constants_for(
+                recipe,
+                team,
+                deployment.plan,
+                table_name=data.exports.value("RunTableName"),
+                topic_arn=self.monitoring.topic.topic_arn,
+                bucket_name=bucket.bucket_name,
+            ),
+            request=self._request(deployment, network, image.image_uri, bucket, key),
+            hyperparameters=to_hyperparameters(recipe),
+            execution_role=self.execution_role,
+            job_name_prefix=prefix,
+            key=key,
+            table=data.exports.run_table(self, key),
+            topic=self.monitoring.topic,
+        )
+        self.state_machine = self.supervisor.start_job
+        self.monitoring.watch(
+            {"start": self.supervisor.start_job, "decide": self.supervisor.job_ended}, self.supervisor.rule
+        )
+
+        if recipe.launch_on_deploy:
+            run_id = naming.default_run_id(recipe, DEPLOY_SUFFIX)
+            LaunchOnDeploy(
+                self,
+                "LaunchOnDeploy",
+                state_machine=self.state_machine,
+                execution_input=execution_input(
+                    naming.run_name(recipe, team, run_id),
+                    run_id,
+                    1,
+                    last_job(1, recipe.compute.max_jobs),
+                    recipe.training.steps,
+                    {},
+                    recipe.compute.keep_alive_seconds,
+                ),
+            )
+
+        CfnOutput(self, "StateMachineArn", value=self.state_machine.state_machine_arn)
+        CfnOutput(self, "JobEndedStateMachineArn", value=self.supervisor.job_ended.state_machine_arn)
+        CfnOutput(self, "JobNamePrefix", value=prefix)
+        CfnOutput(self, "RecipeHash", value=deployment.recipe_hash)
+        CfnOutput(self, "ExecutionRoleArn", value=self.execution_role.role_arn)
+        CfnOutput(self, "TopicArn", value=self.monitoring.topic.topic_arn)
+
+    @property
+    def availability_zones(self) -> list[str]:
+        # The region's first two AZs resolved by CloudFormation (Fn::GetAZs), so VPC mode needs no
+        # account lookup at synthesis and no hard-coded zone names (cfn-lint W3010).
+        return [Fn.select(0, Fn.get_azs()), Fn.select(1, Fn.get_azs())]
+
+    def _request(
+        self, deployment: Deployment, network: Network, image_uri: str, bucket: s3.IBucket, key: kms.IKey
+    ) -> dict[str, Any]:
+        """The CreateTrainingJob request of every job, with the run's values filled in at run time."""
         vpc_args: dict[str, Any] = {}
         if network.vpc:
             net = TrainingNetwork(self, "Network", key=key)
@@ -76,60 +132,24 @@ class LauncherStack(Stack):
                 network_isolation=network.network_isolation,
                 inter_container_encryption=network.inter_container_encryption,
             )
-
-        request = create_training_job_request(
-            recipe,
-            team,
-            job_name=Runtime(ATTEMPT_JOB_NAME_PATH),
-            checkpoint_name=Runtime(JOB_NAME_PATH),
-            role_arn=self.execution_role.role_arn,
-            image_uri=image.image_uri,
+        role: iam.IRole = self.execution_role
+        return create_training_job_request(
+            deployment.recipe,
+            deployment.team,
+            job_name=Runtime(JOB_NAME_PATH),
+            run=Runtime(RUN_PATH),
+            checkpoint_uri=Runtime(CHECKPOINT_URI_PATH),
+            role_arn=role.role_arn,
+            image_uri=image_uri,
             bucket_name=bucket.bucket_name,
             kms_key_arn=key.key_arn,
             hyperparameters=Runtime(HYPERPARAMETERS_EXPRESSION),
-            keep_alive_seconds=Runtime(f"$.{INPUT_KEEP_ALIVE}"),
+            keep_alive_seconds=Runtime(KEEP_ALIVE_PATH),
             **vpc_args,
         )
-        stop = stopping_condition(recipe)
-        job_seconds = stop.get("MaxWaitTimeInSeconds", stop["MaxRuntimeInSeconds"])
-        self.launcher = TrainingStateMachine(
-            self,
-            "Launcher",
-            request=request,
-            hyperparameters=to_hyperparameters(recipe),
-            execution_role=self.execution_role,
-            job_name_prefix=prefix,
-            key=key,
-            timeout=Duration.seconds(job_seconds).plus(TIMEOUT_SLACK),
-        )
-        self.state_machine = self.launcher.state_machine
-
-        if recipe.launch_on_deploy:
-            LaunchOnDeploy(
-                self,
-                "LaunchOnDeploy",
-                state_machine=self.state_machine,
-                execution_input=execution_input(
-                    job_name(recipe, team, DEPLOY_SUFFIX), {}, recipe.compute.keep_alive_seconds
-                ),
-            )
-
-        # Monitoring adds key-policy statements (SNS, EventBridge, CloudWatch), so it gets the key itself.
-        self.monitoring = self._compose_monitoring(deployment, data.key, bucket)
-
-        CfnOutput(self, "StateMachineArn", value=self.state_machine.state_machine_arn)
-        CfnOutput(self, "JobNamePrefix", value=prefix)
-        CfnOutput(self, "RecipeHash", value=deployment.recipe_hash)
-        CfnOutput(self, "ExecutionRoleArn", value=self.execution_role.role_arn)
-
-    @property
-    def availability_zones(self) -> list[str]:
-        # The region's first two AZs resolved by CloudFormation (Fn::GetAZs), so VPC mode needs no
-        # account lookup at synthesis and no hard-coded zone names (cfn-lint W3010).
-        return [Fn.select(0, Fn.get_azs()), Fn.select(1, Fn.get_azs())]
 
     def _compose_monitoring(self, deployment: Deployment, key: kms.IKey, bucket: s3.IBucket) -> Any:
-        """Composition point for stacks/monitoring.py (dashboard, alarms, notifications)."""
+        """Composition point for stacks/monitoring (notifications now; alarms and dashboard by watch())."""
         from stacks.monitoring import Monitoring
 
         return Monitoring(
@@ -138,7 +158,6 @@ class LauncherStack(Stack):
             recipe=deployment.recipe,
             team=deployment.team,
             plan=deployment.plan,
-            state_machine=self.state_machine,
             key=key,
             checkpoint_bucket=bucket,
         )

@@ -31,6 +31,8 @@ COMMAND_MODULES = [
     "trainstack.commands.status",
     "trainstack.commands.logs",
     "trainstack.commands.launch",
+    "trainstack.commands.runs",
+    "trainstack.commands.stop_resume",
 ]
 
 

@@ -16,7 +16,9 @@ gaps and our workarounds (../shared/README.md section 7):
 - with execution enabled, its CloudFormation puts state machines where its Step Functions API does
   not look: `serve()` points both at the interpreter's backend;
 - it does not publish CloudFormation stack status events to EventBridge (launch_on_deploy):
-  `deliver_stack_status()` plays EventBridge from the deployed rule's own pattern and target.
+  `deliver_stack_status()` plays EventBridge from the deployed rule's own pattern and target;
+- its training jobs complete at once, keep no Environment, cannot be stopped, and send no state-change
+  events: trainstack.emulator_events adds jobs that run until ended, StopTrainingJob, and delivery.
 
 `python -m trainstack.emulator [--port N]` runs one in the foreground (for `trainstack launch --local`).
 """
@@ -289,6 +291,10 @@ def serve(argv: list[str]) -> None:
     from moto.stepfunctions.parser.models import stepfunctions_parser_backends
 
     sfn_models.stepfunctions_backends = stepfunctions_parser_backends
+    # Training jobs that run until ended, StopTrainingJob, Environment kept (trainstack.emulator_events).
+    from trainstack import emulator_events
+
+    emulator_events.install()
     _log_error_bodies()
     server.main(argv)
 

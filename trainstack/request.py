@@ -1,7 +1,8 @@
 """Recipe -> CreateTrainingJob request: one pure function, read by the state machine and the CLI.
 
-The launcher's state machine carries this request in a Step Functions task, where a few values exist
-only at run time (the job name, step-count overrides for a short tuning run, the warm-pool period).
+The run supervisor's "start job" state machine carries this request in a Step Functions task, where a few
+values exist only at run time (the run and the job's index in it, step-count overrides for a short tuning
+run, the warm-pool period).
 Those are passed as `Runtime(...)` markers and rendered as Step Functions `"Key.$"` fields; the CLI
 passes literal values instead and gets a request it can print or compare. Everything else is fixed by
 the recipe, so the deployed state machine is an exact, reviewable image of the recipe.
@@ -21,14 +22,20 @@ from trainstack.recipe import Recipe, to_hyperparameters
 
 # SageMaker's own limits (../shared/README.md section 6).
 MAX_RUNTIME_S = 28 * 24 * 3600
-CHECKPOINT_LOCAL_PATH = "/opt/ml/checkpoints"
 # A short tuning run keeps its instances warm this long for the next try, unless told otherwise.
 WARM_POOL_SECONDS = 1800
 
-# The state machine's execution input: what `trainstack launch` and the launch-on-deploy rule send.
-INPUT_JOB_NAME = "JobName"
+# The "start job" state machine's execution input: what `trainstack launch` / `resume`, the
+# launch-on-deploy rule and the "job ended" state machine (the run's next job) send.
+INPUT_RUN = "Run"  # the run's name, ts-<team>-<recipe>--<run id> (trainstack.naming.run_name)
+INPUT_RUN_ID = "RunId"  # the run id: its checkpoint folder
+INPUT_JOB = "Job"  # the index of the job to start, 1-based
+INPUT_LAST_JOB = "LastJob"  # the highest index this launch or resume may reach (compute.max_jobs)
 INPUT_HYPERPARAMETER_OVERRIDES = "HyperParameterOverrides"  # {"training.steps": "50"}; {} for none
 INPUT_KEEP_ALIVE = "KeepAlivePeriodInSeconds"
+INPUT_STEPS = "Steps"  # the run's training.steps (the registry keeps it for progress)
+INPUT_REASON = "Reason"  # why the job starts: one of START_REASONS
+START_REASONS = ("launch", "resume", "next")
 
 
 @dataclass(frozen=True)
@@ -39,27 +46,50 @@ class Runtime:
 
 
 def execution_input(
-    job_name: str, overrides: Mapping[str, str] | None = None, keep_alive_seconds: int = 0
+    run: str,
+    run_id: str,
+    job: int,
+    last_job: int,
+    steps: int,
+    overrides: Mapping[str, str] | None = None,
+    keep_alive_seconds: int = 0,
+    reason: str = "launch",
 ) -> dict:
-    """The state machine input that starts `job_name` (overrides are hyperparameters, already encoded)."""
+    """The input that starts job `job` of `run` (overrides are hyperparameters, already encoded)."""
+    if reason not in START_REASONS:
+        raise ValueError(f"reason must be one of {START_REASONS}, got {reason!r}")
+    if not 1 <= job <= last_job <= naming.JOB_INDEX_MAX:
+        raise ValueError(f"need 1 <= job ({job}) <= last job ({last_job}) <= {naming.JOB_INDEX_MAX}")
     return {
-        INPUT_JOB_NAME: job_name,
+        INPUT_RUN: run,
+        INPUT_RUN_ID: run_id,
+        INPUT_JOB: int(job),
+        INPUT_LAST_JOB: int(last_job),
         INPUT_HYPERPARAMETER_OVERRIDES: dict(overrides or {}),
         INPUT_KEEP_ALIVE: int(keep_alive_seconds),
+        INPUT_STEPS: int(steps),
+        INPUT_REASON: reason,
     }
 
 
-def job_name(recipe: Recipe, team: str | None, suffix: str) -> str:
-    """`<job-name prefix><recipe hash>-<suffix>`: the hash names the run, the suffix the attempt.
+def last_job(first_job: int, max_jobs: int) -> int:
+    """The highest job index a launch or resume starting at `first_job` may reach: `compute.max_jobs`
+    jobs, and never past the two digits a job name has room for."""
+    return min(first_job + max_jobs - 1, naming.JOB_INDEX_MAX)
 
-    The prefix (`ts-<team>-<recipe>--`, trainstack.naming) already ends in the separator. The suffix is
-    short enough to leave room for a capacity retry's `-c<n>` within SageMaker's 63 characters.
+
+def job_name(recipe: Recipe, team: str | None, suffix: str) -> str:
+    """`<job-name prefix><recipe hash>-<suffix>`: the name of the run with the default id for `suffix`
+    (`naming.run_name(recipe, team, naming.default_run_id(recipe, suffix))`); its jobs append `-<n>`.
+
+    Kept under this name for the callers that only need a name in this recipe's job namespace.
     """
-    if not suffix or len(suffix) > naming.RUN_SUFFIX_MAX or not suffix.replace("-", "").isalnum():
-        raise ValueError(
-            f"job name suffix must be 1-{naming.RUN_SUFFIX_MAX} characters of [a-zA-Z0-9-], got {suffix!r}"
-        )
-    return f"{naming.job_name_prefix(recipe, team)}{naming.recipe_hash(recipe)}-{suffix}"
+    return naming.run_name(recipe, team, naming.default_run_id(recipe, suffix))
+
+
+def checkpoint_uri(bucket_name: str, recipe: Recipe, team: str | None, run_id: str) -> str:
+    """`s3://<bucket>/checkpoints/<team>/<recipe>/<run id>/`: where every job of the run saves and resumes."""
+    return f"s3://{bucket_name}/{naming.run_checkpoint_prefix(recipe, team, run_id)}"
 
 
 def output_prefix(recipe: Recipe, team: str | None) -> str:
@@ -67,9 +97,15 @@ def output_prefix(recipe: Recipe, team: str | None) -> str:
     return naming.checkpoint_prefix(recipe, team).replace("checkpoints/", "output/", 1)
 
 
-def environment(recipe: Recipe) -> dict[str, str]:
-    """Container environment: EFA/NCCL settings for multi-node B200 and the allocator fix."""
-    return {
+def environment(
+    recipe: Recipe, run: str | Runtime | None = None, checkpoint_uri: str | Runtime | None = None
+) -> dict[str, Any]:
+    """Container environment: EFA/NCCL settings for multi-node B200, the allocator fix, and the run.
+
+    `TRAINSTACK_CHECKPOINT_URI` is the run's S3 prefix, which every rank writes and reads directly;
+    no CheckpointConfig is sent (SageMaker's sync would restore every kept checkpoint onto every node).
+    """
+    env: dict[str, Any] = {
         # EFA with current libfabric and aws-ofi-nccl needs only this (shared notes section 6).
         "FI_EFA_USE_HUGE_PAGE": "0",
         "FI_PROVIDER": "efa",
@@ -79,8 +115,15 @@ def environment(recipe: Recipe) -> dict[str, str]:
         # Fragmentation OOMs on B200 went away with this (Megatron-Bridge PR #3775).
         "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
         "TRAINSTACK_RECIPE": recipe.name,
-        "TRAINSTACK_CHECKPOINT_DIR": CHECKPOINT_LOCAL_PATH,
     }
+    if run is not None:
+        _put(env, "TRAINSTACK_RUN", run)
+    if checkpoint_uri is not None:
+        _put(env, "TRAINSTACK_CHECKPOINT_URI", checkpoint_uri)
+    return env
+
+
+RUN_TAG = "run"  # training jobs also carry their run's name (cost allocation per run)
 
 
 def tags(recipe: Recipe, team: str | None) -> dict[str, str]:
@@ -117,7 +160,8 @@ def create_training_job_request(
     team: str | None,
     *,
     job_name: str | Runtime,
-    checkpoint_name: str | Runtime | None = None,
+    run: str | Runtime | None = None,
+    checkpoint_uri: str | Runtime | None = None,
     role_arn: str,
     image_uri: str,
     bucket_name: str,
@@ -132,20 +176,13 @@ def create_training_job_request(
     """The full CreateTrainingJob request for `recipe` as `team` runs it.
 
     `hyperparameters` defaults to the recipe's own encoding; `keep_alive_seconds` to the recipe's.
-    Checkpoints go under `checkpoint_name` (default: the job name), so retries of one run share them.
+    Every job of `run` gets the run's `checkpoint_uri` (trainstack.request.checkpoint_uri) in its
+    environment, so each resumes from the newest checkpoint any job of the run saved. The supervisor and
+    the CLI always pass both; without them the request is a lone job's, with no run to resume.
     With `subnet_ids` the job runs in a VPC (VpcConfig; network isolation and inter-container
     encryption are explicit choices). Keys whose value is a `Runtime` are emitted as `"Key.$"`.
     """
     compute = recipe.compute
-    checkpoint_base = f"s3://{bucket_name}/{naming.checkpoint_prefix(recipe, team)}"
-    run_name = job_name if checkpoint_name is None else checkpoint_name
-    if isinstance(run_name, Runtime):
-        # Each job checkpoints under its own name; SageMaker syncs /opt/ml/checkpoints there.
-        checkpoint_uri: str | Runtime = Runtime(
-            f"States.Format('{checkpoint_base}/{{}}', {run_name.expression})"
-        )
-    else:
-        checkpoint_uri = f"{checkpoint_base}/{run_name}"
 
     resource_config: dict[str, Any] = {
         "InstanceType": compute.instance_type,
@@ -178,8 +215,10 @@ def create_training_job_request(
     output: dict[str, Any] = {"S3OutputPath": f"s3://{bucket_name}/{output_prefix(recipe, team)}"}
     if kms_key_arn:
         output["KmsKeyId"] = kms_key_arn
-    checkpoint: dict[str, Any] = {"LocalPath": CHECKPOINT_LOCAL_PATH}
-    _put(checkpoint, "S3Uri", checkpoint_uri)
+    run_tags: list[dict[str, Any]] = []
+    if run is not None:
+        run_tags.append({"Key": RUN_TAG})
+        _put(run_tags[0], "Value", run)
 
     request: dict[str, Any] = {}
     _put(request, "TrainingJobName", job_name)
@@ -189,14 +228,13 @@ def create_training_job_request(
             "AlgorithmSpecification": algorithm,
             "ResourceConfig": resource_config,
             "StoppingCondition": stopping_condition(recipe),
-            "CheckpointConfig": checkpoint,
             "OutputDataConfig": output,
             "RetryStrategy": {"MaximumRetryAttempts": compute.max_retry_attempts},
             # Health checks on the nodes before the job starts paying for a multi-day run.
             "InfraCheckConfig": {"EnableInfraCheck": True},
             "EnableManagedSpotTraining": compute.spot,
-            "Environment": environment(recipe),
-            "Tags": [{"Key": k, "Value": v} for k, v in tags(recipe, team).items()],
+            "Environment": environment(recipe, run, checkpoint_uri),
+            "Tags": [{"Key": k, "Value": v} for k, v in tags(recipe, team).items()] + run_tags,
         }
     )
     _put(

@@ -120,6 +120,17 @@ def _param_validator(request: Mapping[str, Any], shape: Shape) -> list[Finding]:
 
 
 def _with_placeholders(value: Any, shape: Shape | None) -> Any:
+    if shape is not None and shape.type_name == "map" and isinstance(value, Mapping):
+        # A map entry filled in at run time (`"TRAINSTACK_RUN.$": "$.Run"` in Environment): its key is
+        # known, its value is not.
+        return {
+            key.removesuffix(RUNTIME_SUFFIX): (
+                _PLACEHOLDER_OF_TYPE.get(shape.value.type_name, "runtime")
+                if key.endswith(RUNTIME_SUFFIX)
+                else _with_placeholders(member_value, shape.value)
+            )
+            for key, member_value in value.items()
+        }
     if shape is None or shape.type_name != "structure" or not isinstance(value, Mapping):
         if shape is not None and shape.type_name == "list" and isinstance(value, list):
             return [_with_placeholders(v, shape.member) for v in value]
@@ -165,8 +176,10 @@ def _constraints(value: Any, shape: Shape, path: str) -> list[Finding]:
                 found += _constraints(item, shape.member, f"{path}[{i}]")
         else:
             for key, item in value.items():
-                found += _constraints(key, shape.key, f"{path}[{key}] key")
-                found += _constraints(item, shape.value, f"{path}[{key}]")
+                name = key.removesuffix(RUNTIME_SUFFIX)  # a run-time entry: its key is known, not its value
+                found += _constraints(name, shape.key, f"{path}[{name}] key")
+                if not key.endswith(RUNTIME_SUFFIX):
+                    found += _constraints(item, shape.value, f"{path}[{name}]")
         return found
     if kind == "string" and isinstance(value, str):
         found += _length(path, len(value), meta, "characters")
@@ -285,33 +298,46 @@ def _cross_field(request: Mapping[str, Any]) -> list[Finding]:
 # --- every request of a recipe -----------------------------------------------------------------
 
 
-def longest_job_name(recipe: Recipe, team: str | None) -> str:
-    """The longest training job name the launcher can give this recipe's jobs (trainstack.naming).
+def longest_run_id() -> str:
+    """A run id of the greatest length trainstack.naming allows (a `--name` or the default id)."""
+    return "z" * naming.RUN_ID_MAX
 
-    `<prefix><recipe hash>-<run suffix>` and, for a capacity retry, `-c<n>`: the suffix at its longest
-    (naming.JOB_SUFFIX_MAX characters in all), so the check fails as soon as the arithmetic there does.
-    """
-    run_suffix = "z" * naming.RUN_SUFFIX_MAX
-    attempt_suffix = "-" + "9" * (naming.ATTEMPT_SUFFIX_MAX - 1)
-    return f"{naming.job_name_prefix(recipe, team)}{naming.recipe_hash(recipe)}-{run_suffix}{attempt_suffix}"
+
+def longest_job_name(recipe: Recipe, team: str | None) -> str:
+    """The longest training job name the supervisor can give this recipe's jobs (trainstack.naming):
+    `<prefix><run id>-<job index>` with the longest run id and the last job a run may have, so the
+    check fails as soon as the arithmetic there does."""
+    return naming.job_of_run(naming.run_name(recipe, team, longest_run_id()), naming.JOB_INDEX_MAX)
 
 
 def requests_for(recipe: Recipe, team: str | None) -> Iterator[tuple[str, dict[str, Any]]]:
     """(what, request) for every CreateTrainingJob request the project can make for `recipe` as `team`."""
     from trainstack.recipe import to_hyperparameters
-    from trainstack.request import INPUT_KEEP_ALIVE, WARM_POOL_SECONDS, Runtime, create_training_job_request
+    from trainstack.request import (
+        INPUT_KEEP_ALIVE,
+        WARM_POOL_SECONDS,
+        Runtime,
+        checkpoint_uri,
+        create_training_job_request,
+    )
 
     name = longest_job_name(recipe, team)
+    run = naming.run_name(recipe, team, longest_run_id())
     deployment = {**PLACEHOLDERS, "image_uri": recipe.image.uri or PLACEHOLDERS["image_uri"]}
+    run_values = dict(
+        run=run, checkpoint_uri=checkpoint_uri(deployment["bucket_name"], recipe, team, longest_run_id())
+    )
     for vpc, network in (("", {}), (" in VPC mode", PLACEHOLDER_VPC)):
-        # The state machine's request, as stacks/launcher_stack.py builds it (run-time values stay `.$`).
+        # The supervisor's request, as stacks/launcher_stack.py builds it: run-time values stay `.$`
+        # expressions (which ones does not matter here: they cannot be checked before run time).
         yield (
-            f"the launcher's request{vpc}",
+            f"the supervisor's request{vpc}",
             create_training_job_request(
                 recipe,
                 team,
-                job_name=Runtime("$.Attempt.JobName"),
-                checkpoint_name=Runtime("$.JobName"),
+                job_name=Runtime("$.Names.JobName"),
+                run=Runtime("$.Run"),
+                checkpoint_uri=Runtime("$.Names.CheckpointUri"),
                 hyperparameters=Runtime("$.HyperParameters"),
                 keep_alive_seconds=Runtime(f"$.{INPUT_KEEP_ALIVE}"),
                 **deployment,
@@ -329,6 +355,7 @@ def requests_for(recipe: Recipe, team: str | None) -> Iterator[tuple[str, dict[s
                     recipe,
                     team,
                     job_name=name,
+                    **run_values,
                     hyperparameters=to_hyperparameters(recipe),
                     keep_alive_seconds=keep_alive,
                     **deployment,

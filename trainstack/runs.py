@@ -105,7 +105,10 @@ def job_from_description(desc: dict[str, Any]) -> Job:
         started=_as_datetime(desc.get("TrainingStartTime")),
         ended=_as_datetime(desc.get("TrainingEndTime")),
         failure_reason=desc.get("FailureReason"),
-        checkpoint_uri=(desc.get("CheckpointConfig") or {}).get("S3Uri"),
+        # The run's prefix, which every job of a run writes directly (trainstack.request.environment);
+        # CheckpointConfig for jobs launched before runs had one.
+        checkpoint_uri=(desc.get("Environment") or {}).get("TRAINSTACK_CHECKPOINT_URI")
+        or (desc.get("CheckpointConfig") or {}).get("S3Uri"),
         instance_type=resources.get("InstanceType"),
         instance_count=int(resources.get("InstanceCount") or 1),
         steps_target=steps,
@@ -114,18 +117,24 @@ def job_from_description(desc: dict[str, Any]) -> Job:
 
 
 def find_jobs(sagemaker: Any, prefix: str, limit: int = 3) -> list[Job]:
-    """The newest `limit` training jobs of a recipe, newest first (described in full)."""
-    names: list[str] = []
+    """The newest `limit` training jobs of a recipe, newest first (described in full).
+
+    Every matching summary is read and sorted by CreationTime before the list is cut: the service sorts
+    too (SortBy/SortOrder), but an emulator that ignores SortOrder must not make `status --runs 1` show
+    the oldest job.
+    """
+    summaries: list[dict[str, Any]] = []
     paginator = sagemaker.get_paginator("list_training_jobs")
     pages = paginator.paginate(NameContains=prefix, SortBy="CreationTime", SortOrder="Descending")
     for page in pages:
-        for summary in page.get("TrainingJobSummaries", []):
-            if is_recipe_job(summary["TrainingJobName"], prefix):
-                names.append(summary["TrainingJobName"])
-        if len(names) >= limit:
-            break
-    jobs = [job_from_description(sagemaker.describe_training_job(TrainingJobName=n)) for n in names[:limit]]
-    # The API sorts already; sorting again keeps the order right for emulators that do not.
+        summaries.extend(
+            s for s in page.get("TrainingJobSummaries", []) if is_recipe_job(s["TrainingJobName"], prefix)
+        )
+    summaries.sort(
+        key=lambda s: _as_datetime(s.get("CreationTime")) or datetime.min.replace(tzinfo=UTC), reverse=True
+    )
+    names = [s["TrainingJobName"] for s in summaries[:limit]]
+    jobs = [job_from_description(sagemaker.describe_training_job(TrainingJobName=n)) for n in names]
     return sorted(jobs, key=lambda j: j.created, reverse=True)
 
 

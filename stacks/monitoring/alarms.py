@@ -1,12 +1,14 @@
-"""Alarms of a deployment: the per-run alarm manager and the alarms on the launcher itself."""
+"""Alarms of a deployment: the per-run alarm manager and the alarms on the run supervisor itself."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from aws_cdk import Duration
 from aws_cdk import aws_cloudwatch as cw
 from aws_cdk import aws_cloudwatch_actions as cw_actions
+from aws_cdk import aws_events as events
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_sns as sns
 from aws_cdk import aws_stepfunctions as sfn
@@ -19,8 +21,21 @@ if TYPE_CHECKING:
     from trainstack.planner import Plan
 
 
+def summed(metrics: dict[str, cw.IMetric], period: Duration) -> cw.IMetric:
+    """One metric that is the sum of several (so one alarm covers every state machine)."""
+    if len(metrics) == 1:
+        return next(iter(metrics.values()))
+    return cw.MathExpression(expression=" + ".join(metrics), using_metrics=metrics, period=period)
+
+
 class Alarms(Construct):
-    """Per-run alarms (through RunAlarms) and the alarms that exist for the deployment as a whole."""
+    """Per-run alarms (through RunAlarms) and the alarms that exist for the deployment as a whole.
+
+    The supervisor's executions are short, so "the launcher failed" means a start or a decision failed
+    (a job could not be created, a job's end could not be recorded): a run may be left without its next
+    job. Events that EventBridge could not deliver to the supervisor (FailedInvocations of its rule,
+    after its retries) leave a run unsupervised just the same.
+    """
 
     def __init__(
         self,
@@ -30,9 +45,10 @@ class Alarms(Construct):
         recipe: Recipe,
         team: str | None,
         plan: Plan,
-        state_machine: sfn.IStateMachine,
+        state_machines: Sequence[sfn.IStateMachine],
         topic: sns.ITopic,
         key: kms.IKey,
+        job_rule: events.IRule | None = None,
     ) -> None:
         super().__init__(scope, id)
         self.run_alarms = RunAlarms(self, "Run", recipe=recipe, team=team, plan=plan, topic=topic, key=key)
@@ -56,15 +72,41 @@ class Alarms(Construct):
 
         self.execution_failed = alarm(
             "ExecutionFailed",
-            state_machine.metric_failed(period=five, statistic="Sum"),
-            f"The {recipe.name} launcher state machine failed "
-            "(capacity retries exhausted or the job failed).",
+            summed(
+                {
+                    f"failed{i}": m.metric_failed(period=five, statistic="Sum")
+                    for i, m in enumerate(state_machines)
+                },
+                five,
+            ),
+            f"A {recipe.name} run supervisor execution failed (a job was not created, or the end of a "
+            "job was not decided): a run may be left without its next job.",
         )
         self.execution_timed_out = alarm(
             "ExecutionTimedOut",
-            state_machine.metric_timed_out(period=five, statistic="Sum"),
-            f"The {recipe.name} launcher state machine timed out.",
+            summed(
+                {
+                    f"timedOut{i}": m.metric_timed_out(period=five, statistic="Sum")
+                    for i, m in enumerate(state_machines)
+                },
+                five,
+            ),
+            f"A {recipe.name} run supervisor execution timed out.",
         )
+        self.undelivered: cw.Alarm | None = None
+        if job_rule is not None:
+            self.undelivered = alarm(
+                "JobEventsUndelivered",
+                cw.Metric(
+                    namespace="AWS/Events",
+                    metric_name="FailedInvocations",
+                    dimensions_map={"RuleName": job_rule.rule_name},
+                    statistic="Sum",
+                    period=five,
+                ),
+                f"EventBridge could not start the {recipe.name} run supervisor for a job that ended: "
+                "a run is unsupervised (trainstack runs shows it; trainstack stop and resume recover it).",
+            )
         manager = self.run_alarms.state_machine
         self.alarm_manager_failed = alarm(
             "AlarmManagerFailed",
@@ -81,4 +123,5 @@ class Alarms(Construct):
 
     @property
     def static(self) -> list[cw.AlarmBase]:
-        return [self.execution_failed, self.execution_timed_out, self.alarm_manager_failed]
+        found = [self.execution_failed, self.execution_timed_out, self.alarm_manager_failed]
+        return found + ([self.undelivered] if self.undelivered is not None else [])

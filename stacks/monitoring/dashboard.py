@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from aws_cdk import Duration
@@ -32,7 +32,7 @@ class Dashboard(Construct):
         recipe: Recipe,
         team: str | None,
         plan: Plan,
-        state_machine: sfn.IStateMachine,
+        state_machines: Mapping[str, sfn.IStateMachine],
         alarms: Sequence[cw.AlarmBase],
         run_alarm_specs: Sequence[AlarmSpec] = (),
     ) -> None:
@@ -81,7 +81,9 @@ class Dashboard(Construct):
             f"{recipe.model.total_params / 1e9:.1f}B parameters, {recipe.precision.dtype}"
             f"{f' ({recipe.precision.fp8_recipe})' if recipe.precision.fp8_recipe else ''}, "
             f"{recipe.compute.instance_count} x {recipe.compute.instance_type} ({recipe.world_size} GPUs), "
-            f"{recipe.training.steps:,} steps. Jobs `{prefix}*`.\n\n"
+            f"{recipe.training.steps:,} steps. Runs `{prefix}<run id>`, each trained by jobs "
+            f"`<run>-1`, `<run>-2`, ... that resume from the run's checkpoints; one line per job below "
+            f"(`trainstack runs {recipe.name}{f' --team {team}' if team else ''}` lists the runs).\n\n"
             f"Plan: {plan.throughput.tokens_per_sec_per_gpu:,.0f} tokens/s per GPU, "
             f"MFU {plan.throughput.mfu:.1%}, "
             f"step {plan.throughput.step_time_s:.2f} s, peak memory {plan.memory.peak_gib:.0f} of "
@@ -169,15 +171,17 @@ class Dashboard(Construct):
                     ],
                 ),
                 cw.GraphWidget(
-                    title="Launcher state machine executions",
+                    title="Run supervisor executions (jobs started, job ends decided)",
                     width=16,
                     height=6,
                     left=[
-                        state_machine.metric_started(statistic="Sum", label="started"),
-                        state_machine.metric_succeeded(statistic="Sum", label="succeeded"),
-                        state_machine.metric_failed(statistic="Sum", label="failed"),
-                        state_machine.metric_timed_out(statistic="Sum", label="timed out"),
-                        state_machine.metric_aborted(statistic="Sum", label="aborted"),
+                        metric
+                        for label, machine in state_machines.items()
+                        for metric in (
+                            machine.metric_started(statistic="Sum", label=f"{label} started"),
+                            machine.metric_failed(statistic="Sum", label=f"{label} failed"),
+                            machine.metric_timed_out(statistic="Sum", label=f"{label} timed out"),
+                        )
                     ],
                 ),
             ],

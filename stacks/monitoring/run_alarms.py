@@ -17,7 +17,8 @@ from constructs import Construct
 
 from stacks import nag
 from stacks.monitoring.patterns import as_event_pattern, run_state_pattern
-from stacks.state_machine import logged_state_machine
+from stacks.retries import TRANSIENT, TRANSIENT_ERRORS
+from stacks.state_machine import logged_state_machine, service_role
 from trainstack.metrics import FIELD_BY_KEY
 from trainstack.naming import job_name_prefix
 from trainstack.recipe import Recipe
@@ -182,6 +183,19 @@ def run_alarm_specs(recipe: Recipe, plan: Plan) -> tuple[AlarmSpec, ...]:
     )
 
 
+def retried(task: tasks.CallAwsService) -> tasks.CallAwsService:
+    """The task, retrying CloudWatch throttling and server faults (stacks/retries.py), inside the Map too."""
+    task.add_retry(
+        errors=list(TRANSIENT_ERRORS["aws-sdk:cloudwatch"]),
+        interval=Duration.seconds(TRANSIENT.interval_seconds),
+        backoff_rate=TRANSIENT.backoff_rate,
+        max_attempts=TRANSIENT.max_attempts,
+        max_delay=Duration.seconds(TRANSIENT.max_delay_seconds or 0),
+        jitter_strategy=sfn.JitterType.FULL,
+    )
+    return task
+
+
 class RunAlarms(Construct):
     """The state machine that puts a run's alarms when it starts training and deletes them at its end."""
 
@@ -234,25 +248,29 @@ class RunAlarms(Construct):
                 dimension = {"Name": JOB_DIMENSION, "Value": sfn.JsonPath.string_at(job_path)}
             concrete = spec.request("JOB", topic.topic_arn, 1)
             parameters = {**concrete, "AlarmName": name, "Dimensions": [dimension]}
-            return tasks.CallAwsService(
-                self,
-                f"Put{spec.name}",
-                service="cloudwatch",
-                action="putMetricAlarm",
-                iam_resources=alarm_arns,
-                parameters=parameters,
-                result_path=sfn.JsonPath.DISCARD,
+            return retried(
+                tasks.CallAwsService(
+                    self,
+                    f"Put{spec.name}",
+                    service="cloudwatch",
+                    action="putMetricAlarm",
+                    iam_resources=alarm_arns,
+                    parameters=parameters,
+                    result_path=sfn.JsonPath.DISCARD,
+                )
             )
 
         def delete(id_: str, names: Any) -> tasks.CallAwsService:
-            task = tasks.CallAwsService(
-                self,
-                id_,
-                service="cloudwatch",
-                action="deleteAlarms",
-                iam_resources=alarm_arns,
-                parameters={"AlarmNames": names},
-                result_path=sfn.JsonPath.DISCARD,
+            task = retried(
+                tasks.CallAwsService(
+                    self,
+                    id_,
+                    service="cloudwatch",
+                    action="deleteAlarms",
+                    iam_resources=alarm_arns,
+                    parameters={"AlarmNames": names},
+                    result_path=sfn.JsonPath.DISCARD,
+                )
             )
             # A job that ended before it trained never had alarms.
             task.add_catch(sfn.Pass(self, f"{id_}None"), errors=["CloudWatch.ResourceNotFoundException"])
@@ -340,10 +358,17 @@ class RunAlarms(Construct):
             description=f"Put and delete the alarms of {prefix}* training jobs",
             event_pattern=as_event_pattern(self.pattern),
         )
-        self.rule.add_target(targets.SfnStateMachine(self.state_machine))
-        nag.acknowledge(self.state_machine, "AwsSolutions-IAM5:unscoped-actions", ["Resource::*"])
+        self.rule.add_target(
+            targets.SfnStateMachine(
+                self.state_machine,
+                role=service_role(
+                    self, "EventsRole", "events.amazonaws.com", "start alarm manager executions"
+                ),
+            )
+        )
+        nag.acknowledge(self.state_machine.role, "AwsSolutions-IAM5:unscoped-actions", ["Resource::*"])
         nag.acknowledge(
-            self.state_machine,
+            self.state_machine.role,
             "AwsSolutions-IAM5:run-alarms",
             [nag.arn_finding(self, "cloudwatch", f"alarm:{prefix}*")],
         )

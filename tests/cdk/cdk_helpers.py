@@ -48,15 +48,16 @@ def flatten_join(value: Any) -> str:
     return "${" + json.dumps(value, sort_keys=True).replace('"', "'") + "}"
 
 
-def launcher_state_machine(template: dict[str, Any]) -> dict[str, Any]:
+def launcher_state_machine(template: dict[str, Any], which: str = "StartJob") -> dict[str, Any]:
+    """The run supervisor's StartJob (or JobEnded) state machine resource."""
     (machine,) = [
         r
         for k, r in resources(template, "AWS::StepFunctions::StateMachine").items()
-        if k.startswith("LauncherStateMachine")
+        if k.startswith(f"Supervisor{which}") and not k.startswith(f"Supervisor{which}Role")
     ]
     return machine
 
 
-def state_machine_definition(template: dict[str, Any]) -> dict[str, Any]:
-    machine = launcher_state_machine(template)
+def state_machine_definition(template: dict[str, Any], which: str = "StartJob") -> dict[str, Any]:
+    machine = launcher_state_machine(template, which)
     return json.loads(flatten_join(machine["Properties"]["DefinitionString"]))

@@ -73,7 +73,7 @@ def test_launch_wait_shows_progress_then_the_job(monkeypatch, capsys) -> None:
     monkeypatch.setattr(launch.time, "sleep", lambda s: None)
     launch._wait_for_job(_FakeClients(job_after=2), "arn:execution", "ts-x--abc-r1", timeout_s=60)
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].startswith("  ... launcher execution RUNNING, no training job yet (")
+    assert lines[0].startswith("  ... supervisor execution RUNNING, no training job yet (")
     assert lines[-1] == "training job ts-x--abc-r1: InProgress"
 
 
@@ -90,3 +90,90 @@ def test_launch_wait_that_runs_out_says_the_run_started_and_exits_1(monkeypatch,
         launch._wait_for_job(_FakeClients(), "arn:execution", "ts-x--abc-r1", timeout_s=0.2)
     assert caught.value.exit_code == 1
     assert "no training job yet" in capsys.readouterr().out
+
+
+def test_launch_wait_says_so_when_the_supervisor_started_no_job(monkeypatch) -> None:
+    """An execution that ended without creating the job (the run changed meanwhile) is an error, not a
+    two-minute wait."""
+    import pytest
+
+    from trainstack.commands import launch
+    from trainstack.errors import TrainstackError
+
+    monkeypatch.setattr(launch.time, "sleep", lambda s: None)
+    with pytest.raises(TrainstackError, match="^the supervisor started no job ts-x--abc-r1-1") as caught:
+        launch._wait_for_job(
+            _FakeClients(status="SUCCEEDED"), "arn:execution", "ts-x--abc-r1-1", timeout_s=60
+        )
+    assert caught.value.exit_code == 2
+
+
+def clean_env() -> dict[str, str]:
+    """No AWS at all: no endpoint, no region, no credentials, no profile."""
+    drop = ("AWS_ENDPOINT_URL", "AWS_REGION", "AWS_DEFAULT_REGION", "AWS_PROFILE", "AWS_ACCESS_KEY_ID")
+    return {
+        **{k: v for k, v in os.environ.items() if k not in drop},
+        "AWS_CONFIG_FILE": os.devnull,
+        "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
+        "AWS_EC2_METADATA_DISABLED": "true",
+    }
+
+
+def test_dry_run_prints_the_full_request_without_aws_with_marked_placeholders(tmp_path: Path) -> None:
+    import json
+
+    from trainstack.request import create_training_job_request
+
+    result = subprocess.run(
+        [TRAINSTACK, "launch", "30b-fp8", "--dry-run", "--json", "--name", "try-1"],
+        cwd=Path(__file__).resolve().parents[2],
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    printed = json.loads(result.stdout)
+    assert set(printed) == {"request", "placeholders"}
+    assert printed["placeholders"] == ["bucket_name", "image_uri", "kms_key_arn", "role_arn"]
+    body = printed["request"]
+    assert body["TrainingJobName"] == "ts-platform-30b-fp8--try-1-1"
+    assert body["RoleArn"].startswith("<placeholder: the execution role ARN of Trainstack-platform-30b-fp8")
+    assert body["Environment"]["TRAINSTACK_RUN"] == "ts-platform-30b-fp8--try-1"
+    uri = body["Environment"]["TRAINSTACK_CHECKPOINT_URI"]
+    assert uri.startswith("s3://<placeholder: ") and uri.endswith("/checkpoints/platform/30b-fp8/try-1/")
+    recipe = resolve("30b-fp8").recipe
+    assert body == create_training_job_request(
+        recipe,
+        None,
+        job_name=body["TrainingJobName"],
+        run="ts-platform-30b-fp8--try-1",
+        checkpoint_uri=uri,
+        role_arn=body["RoleArn"],
+        image_uri=body["AlgorithmSpecification"]["TrainingImage"],
+        bucket_name=uri.removeprefix("s3://").split("/checkpoints/")[0],
+        kms_key_arn=body["OutputDataConfig"]["KmsKeyId"],
+    )
+    (note,) = result.stderr.strip().splitlines()
+    assert note.startswith("note: bucket_name, image_uri, kms_key_arn, role_arn are placeholders")
+
+
+def test_bad_input_to_launch_is_one_line_and_exit_2_before_any_aws(tmp_path: Path) -> None:
+    zero = tmp_path / "zero-jobs.yaml"
+    zero.write_text("extends: 1b-bf16\nname: zero-jobs\ncompute:\n  max_jobs: 0\n")
+    root = Path(__file__).resolve().parents[2]
+    for args, expected in (
+        ([str(zero)], "error: zero-jobs.yaml: compute.max_jobs: Input should be greater than or equal to 1"),
+        (["1b-bf16", "--name", "Bad_Name"], "error: --name: invalid run name 'Bad_Name': a run name is 1-16"),
+    ):
+        result = subprocess.run(
+            [TRAINSTACK, "launch", *args, "--local", "--recipes-dir", str(root / "recipes")],
+            cwd=tmp_path,  # no emulator recorded here: an AWS call would fail differently
+            env=clean_env(),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert result.returncode == 2, result.stderr
+        (line,) = result.stderr.strip().splitlines()
+        assert line.startswith(expected), line

@@ -11,10 +11,12 @@ from trainstack.planner import plan
 from trainstack.recipe import Recipe, from_hyperparameters, to_hyperparameters
 from trainstack.request import (
     Runtime,
+    checkpoint_uri,
     create_training_job_request,
     execution_input,
     hyperparameter_overrides,
     job_name,
+    last_job,
 )
 from trainstack.request_check import check_request
 
@@ -31,6 +33,16 @@ def recipe(name: str = "30b-fp8", team: str | None = None, *overrides: str) -> R
     return resolve(name, team, overrides).recipe
 
 
+def job_args(r: Recipe, team: str | None = None, run_id: str = "abc-r1", index: int = 1) -> dict:
+    """The per-job values: job `index` of run `run_id`, and the run's checkpoint URI."""
+    run = naming.run_name(r, team, run_id)
+    return dict(
+        job_name=naming.job_of_run(run, index),
+        run=run,
+        checkpoint_uri=checkpoint_uri(ARGS["bucket_name"], r, team, run_id),
+    )
+
+
 def validate_api(request: dict) -> None:
     """The request as SageMaker checks it: botocore's model (names, types, lengths, patterns, enums, ranges)
     and the documented cross-field rules (trainstack.request_check)."""
@@ -40,7 +52,9 @@ def validate_api(request: dict) -> None:
 @pytest.mark.parametrize(("name", "team"), ALL)
 def test_every_recipe_gives_a_valid_api_request_carrying_the_recipe(name: str, team: str | None) -> None:
     r = recipe(name, team)
-    request = create_training_job_request(r, team, job_name=job_name(r, team, "r1"), **ARGS)
+    request = create_training_job_request(
+        r, team, **job_args(r, team, naming.default_run_id(r, "r1")), **ARGS
+    )
     validate_api(request)
     assert request["ResourceConfig"]["InstanceType"] == r.compute.instance_type
     assert request["ResourceConfig"]["InstanceCount"] == r.compute.instance_count
@@ -53,26 +67,37 @@ def test_every_recipe_gives_a_valid_api_request_carrying_the_recipe(name: str, t
     assert len(request["TrainingJobName"]) <= 63
 
 
-def test_checkpoints_go_to_the_team_recipe_prefix_under_the_job_name() -> None:
+def test_every_job_of_a_run_gets_the_runs_checkpoint_prefix_and_no_checkpoint_config() -> None:
     r = recipe()
-    name = job_name(r, None, "r1")
-    request = create_training_job_request(r, None, job_name=name, **ARGS)
-    assert request["CheckpointConfig"] == {
-        "LocalPath": "/opt/ml/checkpoints",
-        "S3Uri": f"s3://ckpt-bucket/{naming.checkpoint_prefix(r, None)}/{name}",
-    }
-    assert request["CheckpointConfig"]["S3Uri"].startswith("s3://ckpt-bucket/checkpoints/platform/30b-fp8/")
-    assert request["OutputDataConfig"] == {
+    requests = [
+        create_training_job_request(r, None, **job_args(r, None, "lr-1", i), **ARGS) for i in (1, 2, 3)
+    ]
+    uris = {req["Environment"]["TRAINSTACK_CHECKPOINT_URI"] for req in requests}
+    assert uris == {"s3://ckpt-bucket/checkpoints/platform/30b-fp8/lr-1/"}
+    assert [req["TrainingJobName"] for req in requests] == [
+        f"ts-platform-30b-fp8--lr-1-{i}" for i in (1, 2, 3)
+    ]
+    for req in requests:
+        # SageMaker's sync would restore every kept checkpoint onto every node: the trainer writes S3 itself.
+        assert "CheckpointConfig" not in req
+        assert req["Environment"]["TRAINSTACK_RUN"] == "ts-platform-30b-fp8--lr-1"
+        assert {"Key": "run", "Value": "ts-platform-30b-fp8--lr-1"} in req["Tags"]
+    assert requests[0]["OutputDataConfig"] == {
         "S3OutputPath": "s3://ckpt-bucket/output/platform/30b-fp8",
         "KmsKeyId": ARGS["kms_key_arn"],
     }
     # ml.p6-b200.48xlarge has local NVMe, which its hardware module encrypts: SageMaker refuses a volume key.
-    assert "VolumeKmsKeyId" not in request["ResourceConfig"]
+    assert all("VolumeKmsKeyId" not in q["ResourceConfig"] for q in requests)
+    lone = create_training_job_request(r, None, job_name="ts-platform-30b-fp8--x-1", **ARGS)
+    assert (
+        "TRAINSTACK_RUN" not in lone["Environment"] and "TRAINSTACK_CHECKPOINT_URI" not in lone["Environment"]
+    )
+    assert "run" not in {t["Key"] for t in lone["Tags"]}
 
 
 def test_metrics_retries_infra_checks_environment_and_tags() -> None:
     r = recipe()
-    request = create_training_job_request(r, "nlp", job_name="j", **ARGS)
+    request = create_training_job_request(r, "nlp", **job_args(r, "nlp"), **ARGS)
     assert request["AlgorithmSpecification"]["MetricDefinitions"] == metric_definitions()
     assert request["RetryStrategy"] == {"MaximumRetryAttempts": r.compute.max_retry_attempts}
     assert request["InfraCheckConfig"] == {"EnableInfraCheck": True}
@@ -91,7 +116,7 @@ def test_metrics_retries_infra_checks_environment_and_tags() -> None:
 
 
 def test_fp8_recipes_carry_fp8_hyperparameters() -> None:
-    hp = create_training_job_request(recipe("30b-fp8"), None, job_name="j", **ARGS)["HyperParameters"]
+    hp = create_training_job_request(recipe("30b-fp8"), None, **job_args(recipe()), **ARGS)["HyperParameters"]
     assert hp["precision.dtype"] == '"fp8"' and hp["precision.fp8_recipe"] == '"mxfp8"'
 
 
@@ -104,14 +129,13 @@ def test_spot_sets_max_wait_and_a_training_plan_its_arn() -> None:
         "compute.max_wait_hours=100",
         f"compute.training_plan_arn={plan_arn}",
     )
-    request = create_training_job_request(r, None, job_name="j", **ARGS)
+    request = create_training_job_request(r, None, **job_args(r), **ARGS)
     validate_api(request)
     assert request["EnableManagedSpotTraining"] is True
     assert request["StoppingCondition"]["MaxWaitTimeInSeconds"] == 100 * 3600
     assert request["ResourceConfig"]["TrainingPlanArn"] == plan_arn
-    default_wait = create_training_job_request(
-        recipe("30b-fp8", None, "compute.spot=true"), None, job_name="j", **ARGS
-    )["StoppingCondition"]
+    spot = recipe("30b-fp8", None, "compute.spot=true")
+    default_wait = create_training_job_request(spot, None, **job_args(spot), **ARGS)["StoppingCondition"]
     assert default_wait["MaxWaitTimeInSeconds"] >= default_wait["MaxRuntimeInSeconds"]
 
 
@@ -120,7 +144,7 @@ def test_data_channel_and_vpc_mode() -> None:
     request = create_training_job_request(
         r,
         None,
-        job_name="j",
+        **job_args(r),
         subnet_ids=["subnet-1", "subnet-2"],
         security_group_ids=["sg-1"],
         network_isolation=True,
@@ -142,17 +166,19 @@ def test_runtime_values_become_step_functions_paths() -> None:
     request = create_training_job_request(
         r,
         None,
-        job_name=Runtime("$.JobName"),
+        job_name=Runtime("$.Names.JobName"),
+        run=Runtime("$.Run"),
+        checkpoint_uri=Runtime("$.Names.CheckpointUri"),
         hyperparameters=Runtime("States.JsonMerge($.a, $.b, false)"),
         keep_alive_seconds=Runtime("$.KeepAlivePeriodInSeconds"),
         **ARGS,
     )
-    assert request["TrainingJobName.$"] == "$.JobName" and "TrainingJobName" not in request
+    assert request["TrainingJobName.$"] == "$.Names.JobName" and "TrainingJobName" not in request
     assert request["HyperParameters.$"] == "States.JsonMerge($.a, $.b, false)"
     assert request["ResourceConfig"]["KeepAlivePeriodInSeconds.$"] == "$.KeepAlivePeriodInSeconds"
-    assert request["CheckpointConfig"]["S3Uri.$"] == (
-        "States.Format('s3://ckpt-bucket/checkpoints/platform/30b-fp8/{}', $.JobName)"
-    )
+    assert request["Environment"]["TRAINSTACK_CHECKPOINT_URI.$"] == "$.Names.CheckpointUri"
+    assert request["Environment"]["TRAINSTACK_RUN.$"] == "$.Run"
+    assert {"Key": "run", "Value.$": "$.Run"} in request["Tags"]
 
 
 def test_a_short_run_overrides_only_the_steps_and_gets_its_own_hash() -> None:
@@ -162,11 +188,24 @@ def test_a_short_run_overrides_only_the_steps_and_gets_its_own_hash() -> None:
     assert job_name(short, None, "t1") != job_name(base, None, "t1")
     merged = {**to_hyperparameters(base), **hyperparameter_overrides(base, short)}
     assert from_hyperparameters(merged) == short
-    assert execution_input("j", {"training.steps": "50"}, 1800) == {
-        "JobName": "j",
+    assert execution_input("ts-x--r", "r", 1, 20, 50, {"training.steps": "50"}, 1800) == {
+        "Run": "ts-x--r",
+        "RunId": "r",
+        "Job": 1,
+        "LastJob": 20,
         "HyperParameterOverrides": {"training.steps": "50"},
         "KeepAlivePeriodInSeconds": 1800,
+        "Steps": 50,
+        "Reason": "launch",
     }
+
+
+def test_a_launch_or_resume_may_reach_max_jobs_more_jobs_within_the_two_digit_index() -> None:
+    assert last_job(1, 20) == 20 and last_job(5, 20) == 24 and last_job(90, 20) == 99
+    with pytest.raises(ValueError, match="last job"):
+        execution_input("ts-x--r", "r", 100, 100, 1)
+    with pytest.raises(ValueError, match="reason"):
+        execution_input("ts-x--r", "r", 1, 20, 1, reason="again")
 
 
 @pytest.mark.parametrize("suffix", ["", "x" * 8, "x" * 11, "bad_suffix", "a.b"])

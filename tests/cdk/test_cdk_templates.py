@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from cdk_helpers import ENV, flatten_join, launcher_state_machine, resources, state_machine_definition, synth
+from cdk_helpers import ENV, flatten_join, resources, state_machine_definition, synth
 
 from trainstack import naming
 from trainstack.config import load
@@ -73,64 +73,74 @@ def test_cfn_lint_reports_nothing_on_any_template(all_outdir: Path) -> None:
 def test_state_machine_request_matches_the_recipe(all_templates: dict, name: str, team: str | None) -> None:
     recipe = resolve(name, team).recipe
     _, launcher = names(name, team)
-    definition = state_machine_definition(all_templates[launcher])
-    create = definition["States"]["CreateTrainingJob"]
-    assert create["Resource"] == "arn:aws:states:::aws-sdk:sagemaker:createTrainingJob"
-    request = create["Parameters"]
-    assert request["ResourceConfig"]["InstanceType"] == recipe.compute.instance_type
-    assert request["ResourceConfig"]["InstanceCount"] == recipe.compute.instance_count
-    assert request["ResourceConfig"]["KeepAlivePeriodInSeconds.$"] == "$.KeepAlivePeriodInSeconds"
-    assert request["TrainingJobName.$"] == "$.Attempt.JobName"
-    ckpt = request["CheckpointConfig"]["S3Uri.$"]
-    assert ckpt.startswith("States.Format('s3://${") and ckpt.endswith(
-        f"/{naming.checkpoint_prefix(recipe, team)}/{{}}', $.JobName)"
-    )
-    assert "BucketName" in ckpt  # the imported checkpoint bucket's name
-    assert request["AlgorithmSpecification"]["MetricDefinitions"] == metric_definitions()
-    assert (
-        request["HyperParameters.$"]
-        == "States.JsonMerge($.Recipe.HyperParameters, $.HyperParameterOverrides, false)"
-    )
-    hyper = definition["States"]["LoadRecipe"]["Result"]["HyperParameters"]
-    assert hyper == to_hyperparameters(recipe)
-    if recipe.precision.dtype == "fp8":
-        assert hyper["precision.dtype"] == '"fp8"' and json.loads(hyper["precision.fp8_recipe"])
-    assert request["RetryStrategy"]["MaximumRetryAttempts"] == recipe.compute.max_retry_attempts
-    assert request["Environment"]["FI_EFA_USE_HUGE_PAGE"] == "0"
-    retry = create["Retry"][0]
-    assert "SageMaker.ResourceLimitExceededException" in retry["ErrorEquals"]
-    assert create["Catch"][0]["ErrorEquals"] == ["SageMaker.ResourceInUseException"]
-    assert definition["States"]["DescribeTrainingJob"]["ResultSelector"] == {
-        "Status.$": "$.TrainingJobStatus",
-        "SecondaryStatus.$": "$.SecondaryStatus",
-    }
+    for which in ("StartJob", "JobEnded"):  # JobEnded starts the run's next job with the same states
+        definition = state_machine_definition(all_templates[launcher], which)
+        create = definition["States"]["CreateTrainingJob"]
+        assert create["Resource"] == "arn:aws:states:::aws-sdk:sagemaker:createTrainingJob"
+        request = create["Parameters"]
+        assert request["ResourceConfig"]["InstanceType"] == recipe.compute.instance_type
+        assert request["ResourceConfig"]["InstanceCount"] == recipe.compute.instance_count
+        assert request["ResourceConfig"]["KeepAlivePeriodInSeconds.$"] == "$.KeepAlivePeriodInSeconds"
+        assert request["TrainingJobName.$"] == "$.Names.JobName"
+        assert "CheckpointConfig" not in request
+        environment = request["Environment"]
+        assert environment["TRAINSTACK_RUN.$"] == "$.Run"
+        assert environment["TRAINSTACK_CHECKPOINT_URI.$"] == "$.Names.CheckpointUri"
+        # Every job of a run: s3://<bucket>/checkpoints/<team>/<recipe>/<run id>/.
+        uri = definition["States"]["Names"]["Parameters"]["CheckpointUri.$"]
+        assert uri.startswith("States.Format('s3://${") and uri.endswith(
+            f"/{naming.checkpoint_prefix(recipe, team)}/{{}}/', $.RunId)"
+        )
+        assert "BucketName" in uri  # the imported checkpoint bucket's name
+        assert request["AlgorithmSpecification"]["MetricDefinitions"] == metric_definitions()
+        assert (
+            request["HyperParameters.$"]
+            == "States.JsonMerge($.Recipe.HyperParameters, $.HyperParameterOverrides, false)"
+        )
+        hyper = definition["States"]["LoadRecipe"]["Result"]["HyperParameters"]
+        assert hyper == to_hyperparameters(recipe)
+        if recipe.precision.dtype == "fp8":
+            assert hyper["precision.dtype"] == '"fp8"' and json.loads(hyper["precision.fp8_recipe"])
+        assert request["RetryStrategy"]["MaximumRetryAttempts"] == recipe.compute.max_retry_attempts
+        assert environment["FI_EFA_USE_HUGE_PAGE"] == "0"
+        assert {e for r in create["Retry"] for e in r["ErrorEquals"]} >= {
+            "SageMaker.ResourceLimitExceededException",
+            "SageMaker.ThrottlingException",
+        }
+        assert create["Catch"][0]["ErrorEquals"] == ["SageMaker.ResourceInUseException"]
+        job_limit = definition["States"]["RegisterRun"]["Parameters"]["Item"]["max_jobs"]
+        assert job_limit == {"N": str(recipe.compute.max_jobs)}
 
 
-def test_capacity_failures_retry_under_a_new_name_sharing_the_checkpoints(all_templates: dict) -> None:
-    definition = state_machine_definition(all_templates["Trainstack-platform-30b-fp8-Launcher"])
-    states = definition["States"]
-    assert states["FirstAttempt"]["Parameters"] == {"JobName.$": "$.JobName", "Number": 1}
-    failed = next(c for c in states["Finished"]["Choices"] if c.get("StringEquals") == "Failed")
-    assert failed["Next"] == "ReadFailure"
-    assert states["ReadFailure"]["ResultSelector"] == {"FailureReason.$": "$.FailureReason"}
-    (retry,) = states["CapacityShortage"]["Choices"]
-    assert {"Variable": "$.Failure.FailureReason", "StringMatches": "*CapacityError*"} in retry["And"]
-    assert {"Variable": "$.Attempt.Number", "NumericLessThan": 4} in retry["And"]
-    assert states[retry["Next"]]["Type"] == "Wait" and states[retry["Next"]]["Next"] == "NextAttempt"
-    assert states["NextAttempt"]["Parameters"]["JobName.$"] == (
-        "States.Format('{}-c{}', $.JobName, States.MathAdd($.Attempt.Number, 1))"
-    )
-    assert states["NextAttempt"]["Next"] == "CreateTrainingJob"
-    assert states["CapacityShortage"]["Default"] == "TrainingFailed"
-    assert states["TrainingFailed"]["CausePath"] == "$.Failure.FailureReason"
+def test_the_supervisor_rule_starts_job_ended_on_this_recipes_job_ends(all_templates: dict) -> None:
+    from stacks.monitoring.patterns import job_state_pattern
+
+    for name, team in ALL:
+        template = all_templates[names(name, team)[1]]
+        rules = [
+            r["Properties"]
+            for k, r in resources(template, "AWS::Events::Rule").items()
+            if k.startswith("SupervisorJobStateChanged")
+        ]
+        (rule,) = rules
+        prefix = naming.job_name_prefix(resolve(name, team).recipe, team)
+        assert rule["EventPattern"] == job_state_pattern(prefix)
+        (target,) = rule["Targets"]
+        ended = [k for k in resources(template, "AWS::StepFunctions::StateMachine") if "JobEnded" in k]
+        assert target["Arn"] == {"Ref": ended[0]}
+        # EventBridge retries delivery for up to a day (its documented maximum: 185 attempts, 24 h).
+        assert target["RetryPolicy"] == {"MaximumRetryAttempts": 185, "MaximumEventAgeInSeconds": 86400}
 
 
 def test_state_machine_logs_all_and_traces(all_templates: dict) -> None:
     for name, template in all_templates.items():
         if name.endswith("-Launcher"):
-            props = launcher_state_machine(template)["Properties"]
-            assert props["LoggingConfiguration"]["Level"] == "ALL", name
-            assert props["TracingConfiguration"] == {"Enabled": True}, name
+            machines = resources(template, "AWS::StepFunctions::StateMachine").values()
+            assert len(machines) == 3, name  # StartJob, JobEnded, the alarm manager
+            for machine in machines:
+                props = machine["Properties"]
+                assert props["LoggingConfiguration"]["Level"] == "ALL", name
+                assert props["TracingConfiguration"] == {"Enabled": True}, name
 
 
 def test_stateful_resources_are_retained_and_encrypted(all_templates: dict) -> None:
@@ -141,8 +151,9 @@ def test_stateful_resources_are_retained_and_encrypted(all_templates: dict) -> N
             **resources(template, "AWS::S3::Bucket"),
             **resources(template, "AWS::KMS::Key"),
             **resources(template, "AWS::ECR::Repository"),
+            **resources(template, "AWS::DynamoDB::Table"),
         }
-        assert len(stateful) == 4, name  # checkpoints, access logs, key, repository
+        assert len(stateful) == 5, name  # checkpoints, access logs, key, repository, run registry
         for logical, resource in stateful.items():
             assert resource["DeletionPolicy"] == "Retain" and resource["UpdateReplacePolicy"] == "Retain", (
                 logical
@@ -175,6 +186,16 @@ def test_stateful_resources_are_retained_and_encrypted(all_templates: dict) -> N
             if s["Effect"] == "Deny" and s.get("Condition") == {"Bool": {"aws:SecureTransport": "false"}}
         ]
         assert len(ssl_only) == 2, name
+        (table,) = resources(template, "AWS::DynamoDB::Table").values()
+        props = table["Properties"]
+        assert props["SSESpecification"] == {
+            "KMSMasterKeyId": {"Fn::GetAtt": [key_id, "Arn"]},
+            "SSEEnabled": True,
+            "SSEType": "KMS",
+        }
+        assert props["PointInTimeRecoverySpecification"] == {"PointInTimeRecoveryEnabled": True}
+        assert props["DeletionProtectionEnabled"] is True and props["BillingMode"] == "PAY_PER_REQUEST"
+        assert props["KeySchema"] == [{"AttributeName": "run", "KeyType": "HASH"}]
         (repo,) = resources(template, "AWS::ECR::Repository").values()
         assert repo["Properties"]["ImageScanningConfiguration"] == {"ScanOnPush": True}
         assert repo["Properties"]["ImageTagMutability"] == "IMMUTABLE"
@@ -271,11 +292,19 @@ def test_launch_on_deploy_rule_starts_the_recipe_hash_run(tmp_path: Path, all_te
     }
     (target,) = rule["Properties"]["Targets"]
     recipe = resolve("1b-bf16", None, ["launch_on_deploy=true"]).recipe
+    run_id = f"{naming.recipe_hash(recipe)}-deploy"
     assert json.loads(target["Input"]) == {
-        "JobName": f"{naming.job_name_prefix(recipe, None)}{naming.recipe_hash(recipe)}-deploy",
+        "Run": f"{naming.job_name_prefix(recipe, None)}{run_id}",
+        "RunId": run_id,
+        "Job": 1,
+        "LastJob": recipe.compute.max_jobs,
         "HyperParameterOverrides": {},
         "KeepAlivePeriodInSeconds": recipe.compute.keep_alive_seconds,
+        "Steps": recipe.training.steps,
+        "Reason": "launch",
     }
+    starts = [k for k in resources(template, "AWS::StepFunctions::StateMachine") if "StartJob" in k]
+    assert target["Arn"] == {"Ref": starts[0]}
     # Without the flag (no base recipe sets it) there is no such rule.
     for name, other in all_templates.items():
         assert not [

@@ -27,20 +27,6 @@ pytestmark = pytest.mark.xdist_group("cdk-synth")
 POLICY_PROPERTIES = ("KeyPolicy", "PolicyDocument", "AssumeRolePolicyDocument")
 SOURCE_KEYS = {"aws:sourcearn", "aws:sourceaccount"}
 
-# Principals in files owned by the launcher/monitoring work (issue 10 item 3, the SNS-topic and
-# state-machine parts): listed here so this gate holds for everything else now. Each entry has a strict
-# xfail below, which turns red once its statement is fixed; then delete the entry.
-ELSEWHERE_UNCONDITIONED = {
-    # stacks/monitoring/notifications.py: the topic policy that targets.SnsTopic writes for EventBridge
-    ("MonitoringNotificationsTopicPolicy", "events.amazonaws.com"),
-    # stacks/monitoring/run_alarms: the role EventBridge assumes to start the alarm manager
-    ("MonitoringAlarmsRunAlarmManagerEventsRole", "events.amazonaws.com"),
-}
-# stacks/state_machine.py: kms:DescribeKey granted together with CreateGrant under a grant-only key.
-ELSEWHERE_CONDITION_FINDINGS = {
-    ("LauncherStateMachineRoleDefaultPolicy", "kms:DescribeKey", "kms:GrantIsForAWSResource")
-}
-
 
 @pytest.fixture(scope="module")
 def vpc_templates(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
@@ -104,37 +90,25 @@ def _documented_exception(type_: str, principal: str, statement: dict[str, Any])
     return False
 
 
-def _elsewhere(logical_id: str, principal: str) -> bool:
-    return any(logical_id.startswith(prefix) and principal == p for prefix, p in ELSEWHERE_UNCONDITIONED)
-
-
 def test_every_service_principal_is_bound_to_its_source(every_template: dict) -> None:
-    found = {f for f in unconditioned(every_template) if not _elsewhere(f[1], f[3])}
+    found = unconditioned(every_template)
     assert found == set(), "\n".join(map(str, sorted(found)))
 
 
-@pytest.mark.parametrize(("prefix", "principal"), sorted(ELSEWHERE_UNCONDITIONED))
-@pytest.mark.xfail(strict=True, reason="owned by the launcher/monitoring work; fixed there (issue 10 item 3)")
-def test_principals_owned_elsewhere_are_bound_to_their_source(
-    every_template: dict, prefix, principal
+def test_the_key_grants_eventbridge_nothing_since_the_supervisor_publishes_itself(
+    all_templates: dict,
 ) -> None:
-    assert not any(
-        logical_id.startswith(prefix) and p == principal
-        for _, logical_id, _, p in unconditioned(every_template)
-    )
-
-
-def test_the_key_lets_eventbridge_publish_without_a_source_condition(all_templates: dict) -> None:
-    """The documented exception is there, and stays without the condition that would stop delivery."""
+    """Notifications are published by the run supervisor's own role (it knows why a job ended), not by an
+    EventBridge rule, so the key needs no statement for events.amazonaws.com. Were one added (an
+    EventBridge-to-SNS rule), it would be the documented exception above: no source condition, or
+    delivery silently stops."""
     found = [
-        statement
-        for _, _, type_, statement in statements(all_templates)
+        (stack, statement)
+        for stack, _, type_, statement in statements(all_templates)
         if type_ == "AWS::KMS::Key" and "events.amazonaws.com" in service_principals(statement)
     ]
-    assert found
-    for statement in found:
-        assert not condition_keys(statement) & SOURCE_KEYS
-        assert set(statement["Action"]) <= {"kms:Decrypt", "kms:GenerateDataKey", "kms:GenerateDataKey*"}
+    assert found == []
+    assert _documented_exception("AWS::KMS::Key", "events.amazonaws.com", {"Condition": {}})
 
 
 def test_sagemaker_may_assume_the_execution_role_only_for_this_recipes_jobs(every_template: dict) -> None:
@@ -260,17 +234,5 @@ def test_no_grant_depends_on_a_condition_key_its_action_never_carries(every_temp
         (stack, logical_id, action, key)
         for stack, logical_id, _, statement in statements(every_template)
         for action, key in condition_findings(statement)
-        if not any(
-            logical_id.startswith(p) and (action, key) == (a, k) for p, a, k in ELSEWHERE_CONDITION_FINDINGS
-        )
     }
     assert found == set(), "\n".join(map(str, sorted(found)))
-
-
-@pytest.mark.parametrize(("prefix", "action", "key"), sorted(ELSEWHERE_CONDITION_FINDINGS))
-@pytest.mark.xfail(strict=True, reason="stacks/state_machine.py (launcher work, issue 10 item 3)")
-def test_condition_findings_owned_elsewhere(all_templates: dict, prefix, action, key) -> None:
-    assert not any(
-        logical_id.startswith(prefix) and (action, key) in condition_findings(statement)
-        for _, logical_id, _, statement in statements(all_templates)
-    )

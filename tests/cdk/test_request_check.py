@@ -71,8 +71,8 @@ def paths(findings: list[Finding]) -> set[str]:
 def test_every_recipe_team_and_option_gives_requests_sagemaker_accepts(name, team, option) -> None:
     r = recipe(name, team, *OPTIONS[option])
     made = dict(requests_for(r, team))
-    # The launcher's request (run-time values), and concrete ones: the longest name, with and without VPC.
-    assert any("launcher" in what and "VPC" in what for what in made)
+    # The supervisor's request (run-time values), and concrete ones: the longest name, with and without VPC.
+    assert any("supervisor" in what and "VPC" in what for what in made)
     longest = longest_job_name(r, team)
     assert any(body.get("TrainingJobName") == longest and "VpcConfig" in body for body in made.values())
     assert any(body.get("TrainingJobName.$") for body in made.values())
@@ -84,7 +84,7 @@ def test_the_recipes_request_passes_botocores_own_validator_too() -> None:
     r = recipe("30b-fp8")
     for _, body in requests_for(r, None):
         assert check_request(body) == []
-    launcher = next(body for what, body in requests_for(r, None) if "launcher" in what)
+    launcher = next(body for what, body in requests_for(r, None) if "supervisor" in what)
     assert "TrainingJobName" not in launcher and "TrainingJobName.$" in launcher
     broken = {k: v for k, v in launcher.items() if k not in ("TrainingJobName.$", "RoleArn")}
     assert any("RoleArn" in f.message or "TrainingJobName" in f.message for f in check_request(broken))
@@ -260,16 +260,16 @@ def test_a_training_plan_arn_must_be_one() -> None:
 # --- names, and what the user is told ----------------------------------------------------------
 
 
-def test_the_longest_name_the_launcher_makes_fits_and_the_check_follows_naming(monkeypatch) -> None:
+def test_the_longest_name_the_supervisor_makes_fits_and_the_check_follows_naming(monkeypatch) -> None:
     longest = recipe().model_copy(update={"name": "r" * RECIPE_NAME_MAX})
     team = "t" * TEAM_NAME_MAX
     name = longest_job_name(longest, team)
-    assert (
-        len(name) == len(naming.job_name_prefix(longest, team)) + naming.HASH_LEN + 1 + naming.JOB_SUFFIX_MAX
-    )
-    assert len(name) <= naming.JOB_NAME_MAX and check_recipe(longest, team) == []
-    # Were naming to allow a longer run suffix, the check would refuse the recipe before deploy.
-    monkeypatch.setattr(naming, "RUN_SUFFIX_MAX", naming.RUN_SUFFIX_MAX + 20)
+    # `<prefix><run id>-<job index>` with the longest run id and the 99th job: exactly SageMaker's 63.
+    assert len(name) == len(naming.job_name_prefix(longest, team)) + naming.RUN_ID_MAX + naming.JOB_SUFFIX_MAX
+    assert name.endswith(f"-{naming.JOB_INDEX_MAX}") and len(name) == naming.JOB_NAME_MAX
+    assert check_recipe(longest, team) == []
+    # Were the supervisor to name jobs past 63 characters, the check would refuse the recipe before deploy.
+    monkeypatch.setattr("trainstack.request_check.longest_job_name", lambda r, t: name + "-x")
     found = check_recipe(longest, team)
     assert {f.path for f in found} == {"TrainingJobName"} and {f.field for f in found} == {"name"}
 

@@ -1,9 +1,12 @@
 """End to end against the local AWS emulator: the real `npx cdk bootstrap` / `npx cdk deploy`, the real
-`trainstack launch`, a state machine execution the emulator interprets, and the training job it creates.
+`trainstack launch`, `runs`, `stop` and `resume`, state machine executions the emulator interprets, the
+training jobs they create, and SageMaker's state-change events delivered to the deployed rule.
 
 Two recipes and a team override; the request the execution sent must equal the pure function's output
-for the deployed values; a second deploy changes nothing; a changed recipe keeps the bucket, key and
-repository; launch_on_deploy starts the recipe-hash run from the deployed rule.
+for the deployed values; a second deploy changes nothing; a changed recipe keeps the bucket, key,
+repository and run registry; launch_on_deploy starts the recipe-hash run from the deployed rule; a run
+goes through three jobs (a max-runtime stop, a spot interruption, completion) under one checkpoint
+prefix; a failure the next job would repeat ends the run with its reason; a run is stopped and resumed.
 """
 
 from __future__ import annotations
@@ -20,11 +23,18 @@ from pathlib import Path
 import boto3
 import pytest
 
-from trainstack import naming
+from trainstack import emulator_events, naming
 from trainstack.aws import training_job_request_sent
 from trainstack.emulator import ACCOUNT, REGION, Emulator, deliver_stack_status
+from trainstack.exit_codes import failure_line
 from trainstack.loader import resolve
-from trainstack.request import WARM_POOL_SECONDS, create_training_job_request, job_name, stopping_condition
+from trainstack.request import (
+    WARM_POOL_SECONDS,
+    checkpoint_uri,
+    create_training_job_request,
+    job_name,
+    stopping_condition,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("emulator")]
 ROOT = Path(__file__).resolve().parents[2]
@@ -49,6 +59,7 @@ class Cloud:
         )
         self.cfn, self.sfn = boto3.client("cloudformation", **kw), boto3.client("stepfunctions", **kw)
         self.sagemaker = boto3.client("sagemaker", **kw)
+        self.events = boto3.client("events", **kw)
 
     def run(self, *cmd: str) -> str:
         result = subprocess.run(
@@ -56,6 +67,16 @@ class Cloud:
         )
         assert result.returncode == 0, f"{' '.join(cmd)}:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
         return result.stdout + result.stderr
+
+    def cli(self, *args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [TRAINSTACK, *args], cwd=ROOT, env=self.env, capture_output=True, text=True, timeout=300
+        )
+
+    def cli_json(self, *args: str):
+        result = self.cli(*args, "--json")
+        assert result.returncode == 0, f"{args}:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+        return json.loads(result.stdout)
 
     def cdk(self, *args: str) -> str:
         return self.run(shutil.which("npx") or "npx", "cdk", *args, "-o", str(self.outdir))
@@ -74,11 +95,38 @@ class Cloud:
         return {r["LogicalResourceId"]: r["PhysicalResourceId"] for r in summaries}
 
     def launch(self, recipe: str, team: str | None = None, *extra: str) -> tuple[str, str]:
-        out = self.run(
-            TRAINSTACK, "launch", recipe, *(["--team", team] if team else []), "--local", "--wait", *extra
+        """(first job's name, execution ARN) of a new run."""
+        answer = self.cli_json(
+            "launch", recipe, *(["--team", team] if team else []), "--local", "--wait", *extra
         )
-        lines = out.splitlines()
-        return lines[0].split()[1], lines[1].split()[-1]
+        assert answer["job"] == f"{answer['run']}-1"
+        return answer["job"], answer["execution"]
+
+    def deliver(self, job: str) -> dict:
+        """Deliver `job`'s state-change event to the deployed rules, as EventBridge does, and wait for
+        the supervisor's decision (the JobEnded execution's output)."""
+        started = emulator_events.deliver_job_state_change(self.env, job)
+        machine = self.outputs(f"{job.split('--')[0].replace('ts-', 'Trainstack-', 1)}-Launcher")[
+            "JobEndedStateMachineArn"
+        ]
+        (ended,) = [
+            a for a in started if self.sfn.describe_execution(executionArn=a)["stateMachineArn"] == machine
+        ]
+        deadline = time.monotonic() + 120
+        while (described := self.sfn.describe_execution(executionArn=ended))["status"] == "RUNNING":
+            assert time.monotonic() < deadline
+            time.sleep(0.5)
+        assert described["status"] == "SUCCEEDED", described
+        return {**json.loads(described["output"]), "execution": ended}
+
+    def end_and_deliver(self, job: str, status: str, secondary: str, reason: str | None = None) -> dict:
+        """End `job` as SageMaker would, then deliver its event and wait for the decision."""
+        emulator_events.end_training_job(self.env, job, status, secondary, reason)
+        return self.deliver(job)
+
+    def run_of(self, recipe: str, run: str) -> dict:
+        (found,) = [r for r in self.cli_json("runs", recipe, "--local") if r["run"] == run]
+        return found
 
     def sent(self, execution_arn: str) -> dict:
         deadline = time.monotonic() + 60
@@ -93,6 +141,8 @@ def cloud(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cloud]:
     log = tmp_path_factory.mktemp("emulator") / "moto.log"
     with Emulator(log_path=log) as emulator:
         cloud = Cloud(emulator, tmp_path_factory.mktemp("cdk-out"))
+        # EMULATOR: jobs stay InProgress until the tests end them, as on AWS.
+        emulator_events.configure(cloud.env, jobs_run=True)
         cloud.cdk("bootstrap", f"aws://{ACCOUNT}/{REGION}", "-c", "recipe=1b-bf16")
         yield cloud
 
@@ -115,10 +165,13 @@ def expected_request(
     image = (
         f"{ACCOUNT}.dkr.ecr.{REGION}.amazonaws.com/{data['RepositoryName']}:{naming.recipe_hash(deployed)}"
     )
+    run = name.rsplit("-", 1)[0]
     request = create_training_job_request(
         recipe,
         team,
         job_name=name,
+        run=run,
+        checkpoint_uri=checkpoint_uri(data["BucketName"], deployed, team, naming.parse_run_name(run).run_id),
         role_arn=launcher["ExecutionRoleArn"],
         image_uri=image,
         bucket_name=data["BucketName"],
@@ -135,12 +188,13 @@ def test_deploy_and_launch_sends_the_full_request(cloud: Cloud, recipe: str, tea
     name, execution = cloud.launch(recipe, team)
     resolved = resolve(recipe, team).recipe
     assert name.startswith(f"{naming.job_name_prefix(resolved, team)}{naming.recipe_hash(resolved)}-r")
+    assert name.endswith("-1")
     sent = cloud.sent(execution)
     assert sent == expected_request(cloud, recipe, team, name, resolved.compute.keep_alive_seconds)
     job = cloud.sagemaker.describe_training_job(TrainingJobName=name)
     assert job["ResourceConfig"]["InstanceType"] == resolved.compute.instance_type
     assert job["ResourceConfig"]["InstanceCount"] == resolved.compute.instance_count
-    assert job["CheckpointConfig"] == sent["CheckpointConfig"]
+    assert job["Environment"] == sent["Environment"] and "CheckpointConfig" not in sent
     assert job["HyperParameters"] == sent["HyperParameters"]
     deadline = time.monotonic() + 120
     while (status := cloud.sfn.describe_execution(executionArn=execution)["status"]) == "RUNNING":
@@ -179,6 +233,7 @@ def test_dry_run_prints_the_request_and_starts_nothing(cloud: Cloud) -> None:
     assert printed == expected_request(
         cloud, "1b-bf16", None, printed["TrainingJobName"], recipe.compute.keep_alive_seconds
     )
+    assert "placeholder" not in dry_run.stdout and "placeholder" not in dry_run.stderr
     after = cloud.sfn.list_executions(
         stateMachineArn=cloud.outputs("Trainstack-platform-1b-bf16-Launcher")["StateMachineArn"]
     )["executions"]
@@ -235,10 +290,125 @@ def test_launch_on_deploy_starts_the_recipe_hash_run(cloud: Cloud) -> None:
     # EMULATOR: moto publishes no CloudFormation events; deliver the one real AWS sends on completion.
     (execution,) = deliver_stack_status(cloud.env, "Trainstack-platform-3b-bf16-Launcher", "CREATE_COMPLETE")
     sent = cloud.sent(execution)
-    expected_name = job_name(recipe, None, "deploy")
+    expected_name = f"{job_name(recipe, None, 'deploy')}-1"  # job 1 of the run <prefix><hash>-deploy
     assert sent["TrainingJobName"] == expected_name
     assert sent == expected_request(
         cloud, "3b-bf16", None, expected_name, recipe.compute.keep_alive_seconds, "launch_on_deploy=true"
     )
     # Another stack's completion starts nothing.
     assert deliver_stack_status(cloud.env, "Trainstack-platform-3b-bf16-Data", "CREATE_COMPLETE") == []
+    # A repeated deploy event finds the run registered and starts no second run or job. (Started by
+    # hand with the rule's own input: the emulator names every unnamed execution "None", so a second
+    # deliver_stack_status would collide with the first.)
+    import uuid
+
+    (rule,) = [r for r in cloud.events.list_rules()["Rules"] if "LaunchOnDeploy" in r["Name"]]
+    (target,) = cloud.events.list_targets_by_rule(Rule=rule["Name"])["Targets"]
+    again = cloud.sfn.start_execution(
+        stateMachineArn=target["Arn"], name=uuid.uuid4().hex, input=target["Input"]
+    )["executionArn"]
+    deadline = time.monotonic() + 60
+    while cloud.sfn.describe_execution(executionArn=again)["status"] == "RUNNING":
+        assert time.monotonic() < deadline
+        time.sleep(0.5)
+    assert training_job_request_sent(cloud.sfn, again) is None
+
+
+def test_a_run_goes_through_three_jobs_under_one_checkpoint_prefix(cloud: Cloud) -> None:
+    """Max runtime, then a spot interruption, then completion: each end delivered as SageMaker's event."""
+    cloud.deploy("1b-bf16")
+    first, execution = cloud.launch("1b-bf16")
+    run = first.rsplit("-", 1)[0]
+    sent = [cloud.sent(execution)]
+    decided = cloud.end_and_deliver(first, "Stopped", "MaxRuntimeExceeded")
+    assert (decided["Outcome"], decided["Rule"], decided["NextJob"]) == ("next_job", "MaxRuntime", f"{run}-2")
+    sent.append(cloud.sent(decided["execution"]))
+    decided = cloud.end_and_deliver(f"{run}-2", "Stopped", "Interrupted")
+    assert (decided["Outcome"], decided["Rule"], decided["NextJob"]) == (
+        "next_job",
+        "SpotInterrupted",
+        f"{run}-3",
+    )
+    sent.append(cloud.sent(decided["execution"]))
+    decided = cloud.end_and_deliver(f"{run}-3", "Completed", "Completed")
+    assert (decided["Outcome"], decided["Rule"]) == ("completed", "Completed")
+
+    assert [r["TrainingJobName"] for r in sent] == [f"{run}-{i}" for i in (1, 2, 3)]
+    prefixes = {r["Environment"]["TRAINSTACK_CHECKPOINT_URI"] for r in sent}
+    run_id = naming.parse_run_name(run).run_id
+    assert prefixes == {
+        f"s3://{cloud.outputs('Trainstack-platform-1b-bf16-Data')['BucketName']}/checkpoints/platform/1b-bf16/{run_id}/"
+    }
+    listed = cloud.run_of("1b-bf16", run)
+    assert listed["state"] == "completed" and listed["checkpoint_uri"] in prefixes
+    assert [(j["name"], j["status"]) for j in listed["jobs"]] == [
+        (f"{run}-1", "Stopped"),
+        (f"{run}-2", "Stopped"),
+        (f"{run}-3", "Completed"),
+    ]
+    assert {"run", "recipe", "team", "state", "jobs", "checkpoint_uri"} <= set(listed)
+    assert (listed["recipe"], listed["team"]) == ("1b-bf16", "platform")
+
+
+def test_a_failure_the_next_job_would_repeat_ends_the_run_with_its_reason(cloud: Cloud) -> None:
+    cloud.deploy("1b-bf16")
+    first, _ = cloud.launch("1b-bf16", None, "--name", "nan-run")
+    reason = "AlgorithmError: " + failure_line(3, "loss became nan at step 40")
+    decided = cloud.end_and_deliver(first, "Failed", "Failed", reason)
+    assert (decided["Outcome"], decided["Rule"]) == ("failed", "Fatal")
+    listed = cloud.run_of("1b-bf16", "ts-platform-1b-bf16--nan-run")
+    assert listed["state"] == "failed" and "loss became nan at step 40" in listed["why"]
+    assert [j["name"] for j in listed["jobs"]] == [first]  # no next job
+
+
+def test_a_run_is_stopped_and_resumed_from_its_checkpoint(cloud: Cloud) -> None:
+    cloud.deploy("1b-bf16")
+    first, _ = cloud.launch("1b-bf16", None, "--name", "pause-me")
+    run = "ts-platform-1b-bf16--pause-me"
+    stopped = cloud.cli_json("stop", run, "--local")
+    assert stopped == {"run": run, "job": first, "execution": None}
+    assert cloud.sagemaker.describe_training_job(TrainingJobName=first)["TrainingJobStatus"] == "Stopped"
+    decided = cloud.deliver(first)  # the supervisor hears that the job stopped
+    assert (decided["Outcome"], decided["Rule"]) == ("stopped", "StopRequested")
+    assert cloud.run_of("1b-bf16", run)["state"] == "stopped"
+
+    resumed = cloud.cli_json("resume", run, "--local")
+    assert resumed["run"] == run and resumed["job"] == f"{run}-2"
+    second = cloud.sent(resumed["execution"])
+    assert second["TrainingJobName"] == f"{run}-2"
+    assert (
+        second["Environment"]["TRAINSTACK_CHECKPOINT_URI"]
+        == cloud.sagemaker.describe_training_job(TrainingJobName=first)["Environment"][
+            "TRAINSTACK_CHECKPOINT_URI"
+        ]
+    )
+    listed = cloud.run_of("1b-bf16", run)
+    assert listed["state"] == "running" and [j["name"] for j in listed["jobs"]] == [first, f"{run}-2"]
+
+
+def one_line_error(result: subprocess.CompletedProcess) -> str:
+    assert result.returncode == 2, result.stdout + result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
+    return lines[0]
+
+
+def test_resume_of_an_unknown_run_and_stop_of_a_run_not_running_change_nothing(cloud: Cloud) -> None:
+    cloud.deploy("1b-bf16")
+    machine = cloud.outputs("Trainstack-platform-1b-bf16-Launcher")["StateMachineArn"]
+    before = len(cloud.sfn.list_executions(stateMachineArn=machine)["executions"])
+    unknown = one_line_error(cloud.cli("resume", "ts-platform-1b-bf16--no-such-run", "--local"))
+    assert unknown.startswith("error: unknown run ts-platform-1b-bf16--no-such-run: ")
+    assert one_line_error(cloud.cli("resume", "not-a-run", "--local")).startswith(
+        "error: unknown run 'not-a-run'"
+    )
+    first, _ = cloud.launch("1b-bf16", None, "--name", "done-run")
+    cloud.end_and_deliver(first, "Completed", "Completed")
+    not_running = one_line_error(cloud.cli("stop", "ts-platform-1b-bf16--done-run", "--local"))
+    assert "is not running (completed" in not_running
+    completed = one_line_error(cloud.cli("resume", "ts-platform-1b-bf16--done-run", "--local"))
+    assert "is completed: only a stopped or failed run can be resumed" in completed
+    taken = one_line_error(cloud.cli("launch", "1b-bf16", "--local", "--name", "done-run"))
+    assert "a run named ts-platform-1b-bf16--done-run exists (completed)" in taken
+    after = len(cloud.sfn.list_executions(stateMachineArn=machine)["executions"])
+    assert after == before + 1  # only the launch of done-run itself

@@ -80,9 +80,9 @@ def synth(
         recipe=recipe,
         team=team,
         plan=the_plan,
-        state_machine=machine,
         key=key,
         checkpoint_bucket=bucket,
+        state_machines={"start": machine},
     )
     if with_nag:
         Validations.of(app).add_plugins(AwsSolutionsChecks(app))

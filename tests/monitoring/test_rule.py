@@ -1,9 +1,11 @@
-"""The job state rule: matches AWS's own event sample for this recipe's jobs, not another recipe's.
+"""The job state rule that starts the run supervisor: matches AWS's own event sample for this recipe's
+jobs, not another recipe's; and the topic the supervisor and the alarms publish to.
 
 Matching uses moto's EventBridge pattern matcher (the one its PutEvents routes with; it implements
-prefix, anything-but, exists, numeric, wildcard) on the pattern exactly as synthesized into the
-template, and, end to end, a rule created from that pattern routing the documented event sample to a
-queue through moto's PutEvents.
+prefix, anything-but, exists, numeric, wildcard) on `job_state_pattern`, the dict the supervisor's rule
+is synthesized from (tests/cdk/test_cdk_supervisor.py pins that the template carries exactly it), and,
+end to end, a rule created from that pattern routing the documented event sample to a queue through
+moto's PutEvents. The run alarms' rule is synthesized here and checked the same way.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from monitoring_helpers import synth
 from moto import mock_aws
 from moto.events.models import EventPattern
 
+from stacks.monitoring.patterns import job_state_pattern
 from trainstack.naming import job_name_prefix
 from trainstack.recipe import to_hyperparameters
 from trainstack.request import job_name
@@ -48,10 +51,7 @@ def s():
 
 @pytest.fixture(scope="module")
 def rule(s):
-    (props,) = [
-        r["Properties"] for k, r in s.resources("AWS::Events::Rule").items() if "JobStateChanged" in k
-    ]
-    return props
+    return {"EventPattern": job_state_pattern(job_name_prefix(s.recipe, None))}
 
 
 @pytest.fixture(scope="module")
@@ -120,9 +120,7 @@ def test_the_job_name_prefix_tells_the_recipe_apart_from_one_extending_its_name(
     from trainstack.loader import resolve
 
     s = synth("8b-fp8")
-    (props,) = [
-        r["Properties"] for k, r in s.resources("AWS::Events::Rule").items() if "JobStateChanged" in k
-    ]
+    props = {"EventPattern": job_state_pattern(job_name_prefix(s.recipe, None))}
     assert props["EventPattern"]["detail"]["TrainingJobName"] == [{"prefix": job_name_prefix(s.recipe, None)}]
     match = EventPattern.load(json.dumps(props["EventPattern"])).matches_event
     longer = resolve("8b-fp8-128k").recipe
@@ -156,47 +154,6 @@ def test_ignores_other_event_types(s, matches):
     assert not matches(event)
 
 
-def test_the_message_names_job_recipe_team_reason_and_checkpoint(s, rule):
-    (target,) = rule["Targets"]
-    transformer = target["InputTransformer"]
-    paths = transformer["InputPathsMap"]
-    assert set(paths.values()) >= {
-        "$.detail.TrainingJobName",
-        "$.detail.TrainingJobStatus",
-        "$.detail.FailureReason",
-    }
-    template = json.dumps(transformer["InputTemplate"])
-    assert f"recipe {s.recipe.name} (team {s.recipe.tags.team})" in template
-    assert "Failure reason" in template
-    # The checkpoint location is the one the request builder gives each job: <bucket>/<prefix>/<job>.
-    assert "trainstack-checkpoints-example" in template
-    assert f"checkpoints/{s.recipe.tags.team}/{s.recipe.name}/<detail-TrainingJobName>" in template
-    (topic_id,) = s.resources("AWS::SNS::Topic")
-    assert target["Arn"] == {"Ref": topic_id}
-
-
-def test_checkpoint_location_in_the_message_is_the_jobs_checkpoint_uri(s):
-    from trainstack.request import create_training_job_request
-
-    name = job_name(s.recipe, None, "a1")
-    try:
-        request = create_training_job_request(
-            s.recipe,
-            None,
-            job_name=name,
-            role_arn="arn:aws:iam::123456789012:role/r",
-            image_uri="img:1",
-            bucket_name="trainstack-checkpoints-example",
-        )
-    except TypeError as error:  # the request builder's signature is the cdk engineer's; say what broke
-        pytest.fail(f"create_training_job_request signature changed: {error}")
-    from trainstack.naming import checkpoint_prefix
-
-    assert request["CheckpointConfig"]["S3Uri"] == (
-        f"s3://trainstack-checkpoints-example/{checkpoint_prefix(s.recipe, None)}/{name}"
-    )
-
-
 def test_topic_is_kms_encrypted_and_ssl_only(s):
     ((_, topic),) = s.resources("AWS::SNS::Topic").items()
     (key_id,) = s.resources("AWS::KMS::Key")
@@ -207,22 +164,54 @@ def test_topic_is_kms_encrypted_and_ssl_only(s):
         st["Effect"] == "Deny" and st["Condition"] == {"Bool": {"aws:SecureTransport": "false"}}
         for st in statements
     )
-    # EventBridge (granted by CDK's SnsTopic target) and CloudWatch alarms may use the key to publish,
-    # and nothing more.
+    # CloudWatch alarms may publish and use the key to do it, and nothing more.
     key_policy = s.resources("AWS::KMS::Key")[key_id]["Properties"]["KeyPolicy"]["Statement"]
     publish = [
-        st
-        for st in key_policy
-        if st.get("Principal", {}).get("Service") in ("events.amazonaws.com", "cloudwatch.amazonaws.com")
+        st for st in key_policy if st.get("Principal", {}).get("Service") == "cloudwatch.amazonaws.com"
     ]
-    assert {st["Principal"]["Service"] for st in publish} == {
-        "events.amazonaws.com",
-        "cloudwatch.amazonaws.com",
-    }
-    allowed = {"kms:Decrypt", "kms:GenerateDataKey", "kms:GenerateDataKey*"}
-    assert all(set(st["Action"]) <= allowed for st in publish)
-    (alarms,) = [st for st in publish if st["Principal"]["Service"] == "cloudwatch.amazonaws.com"]
-    assert alarms["Condition"] == {"StringEquals": {"aws:SourceAccount": {"Ref": "AWS::AccountId"}}}
+    (alarms,) = publish
+    assert set(alarms["Action"]) == {"kms:Decrypt", "kms:GenerateDataKey"}
+    (topic_publish,) = [st for st in statements if service_of(st)]
+    assert topic_publish["Principal"] == {"Service": "cloudwatch.amazonaws.com"}
+    assert topic_publish["Action"] == "sns:Publish"
+
+
+def service_of(statement: dict):
+    principal = statement.get("Principal")
+    return principal.get("Service") if isinstance(principal, dict) else None
+
+
+def service_statements(s):
+    """(where, statement) for every statement of a topic policy or key policy naming a service principal."""
+    for resource in s.template["Resources"].values():
+        props = resource.get("Properties", {})
+        where = {"AWS::SNS::TopicPolicy": "topic", "AWS::KMS::Key": "key"}.get(resource["Type"])
+        if where is None:
+            continue
+        document = props["PolicyDocument"] if where == "topic" else props["KeyPolicy"]
+        for statement in document["Statement"]:
+            services = service_of(statement)
+            if services:
+                yield where, statement, services if isinstance(services, list) else [services]
+
+
+def test_service_principals_in_topic_policies_carry_a_source_and_eventbridge_key_grants_do_not(s):
+    """SNS documents aws:SourceArn / aws:SourceAccount as the guard for services publishing to a topic,
+    and the same for CloudWatch's use of the key; for EventBridge's use of the key they must be absent:
+    EventBridge's requests to KMS carry neither, so delivery would stop silently (SNS developer guide,
+    "Enable compatibility between event sources from AWS services and encrypted topics")."""
+    checked = 0
+    for where, statement, services in service_statements(s):
+        keys = {k for condition in statement.get("Condition", {}).values() for k in condition}
+        guarded = bool(keys & {"aws:SourceArn", "aws:SourceAccount"})
+        if where == "key" and "events.amazonaws.com" in services:
+            assert not guarded, statement
+        elif where == "topic" or services == ["cloudwatch.amazonaws.com"]:
+            assert guarded, statement
+            checked += 1
+    assert checked >= 2  # the topic's and the key's statements for CloudWatch
+    # No rule targets the topic any more: the supervisor publishes its decisions itself.
+    assert not [r for r in s.resources("AWS::Events::Rule").values() if "Sns" in json.dumps(r)]
 
 
 def test_email_subscription_comes_from_the_recipe():

@@ -80,6 +80,54 @@ def test_job_from_description_reads_the_launched_steps_and_checkpoint(recipe):
     assert job.elapsed_hours(NOW) == pytest.approx(2.0)
 
 
+def test_the_checkpoint_uri_is_the_runs_prefix_from_the_jobs_environment(recipe):
+    uri = "s3://bucket/checkpoints/platform/30b-fp8/main/"
+    job = job_from_description(
+        describe(recipe, CheckpointConfig=None, Environment={"TRAINSTACK_CHECKPOINT_URI": uri})
+    )
+    assert job.checkpoint_uri == uri
+
+
+class _Unsorted:
+    """SageMaker as the emulator answers ListTrainingJobs: oldest first, whatever SortOrder says."""
+
+    def __init__(self, names_oldest_first: list[str]) -> None:
+        self.names = names_oldest_first
+
+    def get_paginator(self, operation: str):
+        assert operation == "list_training_jobs"
+        return self
+
+    def paginate(self, **kwargs):
+        summaries = [
+            {"TrainingJobName": n, "CreationTime": NOW - timedelta(hours=len(self.names) - i)}
+            for i, n in enumerate(self.names)
+        ]
+        yield {"TrainingJobSummaries": summaries[:2]}
+        yield {"TrainingJobSummaries": summaries[2:]}
+
+    def describe_training_job(self, TrainingJobName: str):  # noqa: N803 (boto3's spelling)
+        i = self.names.index(TrainingJobName)
+        return {
+            "TrainingJobName": TrainingJobName,
+            "CreationTime": NOW - timedelta(hours=len(self.names) - i),
+        }
+
+
+def test_find_jobs_sorts_every_matching_job_before_it_cuts(recipe):
+    """`status --runs 1` and `logs` show the newest job even where ListTrainingJobs ignores SortOrder."""
+    from trainstack.runs import find_jobs
+
+    run = job_name(recipe, None, "r1")
+    names = [f"{run}-{i}" for i in range(1, 6)]
+    assert [j.name for j in find_jobs(_Unsorted(names), job_name_prefix(recipe, None), limit=1)] == [
+        names[-1]
+    ]
+    assert [j.name for j in find_jobs(_Unsorted(names), job_name_prefix(recipe, None), limit=3)] == names[
+        :1:-1
+    ]
+
+
 def samples(**values):
     return {k: Sample(v, NOW - timedelta(minutes=1)) for k, v in values.items()}
 

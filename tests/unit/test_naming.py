@@ -1,6 +1,7 @@
 """Names derived from a team and a recipe never overlap: one recipe's job-name prefix is not a prefix of
-another recipe's or team's job names, stack names are distinct, the longest names fit SageMaker's 63
-characters, and names that would break this are refused with one line that states the rule."""
+another recipe's or team's job names, stack names are distinct, the longest names (the longest team,
+recipe and run id, job 99) fit SageMaker's 63 characters, run names parse back into their parts, and
+names that would break this are refused with one line that states the rule."""
 
 from __future__ import annotations
 
@@ -12,7 +13,6 @@ import pytest
 from pydantic import ValidationError
 from typer.testing import CliRunner
 
-from stacks.state_machine import MAX_CAPACITY_ATTEMPTS
 from trainstack import naming
 from trainstack.cli import app
 from trainstack.commands.launch import _suffix
@@ -42,9 +42,10 @@ SUFFIXES = ("deploy", "r1a2b3c", "t9", "x" * naming.RUN_SUFFIX_MAX)
 
 
 def job_names(recipe: Recipe, team: str) -> list[str]:
-    """Names of its jobs: one per kind of suffix, and a capacity retry's (`-c<n>`, stacks.state_machine)."""
-    names = [job_name(recipe, team, suffix) for suffix in SUFFIXES]
-    return names + [f"{names[1]}-c{MAX_CAPACITY_ATTEMPTS}"]
+    """Names of its runs (one per kind of default suffix, and a --name) and of their first and last jobs."""
+    runs = [job_name(recipe, team, suffix) for suffix in SUFFIXES]
+    runs.append(naming.run_name(recipe, team, "x" * naming.RUN_ID_MAX))
+    return runs + [naming.job_of_run(r, i) for r in runs for i in (1, naming.JOB_INDEX_MAX)]
 
 
 @pytest.fixture(scope="module")
@@ -79,8 +80,8 @@ def test_every_job_of_a_team_and_recipe_starts_with_its_prefix(recipes):
         prefix = naming.job_name_prefix(recipe, team)
         assert prefix == f"ts-{team}-{recipe.name}--"
         for name in job_names(recipe, team):
-            assert name.startswith(f"{prefix}{naming.recipe_hash(recipe)}-")
             assert is_recipe_job(name, prefix)
+            assert len(name) <= naming.JOB_NAME_MAX
         assert job_name(recipe, team, "deploy") == f"{prefix}{naming.recipe_hash(recipe)}-deploy"
 
 
@@ -100,21 +101,53 @@ def test_stack_and_checkpoint_names_are_distinct_for_every_team_and_recipe(recip
         assert naming.stack_prefix(recipe, team).split("-", 2)[1:] == [team, name]
 
 
-def test_the_longest_team_and_recipe_give_a_job_name_of_at_most_63_characters(recipes):
+def test_the_longest_team_recipe_and_run_id_give_a_job_name_of_at_most_63_characters(recipes):
     recipe = recipes[(LONGEST_TEAM, LONGEST_RECIPE)]
     prefix = naming.job_name_prefix(recipe, LONGEST_TEAM)
     assert len(prefix) == naming.JOB_PREFIX_MAX == 44
-    longest = job_name(recipe, LONGEST_TEAM, "x" * naming.RUN_SUFFIX_MAX)
-    retried = f"{longest}-c{MAX_CAPACITY_ATTEMPTS}"  # the launcher's name for a capacity retry
-    assert len(retried) == naming.JOB_NAME_MAX == 63
+    longest_run = naming.run_name(recipe, LONGEST_TEAM, "x" * naming.RUN_ID_MAX)
+    assert len(naming.job_of_run(longest_run, naming.JOB_INDEX_MAX)) == naming.JOB_NAME_MAX == 63
+    default = job_name(recipe, LONGEST_TEAM, "x" * naming.RUN_SUFFIX_MAX)  # hash + suffix: the longest id
+    assert len(default) == len(longest_run)
     with pytest.raises(ValueError, match="suffix"):
         job_name(recipe, LONGEST_TEAM, "x" * (naming.RUN_SUFFIX_MAX + 1))
+    with pytest.raises(ValueError, match="job index"):
+        naming.job_of_run(longest_run, naming.JOB_INDEX_MAX + 1)
 
 
 @pytest.mark.parametrize("max_steps", [None, 50])
 def test_the_suffixes_launch_gives_today_fit(recipes, max_steps):
-    suffix = _suffix(max_steps)
-    assert len(job_name(recipes[(LONGEST_TEAM, LONGEST_RECIPE)], LONGEST_TEAM, suffix)) <= 63 - len("-c9")
+    run = job_name(recipes[(LONGEST_TEAM, LONGEST_RECIPE)], LONGEST_TEAM, _suffix(max_steps))
+    assert len(naming.job_of_run(run, naming.JOB_INDEX_MAX)) <= 63
+
+
+def test_run_names_parse_back_into_team_recipe_and_id(recipes):
+    for (team, _), recipe in recipes.items():
+        for run_id in ("a", "lr-sweep-1", naming.default_run_id(recipe, "r1a2b3c"), "x" * naming.RUN_ID_MAX):
+            run = naming.run_name(recipe, team, run_id)
+            parsed = naming.parse_run_name(run)
+            assert (parsed.team, parsed.recipe, parsed.run_id) == (team, recipe.name, run_id)
+            assert str(parsed) == run and parsed.stack_prefix == naming.stack_prefix(recipe, team)
+    for not_a_run in (
+        "ts-nlp-8b-fp8",
+        "nlp-8b-fp8--x",
+        "ts-nlp-8b-fp8--",
+        "ts-NLP-8b--x",
+        "ts-nlp-8b--Bad_id",
+    ):
+        assert naming.parse_run_name(not_a_run) is None, not_a_run
+
+
+@pytest.mark.parametrize("run_id", ["", "Lr", "a--b", "-a", "a-", "a_b", "x" * (naming.RUN_ID_MAX + 1)])
+def test_invalid_run_names_are_refused_stating_the_rule(base, run_id):
+    assert "a run name is 1-16 characters" in naming.run_id_problem(run_id)
+    with pytest.raises(ValueError, match="invalid run name"):
+        naming.run_name(base, "nlp", run_id)
+
+
+def test_every_job_of_a_run_shares_the_run_checkpoint_prefix(base):
+    run_id = naming.default_run_id(base, "r1")
+    assert naming.run_checkpoint_prefix(base, "nlp", run_id) == f"checkpoints/nlp/8b-fp8/{run_id}/"
 
 
 @pytest.mark.parametrize("team", ["nlp-8b", "NLP", "8b", "n_lp", "", "t" * (TEAM_NAME_MAX + 1), "nlp-"])

@@ -1,22 +1,29 @@
-"""`trainstack launch RECIPE [--team T] [--max-steps N] [--local]`: start a training run.
+"""`trainstack launch RECIPE [--team T] [--name NAME] [--max-steps N] [--local]`: start a run.
 
-Starts an execution of the recipe's deployed launcher state machine (stack `<prefix>-Launcher`),
-which creates the training job with the request from `trainstack.request`. A short tuning run is the
-same recipe with `training.steps` overridden (--max-steps), on a warm pool so the next try skips
-provisioning. The job is named `ts-<team>-<recipe>--<hash of the run's recipe>-<suffix>`.
+A run is one recipe's token budget trained to the end by as many SageMaker jobs as it takes
+(docs/runs.md). `launch` starts the deployed run supervisor's StartJob state machine (stack
+`<prefix>-Launcher`) for job 1 of a new run; the supervisor starts the next jobs itself. The run is
+named `ts-<team>-<recipe>--<run id>` (the id is --name, or the run's recipe hash and the launch time),
+its jobs `<run>-1`, `<run>-2`, ..., and all of them checkpoint under `checkpoints/<team>/<recipe>/<run id>/`.
+A short tuning run is the same recipe with `training.steps` overridden (--max-steps), on a warm pool
+so the next try skips provisioning.
 """
 
 from __future__ import annotations
 
 import json
+import sys
 import time
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
 from trainstack.commands.plan_options import RecipeArg, RecipesDirOpt, TeamOpt
+from trainstack.commands.run_access import JsonOpt, answer, deploy_hint, deployed
 from trainstack.commands.status import LocalOpt
 from trainstack.errors import TrainstackError
+
+PLACEHOLDER = "<placeholder: {}>"
 
 
 def register(app: typer.Typer) -> None:
@@ -26,6 +33,14 @@ def register(app: typer.Typer) -> None:
 def launch(
     recipe: RecipeArg,
     team: TeamOpt = None,
+    name: Annotated[
+        str | None,
+        typer.Option(
+            "--name",
+            help="The run id (1-16 lowercase letters, digits, single hyphens); default: the recipe hash "
+            "and the launch time.",
+        ),
+    ] = None,
     max_steps: Annotated[
         int | None,
         typer.Option(
@@ -38,7 +53,7 @@ def launch(
             "--keep-alive",
             min=0,
             max=3600,
-            help="Warm-pool seconds after the job (default: 1800 with --max-steps, else the recipe's).",
+            help="Warm-pool seconds after each job (default: 1800 with --max-steps, else the recipe's).",
         ),
     ] = None,
     local: LocalOpt = False,
@@ -46,109 +61,205 @@ def launch(
         bool,
         typer.Option(
             "--wait",
-            help="Wait until the launcher has created the training job (up to 2 minutes, printing "
-            "progress); then follow it with `trainstack status RECIPE --watch`.",
+            help="Wait until the supervisor has created the run's first job (up to 2 minutes, printing "
+            "progress); then follow it with `trainstack runs RECIPE` or `trainstack status RECIPE --watch`.",
         ),
     ] = False,
     dry_run: Annotated[
         bool,
         typer.Option(
-            "--dry-run", help="Print the CreateTrainingJob request this launch would make; start nothing."
+            "--dry-run",
+            help="Print the first job's CreateTrainingJob request and start nothing; works without AWS "
+            "(placeholders, marked as such, for what only the deployed stacks know).",
         ),
     ] = False,
+    as_json: JsonOpt = False,
     recipes_dir: RecipesDirOpt = None,
 ) -> None:
-    """Start a training run of RECIPE through its deployed launcher (see `npx cdk deploy -c recipe=...`).
+    """Start a run of RECIPE through its deployed run supervisor (see `npx cdk deploy -c recipe=...`).
 
-    Needs the recipe's stacks deployed, unchanged since (the local recipe's hash must match the
-    deployed one). Exit status 0 when the run started, 1 when --wait saw no training job in time
-    (the run did start), 2 when the recipe is invalid, not deployed or changed since, or AWS refuses
-    (one line saying which).
+    Needs the recipe's stacks deployed, unchanged since (the local recipe's hash must match the deployed
+    one). The supervisor continues the run with its next job when a job reaches its max runtime, loses
+    its spot capacity or fails on infrastructure, up to compute.max_jobs, and ends it when the steps are
+    done, on `trainstack stop`, or on a failure the next job would repeat. --json prints {run, job,
+    execution} (with --dry-run: {"request": ...}).
+
+    Exit status 0 when the run started, 1 when --wait saw no training job in time (the run did start),
+    2 when the recipe or --name is invalid, not deployed or changed since, a run of that name exists, or
+    AWS refuses (one line saying which).
 
     Examples:
 
       trainstack launch 30b-fp8 --max-steps 50 --wait
 
+      trainstack launch 8b-fp8 --team nlp --name lr-sweep-1 --json
+
       trainstack launch 8b-fp8 --team nlp --dry-run
     """
     from trainstack import naming, request
-    from trainstack.aws import Aws, explain
     from trainstack.loader import resolve
     from trainstack.recipe import Recipe
 
     resolved = resolve(recipe, team=team, recipes_dir=recipes_dir)
-    deployed = resolved.recipe
-    run = deployed
+    deployed_recipe = resolved.recipe
+    run_recipe = deployed_recipe
     if max_steps is not None:
-        data = deployed.model_dump(mode="json", exclude={"extends"})
+        data = deployed_recipe.model_dump(mode="json", exclude={"extends"})
         data["training"]["steps"] = max_steps
-        run = Recipe.model_validate(data)
+        run_recipe = Recipe.model_validate(data)
     keep = (
         keep_alive
         if keep_alive is not None
         else (
-            max(request.WARM_POOL_SECONDS, deployed.compute.keep_alive_seconds)
+            max(request.WARM_POOL_SECONDS, deployed_recipe.compute.keep_alive_seconds)
             if max_steps is not None
-            else deployed.compute.keep_alive_seconds
+            else deployed_recipe.compute.keep_alive_seconds
         )
     )
-    prefix = naming.stack_prefix(deployed, team)
-    deploy_hint = f"`npx cdk deploy --all -c recipe={deployed.name}" + (f" -c team={team}" if team else "")
-    # EMULATOR: the emulator loses exports on the change-set path (docs/cdk.md)
-    deploy_hint += " --method=direct` with the emulator's AWS_* variables exported" if local else "`"
+    if name is not None and (problem := naming.run_id_problem(name)) is not None:
+        raise TrainstackError(f"--name: {problem}")
+    run_id = name or naming.default_run_id(run_recipe, _suffix(max_steps))
+    run = naming.run_name(deployed_recipe, team, run_id)
+    job = naming.job_of_run(run, 1)
+    overrides = request.hyperparameter_overrides(deployed_recipe, run_recipe)
+    hint = deploy_hint(deployed_recipe.name, team, local)
 
-    aws = Aws(local=local)
-    outputs = aws.stack_outputs(f"{prefix}-Launcher", deploy_hint)
-    deployed_hash, local_hash = outputs.get("RecipeHash"), naming.recipe_hash(deployed)
-    if deployed_hash != local_hash:
-        raise TrainstackError(
-            f"recipe {deployed.name} changed since it was deployed (deployed {deployed_hash}, "
-            f"local {local_hash}): "
-            f"run {deploy_hint} first"
-        )
-    job_name = request.job_name(run, team, _suffix(max_steps))
-    overrides = request.hyperparameter_overrides(deployed, run)
-    execution_input = request.execution_input(job_name, overrides, keep)
+    if dry_run:
+        _dry_run(deployed_recipe, run_recipe, team, run, run_id, job, keep, local, hint, as_json)
+        return
 
     from botocore.exceptions import BotoCoreError, ClientError
 
-    if dry_run:
-        data_outputs = aws.stack_outputs(f"{prefix}-Data", deploy_hint)
-        try:
-            image_uri = _deployed_image(aws, outputs["StateMachineArn"])
-        except (ClientError, BotoCoreError) as exc:
-            raise TrainstackError(
-                f"could not read the deployed state machine in {aws.where}: {explain(exc)}"
-            ) from None
-        body = request.create_training_job_request(
-            run,
-            team,
-            job_name=job_name,
-            role_arn=outputs["ExecutionRoleArn"],
-            image_uri=image_uri,
-            bucket_name=data_outputs["BucketName"],
-            kms_key_arn=data_outputs["KeyArn"],
-            keep_alive_seconds=keep,
-        )
-        typer.echo(json.dumps(body, indent=2))
-        return
+    from trainstack.aws import Aws, explain
+    from trainstack.registry import read_run
 
-    sfn = aws.client("stepfunctions")
+    aws = Aws(local=local)
+    stacks = deployed(aws, naming.stack_prefix(deployed_recipe, team), hint)
+    deployed_hash, local_hash = stacks.launcher.get("RecipeHash"), naming.recipe_hash(deployed_recipe)
+    if deployed_hash != local_hash:
+        raise TrainstackError(
+            f"recipe {deployed_recipe.name} changed since it was deployed (deployed {deployed_hash}, "
+            f"local {local_hash}): run {hint} first"
+        )
     try:
-        started = sfn.start_execution(
-            stateMachineArn=outputs["StateMachineArn"], name=job_name, input=json.dumps(execution_input)
+        existing = read_run(aws.client("dynamodb"), stacks.table, run)
+        if existing is not None:
+            raise TrainstackError(
+                f"a run named {run} exists ({existing.state}): `trainstack resume {run}` continues it, "
+                "or pick another --name"
+            )
+        execution_input = request.execution_input(
+            run,
+            run_id,
+            1,
+            request.last_job(1, deployed_recipe.compute.max_jobs),
+            run_recipe.training.steps,
+            overrides,
+            keep,
+            "launch",
+        )
+        started = aws.client("stepfunctions").start_execution(
+            stateMachineArn=stacks.start_job, name=job, input=json.dumps(execution_input)
         )
     except (ClientError, BotoCoreError) as exc:
-        raise TrainstackError(f"could not start {job_name} in {aws.where}: {explain(exc)}") from None
-    typer.echo(f"launched {job_name} ({run.training.steps} steps, warm pool {keep}s) in {aws.where}")
-    typer.echo(f"execution: {started['executionArn']}")
+        raise TrainstackError(f"could not start run {run} in {aws.where}: {explain(exc)}") from None
+    answer(
+        as_json,
+        run=run,
+        job=job,
+        execution=started["executionArn"],
+        lines=[
+            f"launched run {run}: job {job} ({run_recipe.training.steps:,} steps, warm pool {keep}s) "
+            f"in {aws.where}",
+            f"execution: {started['executionArn']}",
+            "checkpoints: "
+            + request.checkpoint_uri(stacks.data["BucketName"], deployed_recipe, team, run_id),
+        ],
+    )
     if wait:
         try:
-            _wait_for_job(aws, started["executionArn"], job_name)
+            _wait_for_job(aws, started["executionArn"], job, echo=_progress(as_json))
         except BotoCoreError as exc:  # ClientErrors are handled inside
             raise TrainstackError(
-                f"lost contact with {aws.where} while waiting for {job_name}: {explain(exc)}"
+                f"lost contact with {aws.where} while waiting for {job}: {explain(exc)}"
             ) from None
+
+
+def _progress(as_json: bool):
+    """Progress lines: on stdout for a person, on stderr when stdout carries JSON."""
+    return (lambda line: typer.echo(line, err=True)) if as_json else typer.echo
+
+
+def _dry_run(
+    deployed_recipe: Any,
+    run_recipe: Any,
+    team: str | None,
+    run: str,
+    run_id: str,
+    job: str,
+    keep: int,
+    local: bool,
+    hint: str,
+    as_json: bool,
+) -> None:
+    """The first job's request, from the deployed stacks where they can be read, else with placeholders."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    from trainstack import naming, request
+    from trainstack.aws import Aws, explain
+
+    prefix = naming.stack_prefix(deployed_recipe, team)
+    values: dict[str, str] = {}
+    why = ""
+    try:
+        aws = Aws(local=local)
+        stacks = deployed(aws, prefix, hint)
+        values = {
+            "role_arn": stacks.launcher["ExecutionRoleArn"],
+            "bucket_name": stacks.data["BucketName"],
+            "kms_key_arn": stacks.data["KeyArn"],
+            "image_uri": _deployed_image(aws, stacks.start_job),
+        }
+        if stacks.launcher.get("RecipeHash") != naming.recipe_hash(deployed_recipe):
+            typer.echo(
+                f"note: recipe {deployed_recipe.name} changed since it was deployed; `launch` would refuse "
+                f"it until {hint}",
+                err=True,
+            )
+    except TrainstackError as error:
+        why = str(error)
+    except (ClientError, BotoCoreError) as error:
+        why = f"could not read the deployed stacks: {explain(error)}"
+    placeholders = {}
+    if not values:
+        placeholders = {
+            "role_arn": f"the execution role ARN of {prefix}-Launcher",
+            "bucket_name": f"the checkpoint bucket of {prefix}-Data",
+            "kms_key_arn": f"the key ARN of {prefix}-Data",
+            "image_uri": f"the training image {prefix}-Launcher deploys",
+        }
+        values = {k: PLACEHOLDER.format(v) for k, v in placeholders.items()}
+        if deployed_recipe.image.uri:
+            values["image_uri"] = deployed_recipe.image.uri
+            placeholders.pop("image_uri")
+    body = request.create_training_job_request(
+        run_recipe,
+        team,
+        job_name=job,
+        run=run,
+        checkpoint_uri=request.checkpoint_uri(values["bucket_name"], deployed_recipe, team, run_id),
+        keep_alive_seconds=keep,
+        **values,
+    )
+    # The job limit is fixed when the stack is deployed, by the deployed recipe's plan.
+    body["StoppingCondition"] = request.stopping_condition(deployed_recipe)
+    if placeholders:
+        note = f"note: {', '.join(sorted(placeholders))} are placeholders (marked <placeholder: ...>): {why}"
+        print(" ".join(note.split()), file=sys.stderr)
+    if as_json:
+        typer.echo(json.dumps({"request": body, "placeholders": sorted(placeholders)}, indent=2))
+    else:
+        typer.echo(json.dumps(body, indent=2))
 
 
 def _suffix(max_steps: int | None) -> str:
@@ -174,7 +285,7 @@ class _StillCreating(TrainstackError):
     exit_code = 1
 
 
-def _wait_for_job(aws, execution_arn: str, job_name: str, timeout_s: float = 120.0) -> None:
+def _wait_for_job(aws, execution_arn: str, job_name: str, timeout_s: float = 120.0, echo=typer.echo) -> None:
     from botocore.exceptions import ClientError
 
     from trainstack.aws import explain
@@ -187,24 +298,29 @@ def _wait_for_job(aws, execution_arn: str, job_name: str, timeout_s: float = 120
         execution = sfn.describe_execution(executionArn=execution_arn)
         if execution["status"] in ("FAILED", "TIMED_OUT", "ABORTED"):
             raise TrainstackError(
-                f"launch of {job_name} {execution['status'].lower()}: "
+                f"the start of {job_name} {execution['status'].lower()}: "
                 f"{execution.get('error', '')} {execution.get('cause', '')}".strip()
             )
         try:
             job = sagemaker.describe_training_job(TrainingJobName=job_name)
-            typer.echo(f"training job {job_name}: {job['TrainingJobStatus']}")
+            echo(f"training job {job_name}: {job['TrainingJobStatus']}")
             return
         except ClientError as exc:
             if exc.response.get("Error", {}).get("Code") not in ("ValidationException", "ResourceNotFound"):
                 raise TrainstackError(f"could not read training job {job_name}: {explain(exc)}") from None
+        if execution["status"] == "SUCCEEDED":
+            raise TrainstackError(
+                f"the supervisor started no job {job_name}: the run changed meanwhile (another launch or "
+                "resume of it, or a stop); see `trainstack runs`"
+            )
         waited = time.monotonic() - started
-        note = f"launcher execution {execution['status']}, no training job yet"
+        note = f"supervisor execution {execution['status']}, no training job yet"
         if note != said or waited - said_at >= 15:  # on a change, and every 15 s
-            typer.echo(f"  ... {note} ({waited:.0f} s)")
+            echo(f"  ... {note} ({waited:.0f} s)")
             said, said_at = note, waited
         time.sleep(1)
     raise _StillCreating(
-        f"the launch started but no training job {job_name} exists after {timeout_s:.0f} s (the launcher "
-        f"retries while capacity or quota is short); follow it with `trainstack status` or execution "
+        f"the launch started but no training job {job_name} exists after {timeout_s:.0f} s (the supervisor "
+        f"retries while capacity or quota is short); follow it with `trainstack runs` or execution "
         f"{execution_arn}"
     )

@@ -1,0 +1,189 @@
+"""What both run supervisor definitions share: resources, paths, the registry's attributes, helpers.
+
+The definitions themselves (start_job.py, job_ended.py) are plain dicts of Amazon States Language.
+
+No CDK here: the constructs in stacks/supervisor/__init__.py pass CDK tokens (table name, bucket, ARNs) as
+strings, tests pass literal values. Both executions are short and end; none waits on a job:
+
+StartJob (started by `trainstack launch` / `resume`, the launch-on-deploy rule, and JobEnded):
+    LoadRecipe -> Names -> HowStarted? launch: RegisterRun (new registry item; exists -> AlreadyLaunched)
+                                       resume: RegisterResume (run stopped or failed, at that job index)
+                                       next:   RegisterNextJob (run running, at that index, no stop asked)
+      -> CreateTrainingJob (the request from trainstack.request; capacity and transient retries)
+           ResourceInUse -> JobExists; anything else -> NotCreated -> RecordNotCreated -> Notify -> Fail
+      -> Started
+
+JobEnded (started by the rule on `SageMaker Training Job State Change`, this recipe's jobs,
+Completed | Failed | Stopped):
+    DescribeJob -> HasReason? -> ReadFailure | NoReason -> Supervised? -> ReadRun -> Registered? -> Numbers
+      -> Current? (the run's newest job, the run running; else Ignored)
+      -> Decide (one Choice rule per row of trainstack.supervisor.RULES, in order) -> Rule<Id> (Pass)
+         next job: WithinJobLimit? -> NextJob -> RecordNextJob -> Notify -> Wait? -> NextInput
+                   -> the StartJob states (RegisterNextJob -> CreateTrainingJob ...), in this execution
+                                   -> JobLimit -> RecordEnd -> Notify
+         ended:    RecordEnd -> Notify -> Decided
+Every path ends in a Succeed whose output is the decision ({Outcome, Rule, Why, Next, ...}).
+
+The run registry (a DynamoDB table, stacks/registry.py) holds one item per run; attribute names are
+REGISTRY_ATTRIBUTES. Expressions name every attribute through ExpressionAttributeNames (`#state`...),
+so none can collide with DynamoDB's reserved words.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from stacks.retries import retriers
+from trainstack import naming, supervisor
+from trainstack.recipe import Recipe
+from trainstack.request import (
+    INPUT_HYPERPARAMETER_OVERRIDES,
+    INPUT_KEEP_ALIVE,
+    INPUT_RUN,
+)
+
+CREATE = "arn:aws:states:::aws-sdk:sagemaker:createTrainingJob"
+DESCRIBE = "arn:aws:states:::aws-sdk:sagemaker:describeTrainingJob"
+GET_ITEM = "arn:aws:states:::dynamodb:getItem"
+PUT_ITEM = "arn:aws:states:::dynamodb:putItem"
+UPDATE_ITEM = "arn:aws:states:::dynamodb:updateItem"
+PUBLISH = "arn:aws:states:::sns:publish"
+CONDITION_FAILED = "DynamoDB.ConditionalCheckFailedException"
+ALREADY_EXISTS = "SageMaker.ResourceInUseException"
+
+# Where values live inside an execution (JSONPath).
+RECIPE_PATH = "$.Recipe"
+HYPERPARAMETERS_EXPRESSION = (
+    f"States.JsonMerge({RECIPE_PATH}.HyperParameters, $.{INPUT_HYPERPARAMETER_OVERRIDES}, false)"
+)
+JOB_NAME_PATH = "$.Names.JobName"
+CHECKPOINT_URI_PATH = "$.Names.CheckpointUri"
+RUN_PATH = f"$.{INPUT_RUN}"
+KEEP_ALIVE_PATH = f"$.{INPUT_KEEP_ALIVE}"
+
+# The registry item's attributes (DynamoDB type in brackets).
+REGISTRY_ATTRIBUTES = {
+    "run": "S",  # partition key: the run's name, ts-<team>-<recipe>--<run id>
+    "run_id": "S",
+    "recipe": "S",
+    "team": "S",
+    "run_state": "S",  # running | stopped | completed | failed
+    "current_job": "S",  # the newest job's name
+    "job_index": "N",  # its index
+    "last_job": "N",  # the highest index reachable before a person must resume (compute.max_jobs)
+    "jobs": "L",  # every job's name, in order
+    "ended": "M",  # job name -> {job_status, secondary_status} once the job has ended
+    "checkpoint_uri": "S",
+    "steps": "N",
+    "tokens_per_step": "N",
+    "usd_per_hour": "N",  # the cluster's price per hour as planned
+    "overrides": "S",  # HyperParameterOverrides as JSON
+    "keep_alive": "N",
+    "stop_requested": "BOOL",
+    "why": "S",  # why the newest job ended (or was started), in words
+    "next_step": "S",  # what happens next, in words
+    "recipe_hash": "S",  # the deployed recipe's hash when the run was launched
+    "max_jobs": "N",  # compute.max_jobs of that recipe
+    "creator": "S",  # the execution that registered the newest job (and creates it): `stop` may end it
+    "created": "S",
+    "updated": "S",
+}
+NAMES = {f"#{a}": a for a in REGISTRY_ATTRIBUTES}
+
+
+CDK_TOKEN = re.compile(r"\$\{Token\[[A-Za-z0-9_.\-]+\]\}")
+
+
+def literal(text: str) -> str:
+    """`text` as a literal inside an intrinsic function's string.
+
+    The language escapes quotes, braces and backslashes there with a backslash; the emulator's
+    interpreter does not undo those escapes, so texts that reach a template have none to escape.
+    """
+    # A CDK token (`${Token[...]}`, a bucket name, an ARN) resolves to a value without such characters.
+    bad = sorted({c for c in CDK_TOKEN.sub("", text) if c in "'{}\\"})
+    if bad:
+        raise ValueError(f"intrinsic string literal may not contain {bad}: {text!r}")
+    return text
+
+
+def fmt(template: str, *arguments: str) -> str:
+    """`States.Format('...', args)` where `{}` in `template` marks each argument."""
+    parts = template.split("{}")
+    assert len(parts) == len(arguments) + 1, (template, arguments)
+    return f"States.Format('{'{}'.join(literal(p) for p in parts)}', {', '.join(arguments)})"
+
+
+def names(*attributes: str) -> dict[str, str]:
+    unknown = set(attributes) - set(REGISTRY_ATTRIBUTES)
+    assert not unknown, unknown
+    return {f"#{a}": a for a in attributes}
+
+
+def task(resource: str, parameters: dict[str, Any], *, capacity: bool = False, **fields: Any) -> dict:
+    return {
+        "Type": "Task",
+        "Resource": resource,
+        "Parameters": parameters,
+        "Retry": retriers(resource, capacity=capacity),
+        **fields,
+    }
+
+
+@dataclass(frozen=True)
+class SupervisorConstants:
+    """Everything a definition needs that is fixed when the stack is deployed."""
+
+    recipe: str
+    team: str
+    team_option: str  # " --team <team>" when the deployment names its team, else ""
+    table_name: str
+    topic_arn: str
+    checkpoint_base: str  # s3://<bucket>/checkpoints/<team>/<recipe>/
+    tokens_per_step: int
+    usd_per_hour: float
+    recipe_hash: str
+    max_jobs: int
+
+
+def constants_for(
+    recipe: Recipe, team: str | None, plan: Any, *, table_name: str, topic_arn: str, bucket_name: str
+) -> SupervisorConstants:
+    """The constants of a deployment of `recipe` for `team` (CDK tokens or literal values)."""
+    return SupervisorConstants(
+        recipe=recipe.name,
+        team=team or recipe.tags.team,
+        team_option=f" --team {team}" if team else "",
+        table_name=table_name,
+        topic_arn=topic_arn,
+        checkpoint_base=f"s3://{bucket_name}/{naming.checkpoint_prefix(recipe, team)}/",
+        tokens_per_step=recipe.tokens_per_step,
+        usd_per_hour=float(plan.cost.usd_per_hour),
+        recipe_hash=naming.recipe_hash(recipe),
+        max_jobs=recipe.compute.max_jobs,
+    )
+
+
+def notify(c: SupervisorConstants, *, run: str, job: str, status: str, secondary: str) -> dict:
+    """Publish the decision: the run, the job, why it ended, what happens next, the run's checkpoints."""
+    template, fields = supervisor.message_template(c.recipe, c.team, c.team_option)
+    values = {
+        "run": run,
+        "job": job,
+        "status": status,
+        "secondary": secondary,
+        "why": "$.Decision.Why",
+        "next": "$.Decision.Next",
+        "checkpoint_uri": "$.Decision.CheckpointUri",
+    }
+    return task(
+        PUBLISH,
+        {
+            "TopicArn": c.topic_arn,
+            "Subject.$": fmt(supervisor.SUBJECT, run, "$.Decision.Headline"),
+            "Message.$": fmt(template, *(values[f] for f in fields)),
+        },
+        ResultPath=None,
+    )

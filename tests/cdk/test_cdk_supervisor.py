@@ -1,0 +1,142 @@
+"""The run supervisor as synthesized: who may assume its roles, what they may do, that every task of
+every state machine (the alarm manager's inside its Map included) retries transient errors, and the
+alarms that say when supervision failed."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from cdk_helpers import flatten_join, resources, state_machine_definition
+
+from stacks.retries import TRANSIENT_ERRORS, integration_of
+
+pytestmark = pytest.mark.xdist_group("cdk-synth")
+LAUNCHER = "Trainstack-platform-30b-fp8-Launcher"
+
+
+def statements(template: dict, role_prefix: str) -> list[dict]:
+    return [
+        statement
+        for key, policy in resources(template, "AWS::IAM::Policy").items()
+        if key.startswith(role_prefix)
+        for statement in policy["Properties"]["PolicyDocument"]["Statement"]
+    ]
+
+
+def as_list(value):
+    return value if isinstance(value, list) else [value]
+
+
+def test_every_role_a_service_assumes_here_is_limited_to_this_account(all_templates: dict) -> None:
+    checked = 0
+    for name, template in all_templates.items():
+        if not name.endswith("-Launcher"):
+            continue
+        for key, role in resources(template, "AWS::IAM::Role").items():
+            for statement in role["Properties"]["AssumeRolePolicyDocument"]["Statement"]:
+                services = as_list(statement.get("Principal", {}).get("Service", []))
+                if set(services) & {"states.amazonaws.com", "events.amazonaws.com"}:
+                    assert statement["Condition"] == {
+                        "StringEquals": {"aws:SourceAccount": {"Ref": "AWS::AccountId"}}
+                    }, (name, key)
+                    checked += 1
+    assert checked >= 5 * len([n for n in all_templates if n.endswith("-Launcher")])
+
+
+def test_kms_describe_key_is_granted_without_the_grant_only_condition(all_templates: dict) -> None:
+    """kms:GrantIsForAWSResource exists only on grant operations, so DescribeKey under it never applied."""
+    for role in ("SupervisorStartJobRole", "SupervisorJobEndedRole"):
+        found = statements(all_templates[LAUNCHER], role)
+        (describe,) = [s for s in found if "kms:DescribeKey" in as_list(s["Action"])]
+        assert as_list(describe["Action"]) == ["kms:DescribeKey"] and "Condition" not in describe
+        (grant,) = [s for s in found if "kms:CreateGrant" in as_list(s["Action"])]
+        assert as_list(grant["Action"]) == ["kms:CreateGrant"]
+        assert grant["Condition"] == {"Bool": {"kms:GrantIsForAWSResource": "true"}}
+        (data_keys,) = [s for s in found if "kms:GenerateDataKey" in as_list(s["Action"])]
+        services = data_keys["Condition"]["StringEquals"]["kms:ViaService"]
+        assert [flatten_join(v).split(".")[0] for v in services] == ["dynamodb", "sns"]
+
+
+def test_the_supervisor_may_write_only_its_registry_and_publish_only_to_its_topic(
+    all_templates: dict,
+) -> None:
+    template = all_templates[LAUNCHER]
+    for role, extra in (("SupervisorStartJobRole", set()), ("SupervisorJobEndedRole", {"dynamodb:GetItem"})):
+        found = statements(template, role)
+        dynamo = {a for s in found for a in as_list(s["Action"]) if a.startswith("dynamodb:")}
+        assert dynamo == {"dynamodb:PutItem", "dynamodb:UpdateItem"} | extra
+        for s in found:
+            if any(a.startswith(("dynamodb:", "sns:")) for a in as_list(s["Action"])):
+                (resource,) = as_list(s["Resource"])
+                text = json.dumps(resource)
+                assert "RunTableArn" in text or "MonitoringNotificationsTopic" in text, s
+        passed = [s for s in found if "iam:PassRole" in as_list(s["Action"])]
+        assert passed and all(
+            s["Condition"] == {"StringEquals": {"iam:PassedToService": "sagemaker.amazonaws.com"}}
+            for s in passed
+        )
+
+
+def tasks_of(states: dict) -> list[tuple[str, dict]]:
+    found = []
+    for name, state in states.items():
+        if state["Type"] == "Task":
+            found.append((name, state))
+        for branch in state.get("Branches", []):
+            found += tasks_of(branch["States"])
+        if "ItemProcessor" in state:
+            found += tasks_of(state["ItemProcessor"]["States"])
+    return found
+
+
+def test_every_task_of_every_state_machine_retries_transient_errors(all_templates: dict) -> None:
+    template = all_templates[LAUNCHER]
+    checked = 0
+    for key, machine in resources(template, "AWS::StepFunctions::StateMachine").items():
+        definition = json.loads(flatten_join(machine["Properties"]["DefinitionString"]))
+        for name, state in tasks_of(definition["States"]):
+            resource = state["Resource"].replace("${{'Ref': 'AWS::Partition'}}", "aws")
+            resource = (
+                resource.replace("arn:${", "arn:aws${").split("}", 1)[-1] if "${" in resource else resource
+            )
+            errors = {e for r in state.get("Retry", []) for e in r["ErrorEquals"]}
+            assert set(TRANSIENT_ERRORS[integration_of(resource)]) <= errors, (key, name)
+            assert "States.Timeout" not in errors or "TimeoutSeconds" in state, (key, name)
+            checked += 1
+    assert checked >= 20  # StartJob, JobEnded and the alarm manager's puts and deletes
+
+
+def test_alarms_cover_both_supervisor_machines_and_undelivered_job_events(all_templates: dict) -> None:
+    template = all_templates[LAUNCHER]
+    alarms = {k: a["Properties"] for k, a in resources(template, "AWS::CloudWatch::Alarm").items()}
+    (failed,) = [a for k, a in alarms.items() if k.startswith("MonitoringAlarmsExecutionFailed")]
+    machines = {
+        flatten_join(m["MetricStat"]["Metric"]["Dimensions"][0]["Value"])
+        for m in failed["Metrics"]
+        if "MetricStat" in m
+    }
+    assert len(machines) == 2 and all("Supervisor" in m for m in machines)
+    (undelivered,) = [a for k, a in alarms.items() if k.startswith("MonitoringAlarmsJobEventsUndelivered")]
+    assert undelivered["MetricName"] == "FailedInvocations" and undelivered["Namespace"] == "AWS/Events"
+    assert "SupervisorJobStateChanged" in json.dumps(undelivered["Dimensions"])
+
+
+def test_the_job_ended_machine_decides_with_the_rule_table(all_templates: dict) -> None:
+    from trainstack.supervisor import RULES
+
+    states = state_machine_definition(all_templates[LAUNCHER], "JobEnded")["States"]
+    assert [c["Next"] for c in states["Decide"]["Choices"]] == [f"Rule{r.id}" for r in RULES]
+    topic = states["Notify"]["Parameters"]["TopicArn"]
+    assert "MonitoringNotificationsTopic" in topic
+
+
+def test_results_discarded_in_the_builder_stay_discarded_in_the_template(all_templates: dict) -> None:
+    """`"ResultPath": null` keeps a task's input; a template that dropped it would replace the input with
+    the task's result (as Stack.to_json_string does with nulls)."""
+    for which in ("StartJob", "JobEnded"):
+        states = state_machine_definition(all_templates[LAUNCHER], which)["States"]
+        for name in ("RegisterRun", "RegisterNextJob", "RegisterResume", "NotifyNotCreated"):
+            assert "ResultPath" in states[name] and states[name]["ResultPath"] is None, (which, name)
+        if which == "JobEnded":
+            assert states["RecordEnd"]["ResultPath"] is None and states["Notify"]["ResultPath"] is None

@@ -1,0 +1,96 @@
+"""The table of ways a job of a run can end, with the decision each must get. Driven through the pure
+function (test_supervisor_decisions.py) and the state machine in the emulator
+(test_supervisor_emulator.py); both must agree with `expected`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from trainstack.exit_codes import failure_line
+
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    status: str
+    secondary: str
+    reason: str | None = None
+    stop_requested: bool = False
+    at_job_limit: bool = False  # the job is the last the run may start before a person resumes it
+    stale: bool = False  # the run's newest job is another one (a repeated or late event)
+    run_state: str = "running"
+    outcome: str = ""  # expected trainstack.supervisor.Outcome value
+    rule: str = ""  # expected rule id
+
+
+FATAL = "AlgorithmError: " + failure_line(3, "loss became nan at step 1200 (lr too high?)")
+CASES = [
+    Case("max-runtime", "Stopped", "MaxRuntimeExceeded", outcome="next_job", rule="MaxRuntime"),
+    Case("spot-interrupted", "Stopped", "Interrupted", outcome="next_job", rule="SpotInterrupted"),
+    Case("spot-wait", "Failed", "MaxWaitTimeExceeded", "spot capacity", outcome="next_job", rule="SpotWait"),
+    Case("completed", "Completed", "Completed", outcome="completed", rule="Completed"),
+    Case(
+        "stop-requested", "Stopped", "Stopped", stop_requested=True, outcome="stopped", rule="StopRequested"
+    ),
+    Case(
+        "stop-raced-max-runtime",
+        "Stopped",
+        "MaxRuntimeExceeded",
+        stop_requested=True,
+        outcome="stopped",
+        rule="StopRequested",
+    ),
+    Case(
+        "stop-but-completed",
+        "Completed",
+        "Completed",
+        stop_requested=True,
+        outcome="completed",
+        rule="Completed",
+    ),
+    Case("stopped-elsewhere", "Stopped", "Stopped", outcome="stopped", rule="StoppedElsewhere"),
+    Case("fatal-nan", "Failed", "Failed", FATAL, outcome="failed", rule="Fatal"),
+    Case(
+        "client-error",
+        "Failed",
+        "Failed",
+        "ClientError: Access denied for repository: trainstack-images",
+        outcome="failed",
+        rule="ClientError",
+    ),
+    Case(
+        "capacity",
+        "Failed",
+        "Failed",
+        "CapacityError: Unable to provision requested ML compute capacity. Please retry using a different "
+        "ML instance type.",
+        outcome="next_job",
+        rule="Capacity",
+    ),
+    Case(
+        "internal-error",
+        "Failed",
+        "Failed",
+        "InternalServerError: We encountered an internal error. Please try again.",
+        outcome="next_job",
+        rule="InternalError",
+    ),
+    Case(
+        "crashed",
+        "Failed",
+        "Failed",
+        "AlgorithmError: trainstack exit=1: NCCL watchdog timeout on rank 17",
+        outcome="next_job",
+        rule="Crashed",
+    ),
+    Case(
+        "job-limit",
+        "Stopped",
+        "MaxRuntimeExceeded",
+        at_job_limit=True,
+        outcome="failed",
+        rule="JobLimit",
+    ),
+    Case("stale-event", "Stopped", "MaxRuntimeExceeded", stale=True, outcome="ignored", rule="Ignored"),
+    Case("run-not-running", "Completed", "Completed", run_state="stopped", outcome="ignored", rule="Ignored"),
+]

@@ -1,0 +1,267 @@
+"""The supervisor's decision as a pure function, and the state machine definitions that carry it: every
+way a job can end gets its decision; the definitions retry every task, write only expressions DynamoDB
+accepts, visit each state at most once, and stay far below Step Functions' 25,000 history events.
+
+No emulator here (fast); test_supervisor_emulator.py runs the same cases through the state machine.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any
+
+import pytest
+from supervisor_cases import CASES, Case
+
+from stacks.retries import CAPACITY_ERRORS, TRANSIENT_ERRORS, integration_of
+from stacks.supervisor.asl import REGISTRY_ATTRIBUTES, constants_for
+from stacks.supervisor.job_ended import job_ended_definition, rule_condition
+from stacks.supervisor.start_job import start_job_definition
+from trainstack import naming, supervisor
+from trainstack.loader import resolve
+from trainstack.planner import plan
+from trainstack.recipe import to_hyperparameters
+from trainstack.request import Runtime, create_training_job_request
+from trainstack.supervisor import EndedJob, Outcome, RunRecord, next_action
+
+HISTORY_LIMIT = 25_000  # Step Functions standard workflows fail an execution at 25,000 events
+EVENTS_PER_STATE = 2  # entered, exited
+EVENTS_PER_TASK_ATTEMPT = 4  # scheduled, started, submitted, succeeded/failed (at most)
+
+
+def run_record(case: Case, run: str = "ts-platform-1b-bf16--abc-r1") -> RunRecord:
+    job = 3
+    current = f"{run}-{job}"
+    return RunRecord(
+        run=run,
+        state=case.run_state,
+        current_job=f"{run}-{job + 1}" if case.stale else current,
+        job=job,
+        last_job=job if case.at_job_limit else 20,
+        stop_requested=case.stop_requested,
+    )
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_every_way_a_job_ends_gets_its_decision(case: Case) -> None:
+    run = run_record(case)
+    action = next_action(run, EndedJob(f"{run.run}-3", case.status, case.secondary, case.reason))
+    assert (action.outcome.value, action.rule) == (case.outcome, case.rule)
+    if action.outcome is Outcome.NEXT_JOB:
+        assert action.next_job == 4 and f"{run.run}-4 starts" in action.next_step
+    if case.reason and supervisor.REASON in supervisor.RULE_BY_ID.get(case.rule, supervisor.RULES[0]).why:
+        assert case.reason in action.why  # the failure reason reaches the notification
+
+
+def test_a_capacity_failure_waits_before_the_next_job() -> None:
+    case = next(c for c in CASES if c.id == "capacity")
+    action = next_action(
+        run_record(case), EndedJob("ts-platform-1b-bf16--abc-r1-3", "Failed", "Failed", case.reason)
+    )
+    assert action.wait_minutes == supervisor.CAPACITY_WAIT_MINUTES
+    assert f"in {supervisor.CAPACITY_WAIT_MINUTES} minutes" in action.next_step
+
+
+def test_the_trainers_fatal_exit_codes_end_the_run_and_its_other_failures_do_not() -> None:
+    from trainstack.exit_codes import FATAL, failure_line
+
+    run = RunRecord("ts-p-r--x", "running", "ts-p-r--x-1", 1, 20)
+    for code in (1, 2, 3, 4, 137):
+        reason = f"AlgorithmError: {failure_line(code, 'boom')}"
+        action = next_action(run, EndedJob("ts-p-r--x-1", "Failed", "Failed", reason))
+        assert (action.outcome is Outcome.FAILED) is (code in FATAL), code
+
+
+def test_string_matches_is_step_functions_glob_only_star() -> None:
+    assert supervisor.string_matches("CapacityError: x", "*CapacityError*")
+    assert supervisor.string_matches("ClientError: x", "ClientError*")
+    assert not supervisor.string_matches("AlgorithmError: ClientError", "ClientError*")
+    assert supervisor.string_matches("a.b[c]?", "a.b[c]?")  # regex and fnmatch characters are literal
+    assert not supervisor.string_matches("axb", "a.b")
+
+
+def test_the_message_names_run_job_why_next_and_the_runs_checkpoints() -> None:
+    case = next(c for c in CASES if c.id == "fatal-nan")
+    run = run_record(case)
+    job = EndedJob(f"{run.run}-3", "Failed", "Failed", case.reason)
+    action = next_action(run, job)
+    text = supervisor.message(
+        recipe="1b-bf16",
+        team="platform",
+        team_option="",
+        job=job,
+        action=action,
+        run=run.run,
+        checkpoint_uri="s3://b/checkpoints/platform/1b-bf16/abc-r1/",
+    )
+    assert f"run {run.run} (platform/1b-bf16): job {run.run}-3 ended Failed (Failed) because" in text
+    assert "loss became nan" in text and f"trainstack resume {run.run}" in text
+    assert "Checkpoints: s3://b/checkpoints/platform/1b-bf16/abc-r1/." in text
+    longest = naming.run_name(resolve("1b-bf16").recipe, "t" * 16, "x" * naming.RUN_ID_MAX).replace(
+        "1b-bf16", "r" * 22
+    )
+    for outcome in supervisor.OUTCOME_WORDS:  # SNS: a subject is under 100 ASCII characters
+        assert len(supervisor.subject(longest, outcome)) < 100
+
+
+# --- The definitions ---------------------------------------------------------------------------------
+
+
+@cache
+def definitions() -> dict[str, dict[str, Any]]:
+    recipe = resolve("1b-bf16").recipe
+    constants = constants_for(
+        recipe,
+        None,
+        plan(recipe),
+        table_name="runs",
+        topic_arn="arn:aws:sns:us-east-1:123456789012:t",
+        bucket_name="bucket",
+    )
+    request = create_training_job_request(
+        recipe,
+        None,
+        job_name=Runtime("$.Names.JobName"),
+        run=Runtime("$.Run"),
+        checkpoint_uri=Runtime("$.Names.CheckpointUri"),
+        role_arn="arn:aws:iam::123456789012:role/x",
+        image_uri="img:1",
+        bucket_name="bucket",
+        hyperparameters=Runtime(
+            "States.JsonMerge($.Recipe.HyperParameters, $.HyperParameterOverrides, false)"
+        ),
+        keep_alive_seconds=Runtime("$.KeepAlivePeriodInSeconds"),
+    )
+    kw = dict(request=request, hyperparameters=to_hyperparameters(recipe))
+    return {
+        "StartJob": start_job_definition(constants, **kw),
+        "JobEnded": job_ended_definition(constants, **kw),
+    }
+
+
+def successors(state: dict[str, Any]) -> set[str]:
+    found = {state[k] for k in ("Next", "Default") if k in state}
+    found |= {c["Next"] for c in state.get("Choices", [])}
+    found |= {c["Next"] for c in state.get("Catch", [])}
+    return found
+
+
+@pytest.mark.parametrize("name", ["StartJob", "JobEnded"])
+def test_every_state_is_reachable_and_none_is_visited_twice(name: str) -> None:
+    """No loop: an execution visits each state at most once, so its history is bounded by its states."""
+    definition = definitions()[name]
+    states = definition["States"]
+    assert all(s in states for state in states.values() for s in successors(state))
+    seen, order, path = set(), [], set()
+
+    def visit(state: str) -> None:
+        assert state not in path, f"{name}: a loop through {state}"
+        if state in seen:
+            return
+        path.add(state)
+        for nxt in successors(states[state]):
+            visit(nxt)
+        path.discard(state)
+        seen.add(state)
+        order.append(state)
+
+    visit(definition["StartAt"])
+    assert seen == set(states), set(states) - seen
+
+
+def history_bound(definition: dict[str, Any]) -> int:
+    """The most history events one execution can produce: every state once, every task attempt its
+    events, every retry taken (each state is visited at most once: see the test above)."""
+    events = 2  # ExecutionStarted, ExecutionSucceeded/Failed
+    for state in definition["States"].values():
+        events += EVENTS_PER_STATE
+        if state["Type"] == "Task":
+            attempts = 1 + sum(r["MaxAttempts"] for r in state.get("Retry", []))
+            events += attempts * EVENTS_PER_TASK_ATTEMPT
+    return events
+
+
+@pytest.mark.parametrize("name", ["StartJob", "JobEnded"])
+def test_no_execution_can_come_near_the_history_limit(name: str) -> None:
+    bound = history_bound(definitions()[name])
+    # Independent of how long a job runs: a 28-day job has one StartJob and one JobEnded execution, a
+    # 90-day run four of each; each stays under this bound.
+    assert bound < HISTORY_LIMIT / 20, bound
+
+
+def tasks() -> list[tuple[str, str, dict[str, Any]]]:
+    return [
+        (name, state_name, state)
+        for name, definition in definitions().items()
+        for state_name, state in definition["States"].items()
+        if state["Type"] == "Task"
+    ]
+
+
+def test_every_task_retries_the_transient_errors_of_its_integration_and_nothing_that_cannot_fire() -> None:
+    for machine, name, state in tasks():
+        errors = {e for r in state["Retry"] for e in r["ErrorEquals"]}
+        assert set(TRANSIENT_ERRORS[integration_of(state["Resource"])]) <= errors, (machine, name)
+        assert "States.Timeout" not in errors or "TimeoutSeconds" in state, (machine, name)
+        assert all(r["MaxAttempts"] <= 20 and r.get("MaxDelaySeconds", 0) <= 7200 for r in state["Retry"])
+    create = definitions()["StartJob"]["States"]["CreateTrainingJob"]
+    assert any(set(CAPACITY_ERRORS) <= set(r["ErrorEquals"]) for r in create["Retry"])
+
+
+def test_the_retried_error_names_are_the_ones_step_functions_emits() -> None:
+    """Pinned: aws-sdk integrations `<Service>.<Code>Exception`, optimized DynamoDB `DynamoDB.<Code>`,
+    optimized SNS `SNS.<Code>Exception` (stacks/retries.py cites the rules)."""
+    assert TRANSIENT_ERRORS["aws-sdk:sagemaker"][:1] == ("SageMaker.ThrottlingException",)
+    assert "SageMaker.SageMakerException" in TRANSIENT_ERRORS["aws-sdk:sagemaker"]
+    assert "CloudWatch.ThrottlingException" in TRANSIENT_ERRORS["aws-sdk:cloudwatch"]
+    assert {"DynamoDB.ProvisionedThroughputExceededException", "DynamoDB.ThrottlingException"} <= set(
+        TRANSIENT_ERRORS["dynamodb"]
+    )
+    assert {"DynamoDB.RequestLimitExceeded", "DynamoDB.InternalServerError"} <= set(
+        TRANSIENT_ERRORS["dynamodb"]
+    )
+    assert {"SNS.ThrottledException", "SNS.KMSThrottlingException"} <= set(TRANSIENT_ERRORS["sns"])
+    assert CAPACITY_ERRORS == ("SageMaker.ResourceLimitExceededException",)
+
+
+def placeholders(expression: str, mark: str) -> set[str]:
+    import re
+
+    return set(re.findall(rf"{mark}[A-Za-z_]+", expression))
+
+
+def test_dynamodb_writes_use_every_name_and_value_they_define_and_define_every_one_they_use() -> None:
+    """DynamoDB rejects an expression with an undefined or an unused attribute name or value."""
+    checked = 0
+    for machine, name, state in tasks():
+        if not state["Resource"].startswith("arn:aws:states:::dynamodb:"):
+            continue
+        p = state["Parameters"]
+        text = " ".join(p.get(k, "") for k in ("UpdateExpression", "ConditionExpression"))
+        names = {k.removesuffix(".$") for k in p.get("ExpressionAttributeNames", {})}
+        values = {k for k in p.get("ExpressionAttributeValues", {})}
+        assert placeholders(text, "#") == names, (machine, name)
+        assert placeholders(text, ":") == values, (machine, name)
+        assert {v for k, v in p.get("ExpressionAttributeNames", {}).items() if not k.endswith(".$")} <= set(
+            REGISTRY_ATTRIBUTES
+        )
+        checked += 1
+    assert checked >= 6
+
+
+def test_the_registry_item_a_launch_writes_has_every_attribute() -> None:
+    item = definitions()["StartJob"]["States"]["RegisterRun"]["Parameters"]["Item"]
+    assert set(item) == set(REGISTRY_ATTRIBUTES)
+    for attribute, kind in REGISTRY_ATTRIBUTES.items():
+        (written,) = item[attribute]
+        assert written.removesuffix(".$") == kind, attribute
+
+
+def test_the_decision_choice_is_the_rule_table_in_order() -> None:
+    states = definitions()["JobEnded"]["States"]
+    choices = states["Decide"]["Choices"]
+    assert [c["Next"] for c in choices] == [f"Rule{r.id}" for r in supervisor.RULES]
+    for choice, rule in zip(choices, supervisor.RULES, strict=True):
+        assert {k: v for k, v in choice.items() if k != "Next"} == rule_condition(rule)
+        decided = states[f"Rule{rule.id}"]["Parameters"]
+        assert decided["Outcome"] == rule.outcome.value and decided["Rule"] == rule.id
