@@ -66,13 +66,17 @@ class Dashboard(Construct):
             )
 
         def trainer_graph(
-            key: str, title: str, annotations: Sequence[cw.HorizontalAnnotation] = (), stat: str = "Average"
+            key: str,
+            title: str,
+            annotations: Sequence[cw.HorizontalAnnotation] = (),
+            stat: str = "Average",
+            width: int = 8,
         ) -> cw.GraphWidget:
             return cw.GraphWidget(
                 title=f"{title} ({FIELD_BY_KEY[key].metric_name})",
                 left=[search(title, FIELD_BY_KEY[key].metric_name, JOB_DIMENSION, stat)],
                 left_annotations=list(annotations),
-                width=8,
+                width=width,
                 height=6,
             )
 
@@ -141,6 +145,20 @@ class Dashboard(Construct):
                         ),
                     ],
                 ),
+            ],
+            [
+                # The slowest rank's own compute against the median's (collectives equalise wall time), and
+                # where it is: a host that stays named here is the bad GPU or link.
+                trainer_graph(
+                    "straggler_skew",
+                    "Straggler skew",
+                    [line(f"alarm (> {mon.straggler_skew:g})", mon.straggler_skew, cw.Color.RED)],
+                    stat="Maximum",
+                    width=6,
+                ),
+                trainer_graph("straggler_host", "Straggler host (N of algo-N)", stat="Maximum", width=6),
+                trainer_graph("straggler_rank", "Straggler rank", stat="Maximum", width=6),
+                trainer_graph("straggler_compute_s", "Straggler block compute s", width=6),
             ],
             [
                 host_graph(

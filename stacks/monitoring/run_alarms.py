@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -39,6 +40,9 @@ class Thresholds:
     gpu_idle_minutes: int
     slow_minutes: int
     stall_minutes: int
+    straggler_skew: float  # the trainer's straggler_skew (slowest rank's compute over the median's, - 1)
+    straggler_period_s: int  # at least one metric line per period (lines come every log_every steps)
+    straggler_periods: int  # periods covering monitoring.straggler_minutes
 
     @classmethod
     def of(cls, recipe: Recipe, plan: Plan) -> Thresholds:
@@ -52,7 +56,18 @@ class Thresholds:
             gpu_idle_minutes=mon.gpu_idle_minutes,
             slow_minutes=mon.slow_minutes,
             stall_minutes=mon.stall_minutes,
+            straggler_skew=mon.straggler_skew,
+            straggler_period_s=(period := metric_line_period_s(recipe, plan)),
+            straggler_periods=max(1, math.ceil(mon.straggler_minutes * 60 / period)),
         )
+
+
+def metric_line_period_s(recipe: Recipe, plan: Plan) -> int:
+    """The shortest CloudWatch period (a multiple of 60 s) that holds at least one metric line: the
+    trainer prints one every `training.log_every` steps, so at 205 s a step (8b-fp8-128k) one about every
+    34 minutes, and a one-minute period would be missing data most of the time."""
+    interval_s = recipe.training.log_every * plan.throughput.step_time_s
+    return 60 * max(1, math.ceil(interval_s / 60))
 
 
 # --- Per-run alarms: specified here, created by a state machine when a job starts training --------
@@ -79,9 +94,25 @@ class AlarmSpec:
     comparison: str
     treat_missing: str
     description: str
+    # A per-host alarm on a trainer metric (dimension TrainingJobName only) that names its host in another
+    # metric: the alarm watches `metric` only while `host_metric` equals this host (metric math below).
+    host_metric: str | None = None
 
     def request(self, job: str, topic_arn: str, host: int | None = None) -> dict[str, Any]:
         """The PutMetricAlarm request for one concrete job (and host): what the state machine sends."""
+        if self.host_metric is not None:
+            return {
+                "AlarmName": f"{job}-{self.name}-algo-{host}",
+                "AlarmDescription": self.description,
+                "Metrics": self.host_metrics(job, self.host_expression(host)),
+                "EvaluationPeriods": self.evaluation_periods,
+                "DatapointsToAlarm": self.evaluation_periods,
+                "Threshold": self.threshold,
+                "ComparisonOperator": self.comparison,
+                "TreatMissingData": self.treat_missing,
+                "AlarmActions": [topic_arn],
+                "OKActions": [topic_arn],
+            }
         if self.per_host:
             alarm, dimension = (
                 f"{job}-{self.name}-algo-{host}",
@@ -105,6 +136,40 @@ class AlarmSpec:
             "AlarmActions": [topic_arn],
             "OKActions": [topic_arn],
         }
+
+    @staticmethod
+    def host_expression(host: Any) -> str:
+        """The value while this host is the one named, else 0 (`host` may be a run-time placeholder)."""
+        return f"IF(host == {host}, value, 0)"
+
+    def host_metrics(self, job: Any, expression: Any) -> list[dict[str, Any]]:
+        """PutMetricAlarm `Metrics`: the named host and the value, both of the job, and the expression."""
+
+        def stat(id_: str, metric: str) -> dict[str, Any]:
+            return {
+                "Id": id_,
+                "MetricStat": {
+                    "Metric": {
+                        "Namespace": NAMESPACE,
+                        "MetricName": metric,
+                        "Dimensions": [{"Name": JOB_DIMENSION, "Value": job}],
+                    },
+                    "Period": self.period_s,
+                    "Stat": self.statistic,
+                },
+                "ReturnData": False,
+            }
+
+        return [
+            stat("host", self.host_metric or ""),
+            stat("value", self.metric),
+            {
+                "Id": "onhost",
+                "Expression": expression,
+                "Label": f"{self.name} on this host",
+                "ReturnData": True,
+            },
+        ]
 
 
 def run_alarm_specs(recipe: Recipe, plan: Plan) -> tuple[AlarmSpec, ...]:
@@ -180,6 +245,25 @@ def run_alarm_specs(recipe: Recipe, plan: Plan) -> tuple[AlarmSpec, ...]:
             "notBreaching",
             f"Training volume of {recipe.name} above {t.disk_high_pct:g}% full (checkpoints piling up?).",
         ),
+        AlarmSpec(
+            # The trainer names the rank whose own block compute was slowest on each log step, its host
+            # and its skew against the median rank (collectives make every rank's wall time equal, so
+            # only compute shows a bad GPU or link). One alarm per host, named for it: a node that stays
+            # the slowest by more than the threshold for straggler_minutes.
+            "Straggler",
+            True,
+            FIELD_BY_KEY["straggler_skew"].metric_name,
+            "Maximum",
+            t.straggler_period_s,
+            t.straggler_periods,
+            t.straggler_skew,
+            above,
+            "notBreaching",  # metric lines come every log_every steps; a quiet period says nothing
+            f"One node of {recipe.name} slower than the rest: its slowest rank's compute more than "
+            f"{mon.straggler_skew:.0%} over the median rank's for {mon.straggler_minutes} min (see "
+            f"{FIELD_BY_KEY['straggler_rank'].metric_name}; replace the node or stop and resume the run).",
+            host_metric=FIELD_BY_KEY["straggler_host"].metric_name,
+        ),
     )
 
 
@@ -247,7 +331,14 @@ class RunAlarms(Construct):
                 name = sfn.JsonPath.format(f"{{}}-{spec.name}", sfn.JsonPath.string_at(job_path))
                 dimension = {"Name": JOB_DIMENSION, "Value": sfn.JsonPath.string_at(job_path)}
             concrete = spec.request("JOB", topic.topic_arn, 1)
-            parameters = {**concrete, "AlarmName": name, "Dimensions": [dimension]}
+            if spec.host_metric is not None:
+                expression = sfn.JsonPath.format(
+                    spec.host_expression("{}"), sfn.JsonPath.string_at(host_path or "")
+                )
+                metrics = spec.host_metrics(sfn.JsonPath.string_at(job_path), expression)
+                parameters = {**concrete, "AlarmName": name, "Metrics": metrics}
+            else:
+                parameters = {**concrete, "AlarmName": name, "Dimensions": [dimension]}
             return retried(
                 tasks.CallAwsService(
                     self,

@@ -30,7 +30,7 @@ def by_prefix(resources: dict, name: str) -> dict:
 
 def test_the_run_alarm_set_covers_every_way_a_run_wastes_money(s):
     names = {spec.name for spec in run_alarm_specs(s.recipe, s.plan)}
-    assert names == {"GpuIdle", "NearOom", "Slow", "Stalled", "DiskNearlyFull"}
+    assert names == {"GpuIdle", "NearOom", "Slow", "Stalled", "DiskNearlyFull", "Straggler"}
 
 
 def test_each_run_alarm_is_put_with_its_metric_threshold_and_sns_action(s):
@@ -43,6 +43,18 @@ def test_each_run_alarm_is_put_with_its_metric_threshold_and_sns_action(s):
     for spec in specs:
         params = puts[f"Put{spec.name}"]["Parameters"]
         expected = spec.request("JOB", "TOPIC", 1)
+        if spec.host_metric is not None:  # metric math over two of the job's trainer metrics
+            assert [m["Id"] for m in params["Metrics"]] == [m["Id"] for m in expected["Metrics"]]
+            assert params["Metrics"][2]["Expression.$"] == "States.Format('IF(host == {}, value, 0)', $.host)"
+            for ours, theirs in zip(params["Metrics"][:2], expected["Metrics"][:2], strict=True):
+                assert ours["MetricStat"]["Metric"]["Dimensions"] == [
+                    {"Name": "TrainingJobName", "Value.$": "$.job"}
+                ]
+                assert (
+                    ours["MetricStat"]["Metric"]["MetricName"] == theirs["MetricStat"]["Metric"]["MetricName"]
+                )
+                assert ours["MetricStat"]["Period"] == theirs["MetricStat"]["Period"]
+            continue
         for key in (
             "Namespace",
             "MetricName",
@@ -81,6 +93,19 @@ def test_thresholds_come_from_the_recipe_and_the_plan(s):
     assert stalled.metric == FIELD_BY_KEY["step"].metric_name and stalled.statistic == "SampleCount"
     assert stalled.treat_missing == "breaching" and stalled.evaluation_periods == mon.stall_minutes
     assert all(spec.treat_missing == "notBreaching" for spec in specs.values() if spec.name != "Stalled")
+    # One straggler alarm per host: the trainer's skew while that host is the one it names.
+    straggler = specs["Straggler"]
+    assert straggler.per_host and straggler.threshold == mon.straggler_skew
+    assert straggler.metric == FIELD_BY_KEY["straggler_skew"].metric_name
+    assert straggler.host_metric == FIELD_BY_KEY["straggler_host"].metric_name
+    request = straggler.request("job-1", "TOPIC", 3)
+    assert request["AlarmName"] == "job-1-Straggler-algo-3"
+    assert request["Metrics"][2]["Expression"] == "IF(host == 3, value, 0)"
+    # At least one metric line per period, and periods covering straggler_minutes.
+    log_interval_s = s.recipe.training.log_every * s.plan.throughput.step_time_s
+    period = request["Metrics"][1]["MetricStat"]["Period"]
+    assert period % 60 == 0 and period >= log_interval_s and period - 60 < max(log_interval_s, 60)
+    assert straggler.evaluation_periods * period >= mon.straggler_minutes * 60
 
 
 def test_thresholds_follow_overrides_of_the_monitoring_section():
