@@ -9,11 +9,11 @@ and VPC (`allow_network_interfaces`). docs/security.md has the whole picture.
 from __future__ import annotations
 
 import jsii
-from aws_cdk import ArnFormat, Aspects, IAspect, Stack
+from aws_cdk import ArnFormat, Stack
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_s3 as s3
-from constructs import Construct, IConstruct, IValidation
+from constructs import Construct, IValidation
 
 from stacks import nag
 from stacks.network import TrainingNetwork
@@ -136,9 +136,8 @@ class ExecutionRole(Construct):
                     resources=["*"],
                 )
             )
-            # The launcher builds this role before its network: the scoped statements follow once the stack's
-            # TrainingNetwork exists, and synthesis fails if there is none.
-            Aspects.of(stack).add(_GrantNetworkInterfaces(self))
+            # The scoped interface statements come with the network (allow_network_interfaces, called by
+            # the launcher once it has built it); synthesis fails if it never is.
             self.node.add_validation(_NetworkGranted(self))
         nag.acknowledge(self, "AwsSolutions-IAM5:unscoped-actions", ["Resource::*"])
         nag.acknowledge(
@@ -198,18 +197,6 @@ class ExecutionRole(Construct):
                 conditions={"StringLike": {"s3:prefix": [f"{prefix}*" if prefix else "*"]}},
             ),
         )
-
-
-@jsii.implements(IAspect)
-class _GrantNetworkInterfaces:
-    """Finds the stack's TrainingNetwork at synthesis and scopes the role's interface statements to it."""
-
-    def __init__(self, role: ExecutionRole) -> None:
-        self._role = role
-
-    def visit(self, node: IConstruct) -> None:
-        if isinstance(node, TrainingNetwork):
-            self._role.allow_network_interfaces(node)
 
 
 @jsii.implements(IValidation)

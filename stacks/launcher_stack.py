@@ -50,7 +50,7 @@ class LauncherStack(Stack):
         repository = data.exports.repository(self)
         prefix = naming.job_name_prefix(recipe, team)
 
-        self.execution_role = ExecutionRole(
+        self.execution = ExecutionRole(
             self,
             "Execution",
             deployment=deployment,
@@ -58,7 +58,8 @@ class LauncherStack(Stack):
             key=key,
             bucket_arn_export=data.exports.name("BucketArn"),
             vpc=network.vpc,
-        ).role
+        )
+        self.execution_role = self.execution.role
         image = TrainingImage(self, "Image", source=deployment.image, repository=repository)
         image.grant_pull(self.execution_role)
 
@@ -126,6 +127,7 @@ class LauncherStack(Stack):
         vpc_args: dict[str, Any] = {}
         if network.vpc:
             net = TrainingNetwork(self, "Network", key=key)
+            self.execution.allow_network_interfaces(net)
             vpc_args = dict(
                 subnet_ids=net.subnet_ids,
                 security_group_ids=[net.security_group.security_group_id],
