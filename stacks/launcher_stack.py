@@ -147,6 +147,7 @@ class LauncherStack(Stack):
             kms_key_arn=key.key_arn,
             hyperparameters=Runtime(HYPERPARAMETERS_EXPRESSION),
             keep_alive_seconds=Runtime(KEEP_ALIVE_PATH),
+            region=self.region,
             **vpc_args,
         )
 

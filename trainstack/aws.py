@@ -109,6 +109,10 @@ class Aws:
             )
 
     @property
+    def region(self) -> str:
+        return self._session.region_name
+
+    @property
     def where(self) -> str:
         return (
             f"the local emulator ({self._endpoint})" if self.local else f"region {self._session.region_name}"

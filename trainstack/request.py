@@ -98,19 +98,25 @@ def output_prefix(recipe: Recipe, team: str | None) -> str:
 
 
 def environment(
-    recipe: Recipe, run: str | Runtime | None = None, checkpoint_uri: str | Runtime | None = None
+    recipe: Recipe,
+    run: str | Runtime | None = None,
+    checkpoint_uri: str | Runtime | None = None,
+    region: str | None = None,
 ) -> dict[str, Any]:
     """Container environment: EFA/NCCL settings for multi-node B200, the allocator fix, and the run.
 
     `TRAINSTACK_CHECKPOINT_URI` is the run's S3 prefix, which every rank writes and reads directly;
     no CheckpointConfig is sent (SageMaker's sync would restore every kept checkpoint onto every node).
+    `AWS_REGION` is the bucket's region for those writes: SageMaker's docs do not promise it in a training
+    container. NCCL_DEBUG is left to the image's entrypoint: on several hosts it sets INFO for the INIT
+    and NET subsystems into a per-process file, which the trainer's comms gate reads to check that NCCL
+    runs over EFA (a job-level NCCL_DEBUG would switch that off and the gate would stop every job).
     """
     env: dict[str, Any] = {
         # EFA with current libfabric and aws-ofi-nccl needs only this (shared notes section 6).
         "FI_EFA_USE_HUGE_PAGE": "0",
         "FI_PROVIDER": "efa",
         "FI_EFA_USE_DEVICE_RDMA": "1",
-        "NCCL_DEBUG": "WARN",
         "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
         # Fragmentation OOMs on B200 went away with this (Megatron-Bridge PR #3775).
         "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
@@ -120,6 +126,8 @@ def environment(
         _put(env, "TRAINSTACK_RUN", run)
     if checkpoint_uri is not None:
         _put(env, "TRAINSTACK_CHECKPOINT_URI", checkpoint_uri)
+    if region is not None:
+        env["AWS_REGION"] = region
     return env
 
 
@@ -172,6 +180,7 @@ def create_training_job_request(
     security_group_ids: Sequence[str] = (),
     network_isolation: bool = False,
     inter_container_encryption: bool = False,
+    region: str | None = None,
 ) -> dict[str, Any]:
     """The full CreateTrainingJob request for `recipe` as `team` runs it.
 
@@ -233,7 +242,7 @@ def create_training_job_request(
             # Health checks on the nodes before the job starts paying for a multi-day run.
             "InfraCheckConfig": {"EnableInfraCheck": True},
             "EnableManagedSpotTraining": compute.spot,
-            "Environment": environment(recipe, run, checkpoint_uri),
+            "Environment": environment(recipe, run, checkpoint_uri, region),
             "Tags": [{"Key": k, "Value": v} for k, v in tags(recipe, team).items()] + run_tags,
         }
     )

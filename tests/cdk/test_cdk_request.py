@@ -212,3 +212,19 @@ def test_a_launch_or_resume_may_reach_max_jobs_more_jobs_within_the_two_digit_in
 def test_job_name_suffix_is_checked(suffix: str) -> None:
     with pytest.raises(ValueError, match="suffix"):
         job_name(recipe(), None, suffix)
+
+
+def test_a_multi_node_jobs_environment_lets_the_comms_gate_read_nccls_log() -> None:
+    """The request leaves NCCL_DEBUG to the image's entrypoint, which on several hosts turns on the INIT and
+    NET log the trainer's comms gate reads; a job-level NCCL_DEBUG would make the gate stop every job."""
+    from trainer.comms import local_problem
+    from trainer.entrypoint import ResourceConfig, build_environment
+
+    r = recipe("30b-fp8")
+    body = create_training_job_request(r, None, **job_args(r), region="us-west-2", **ARGS)
+    assert "NCCL_DEBUG" not in body["Environment"]
+    assert body["Environment"]["AWS_REGION"] == "us-west-2"  # the checkpoint bucket's, for direct S3 writes
+    hosts = tuple(f"algo-{n}" for n in range(1, r.compute.instance_count + 1))
+    env = build_environment(ResourceConfig("algo-2", hosts, "eth0"), dict(body["Environment"]))
+    assert env["NCCL_DEBUG"] == "INFO" and "NET" in env["NCCL_DEBUG_SUBSYS"].split(",")
+    assert "cannot check" not in (local_problem(env, 1234) or "")

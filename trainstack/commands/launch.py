@@ -210,9 +210,11 @@ def _dry_run(
 
     prefix = naming.stack_prefix(deployed_recipe, team)
     values: dict[str, str] = {}
+    region = PLACEHOLDER.format("the deployment's region")
     why = ""
     try:
         aws = Aws(local=local)
+        region = aws.region
         stacks = deployed(aws, prefix, hint)
         values = {
             "role_arn": stacks.launcher["ExecutionRoleArn"],
@@ -249,6 +251,7 @@ def _dry_run(
         run=run,
         checkpoint_uri=request.checkpoint_uri(values["bucket_name"], deployed_recipe, team, run_id),
         keep_alive_seconds=keep,
+        region=region,
         **values,
     )
     # The job limit is fixed when the stack is deployed, by the deployed recipe's plan.
