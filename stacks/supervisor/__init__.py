@@ -86,8 +86,9 @@ class RunSupervisor(Construct):
             timeout=EXECUTION_TIMEOUT,
             description=f"decide what {job_name_prefix}* runs do when a job ends",
         )
+        volume_key = "VolumeKmsKeyId" in request["ResourceConfig"]  # none on local-NVMe instance types
         for machine in (self.start_job, self.job_ended):
-            self._may_start_jobs(machine, execution_role, key, table, topic)
+            self._may_start_jobs(machine, execution_role, key, table, topic, volume_key=volume_key)
         self._may_read_ended_jobs(self.job_ended, table)
         self.pattern = job_state_pattern(job_name_prefix)
         self.rule = events.Rule(
@@ -121,6 +122,8 @@ class RunSupervisor(Construct):
         key: kms.IKey,
         table: dynamodb.ITable,
         topic: sns.ITopic,
+        *,
+        volume_key: bool,
     ) -> None:
         region = Aws.REGION
         statements = [
@@ -137,15 +140,9 @@ class RunSupervisor(Construct):
                 actions=["dynamodb:PutItem", "dynamodb:UpdateItem"], resources=[table.table_arn]
             ),
             iam.PolicyStatement(actions=["sns:Publish"], resources=[topic.topic_arn]),
-            # The encrypted volumes and output of a job: SageMaker checks the key and creates grants on it
-            # for the job's resources. DescribeKey is not a grant operation, so kms:GrantIsForAWSResource
-            # (which only grant operations carry) conditions CreateGrant alone.
+            # The job's encrypted output (and volume): SageMaker checks the key. DescribeKey is not a grant
+            # operation, so it carries no kms:GrantIsForAWSResource condition.
             iam.PolicyStatement(actions=["kms:DescribeKey"], resources=[key.key_arn]),
-            iam.PolicyStatement(
-                actions=["kms:CreateGrant"],
-                resources=[key.key_arn],
-                conditions={"Bool": {"kms:GrantIsForAWSResource": "true"}},
-            ),
             # The registry table and the topic are encrypted with the same key; only through those services.
             iam.PolicyStatement(
                 actions=["kms:Decrypt", "kms:Encrypt", "kms:GenerateDataKey"],
@@ -157,6 +154,16 @@ class RunSupervisor(Construct):
                 },
             ),
         ]
+        if volume_key:
+            # An EBS volume encrypted with the key: SageMaker creates a grant on it for the job's volume.
+            # Only grant operations carry kms:GrantIsForAWSResource (KMS developer guide, grants).
+            statements.append(
+                iam.PolicyStatement(
+                    actions=["kms:CreateGrant"],
+                    resources=[key.key_arn],
+                    conditions={"Bool": {"kms:GrantIsForAWSResource": "true"}},
+                )
+            )
         for statement in statements:
             machine.add_to_role_policy(statement)
         nag.acknowledge(machine.role, "AwsSolutions-IAM5:unscoped-actions", ["Resource::*"])
