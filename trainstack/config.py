@@ -14,6 +14,10 @@
     -c pipeline=true          add the GitOps pipeline stack (stacks/pipeline.py)
 
 A recipe that is invalid or does not fit stops here with one line, before any stack exists.
+
+Without `-c recipe`, `cdk bootstrap` (and `cdk ls`, `cdk destroy`: commands that bundle no stack) still
+work: app.py synthesizes only an empty placeholder stack then (see `bootstrap_only`); `cdk deploy` and
+`cdk synth` without a recipe stop with one line saying how to pick one.
 """
 
 from __future__ import annotations
@@ -129,6 +133,22 @@ def user_context(context: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in context.items() if v is not None and ":" not in k and not k.startswith("@")}
 
 
+# The CDK CLI tells the app which stacks it will bundle assets for: `["**"]` (or the named stacks) for
+# synth, deploy and diff, `[]` for bootstrap, ls and destroy. Absent: the app was run by hand.
+BUNDLING_STACKS = "aws:cdk:bundling-stacks"
+NO_RECIPE_HINT = (
+    "pick one with `-c recipe=30b-fp8` (`trainstack recipes` lists them, `-c recipe=all` is every one)"
+)
+
+
+def bootstrap_only(context: Mapping[str, Any]) -> bool:
+    """True when no recipe was given and the CLI runs a command that deploys nothing (bootstrap, ls,
+    destroy). The CDK CLI (2.1148) reads the environment to bootstrap from the app's stacks and fails
+    with "This app contains no stacks" on an app that has none, even for `cdk bootstrap aws://A/R`;
+    so app.py then synthesizes one stack without resources, which nothing can deploy."""
+    return not str(context.get("recipe") or "").strip() and context.get(BUNDLING_STACKS) == []
+
+
 def _check_keys(context: Mapping[str, Any]) -> None:
     """A misspelt key (`-c tem=nlp`) would otherwise be ignored and deploy something else."""
     import difflib
@@ -152,7 +172,7 @@ def load(
     _check_keys(context)
     name = str(context.get("recipe") or "").strip()
     if not name:
-        raise TrainstackError(f"{CONTEXT}: recipe: required, e.g. `-c recipe=30b-fp8` (or `-c recipe=all`)")
+        raise TrainstackError(f"{CONTEXT}: recipe: required to synthesize or deploy: {NO_RECIPE_HINT}")
     team = str(context.get("team") or "").strip() or None
     overrides = split_set(str(context.get("set") or ""))
     # Emulator mode: asked for, or implied by an AWS endpoint on this machine (trainstack.emulator).
