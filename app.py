@@ -49,6 +49,10 @@ def main() -> int:
     except TrainstackError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
+    if not config.flag(config.user_context(app.node.get_all_context()), "quiet"):
+        for deployment in deployment_config.deployments:  # legal but almost surely wrong (trainstack.sanity)
+            for line in deployment.warnings:
+                print(line, file=sys.stderr)
 
     if deployment_config.pipeline:
         from stacks.pipeline import build_pipeline

@@ -12,6 +12,8 @@
     -c emulator=true          deploy into the local AWS emulator (trainstack.emulator); changes only what the
                               emulator cannot do, and says so. Implied when AWS_ENDPOINT_URL is localhost.
     -c pipeline=true          add the GitOps pipeline stack (stacks/pipeline.py)
+    -c quiet=true             no warnings about values that are legal but almost surely wrong
+                              (trainstack.sanity; printed to stderr otherwise, never fatal)
 
 A recipe that is invalid or does not fit stops here with one line, before any stack exists.
 
@@ -30,7 +32,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from trainstack import budget, loader, naming
+from trainstack import budget, loader, naming, sanity
 from trainstack.errors import RecipeError, TrainstackError
 from trainstack.recipe import Recipe
 
@@ -46,6 +48,7 @@ CONTEXT_KEYS = (
     "inter_container_encryption",
     "emulator",
     "pipeline",
+    "quiet",
     "connection_arn",
     "repository",
     "branch",
@@ -86,6 +89,7 @@ class Deployment:
     plan: Any  # trainstack.planner.Plan
     image: ImageSource
     files: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = ()  # trainstack.sanity lines: legal values that are almost surely wrong
 
     @property
     def stack_prefix(self) -> str:
@@ -201,7 +205,9 @@ def load(
             raise RecipeError(resolved.files[-1] if resolved.files else recipe_name, None, reason)
         budget.enforce(resolved, plan)  # a team's caps on nodes and planned cost (trainstack.budget)
         image = _image_source(context, recipe, emulator, _target(recipe, emulator)[1] or region, resolve_base)
-        deployments.append(Deployment(recipe, recipe_team, plan, image, resolved.files))
+        label = f"{recipe_name} --team {recipe_team}" if recipe_team else recipe_name
+        concerns = tuple(sanity.lines(resolved, plan, label))
+        deployments.append(Deployment(recipe, recipe_team, plan, image, resolved.files, concerns))
     _check_unique(deployments)
     # A team's defaults may name where its stacks go (recipe `deploy`); used when every recipe agrees.
     targets = {_target(d.recipe, emulator) for d in deployments}
