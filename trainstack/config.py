@@ -191,6 +191,7 @@ def load(
         pairs = _all_pairs(team, recipes_dir)
     else:
         pairs = [(name, team)]
+        _check_selected(name, team, recipes_dir)
     deployments = []
     for recipe_name, recipe_team in pairs:
         resolved = loader.resolve(
@@ -238,6 +239,27 @@ def _all_pairs(team: str | None, recipes_dir: str | None) -> list[tuple[str, str
     for each in loader.team_names(recipes_dir):
         pairs += [(n, each) for n in loader.team_recipe_names(each, recipes_dir)]
     return pairs
+
+
+def _check_selected(name: str, team: str | None, recipes_dir: str | None) -> None:
+    """A team deploys only the base recipes its defaults select (`recipes:`; default every one)."""
+    if (
+        team is None
+        or name not in loader.base_recipe_names(recipes_dir)
+        or not loader.team_names(recipes_dir)
+    ):
+        return
+    if team not in loader.team_names(recipes_dir):
+        return  # the loader names the unknown team
+    selected = loader.team_selection(team, recipes_dir)
+    if selected is not None and name not in selected:
+        defaults = Path(loader.recipes_dir_or_default(recipes_dir)) / "teams" / team / loader.TEAM_DEFAULTS
+        raise RecipeError(
+            loader.display_path(defaults),
+            loader.TEAM_RECIPES_KEY,
+            f"team {team} does not deploy {name} (it selects {', '.join(selected)}): add {name} to "
+            f"`{loader.TEAM_RECIPES_KEY}:` to deploy it",
+        )
 
 
 def _check_unique(deployments: list[Deployment]) -> None:

@@ -28,6 +28,7 @@ from trainstack.recipe import Recipe, team_name_problem
 
 DEFAULT_RECIPES_DIR = Path(__file__).resolve().parent.parent / "recipes"
 TEAM_DEFAULTS = "defaults.yaml"
+TEAM_RECIPES_KEY = "recipes"  # defaults.yaml only: which base recipes the team deploys (default: all)
 DEFAULT_SOURCE = "default"
 
 
@@ -67,10 +68,48 @@ def team_names(recipes_dir: Path | str | None = None) -> list[str]:
 
 
 def team_recipe_names(team: str, recipes_dir: Path | str | None = None) -> list[str]:
-    """Recipes a team can run: every base recipe plus the team's own variants."""
+    """Recipes a team deploys and validates: the base recipes its defaults select (`recipes:`, default
+    every one) plus the team's own variants."""
     root = recipes_dir_or_default(recipes_dir)
+    bases = set(base_recipe_names(root))
     own = {p.stem for p in (root / "teams" / team).glob("*.yaml") if p.name != TEAM_DEFAULTS}
-    return sorted(set(base_recipe_names(root)) | own)
+    selected = team_selection(team, root)
+    return sorted((bases if selected is None else set(selected)) | (own - bases))
+
+
+def team_selection(team: str, recipes_dir: Path | str | None = None) -> list[str] | None:
+    """The base recipes `recipes/teams/<team>/defaults.yaml` selects with `recipes: [...]`, or None
+    (every base recipe). A name that is no base recipe, or a team override of a base recipe the team
+    does not select, is a one-line RecipeError naming the file."""
+    import difflib
+
+    root = recipes_dir_or_default(recipes_dir)
+    defaults = root / "teams" / team / TEAM_DEFAULTS
+    if not defaults.is_file():
+        return None
+    raw = read_yaml(defaults).get(TEAM_RECIPES_KEY)
+    if raw is None:
+        return None
+    source = _display(defaults)
+    bases = base_recipe_names(root)
+    if not isinstance(raw, list) or not raw or not all(isinstance(n, str) for n in raw):
+        raise RecipeError(
+            source, TEAM_RECIPES_KEY, f"must be a list of base recipe names, e.g. [{', '.join(bases[:2])}]"
+        )
+    for name in raw:
+        if name not in bases:
+            close = difflib.get_close_matches(name, bases, n=1, cutoff=0.6)
+            hint = f"did you mean {close[0]}?" if close else f"base recipes: {', '.join(bases)}"
+            raise RecipeError(source, TEAM_RECIPES_KEY, f"{name!r} is not a base recipe ({hint})")
+    for override in sorted((root / "teams" / team).glob("*.yaml")):
+        if override.stem in bases and override.stem not in raw:
+            raise RecipeError(
+                _display(override),
+                None,
+                f"overrides {override.stem}, which `{TEAM_RECIPES_KEY}:` in {source} does not select "
+                "(add it there, or delete this file)",
+            )
+    return list(dict.fromkeys(raw))
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -159,7 +198,9 @@ def resolve(
         layers.append(_Layer(f"--team {team}", {"tags": {"team": team}}))
         defaults = team_dir / TEAM_DEFAULTS
         if defaults.is_file():
-            layers.append(_team_layer(defaults, name, may_extend=False))
+            layer = _team_layer(defaults, name, may_extend=False)
+            layer.data.pop(TEAM_RECIPES_KEY, None)  # the team's selection, not a recipe value
+            layers.append(layer)
         overlay = team_dir / f"{name}.yaml"
         already_read = {Path(layer.source).resolve() for layer in layers if "/" in layer.source}
         if overlay.is_file() and overlay.resolve() not in already_read:
@@ -399,6 +440,11 @@ def _first_error(exc: ValidationError, sources: dict[str, str], base_source: str
         )
     )
     return RecipeError(source, path or None, message)
+
+
+def display_path(path: Path) -> str:
+    """A path as errors show it: relative to the working directory when under it."""
+    return _display(path)
 
 
 def _display(path: Path) -> str:
