@@ -5,7 +5,9 @@
 2. `npx cdk bootstrap`, then the real `npx cdk deploy --all -c recipe=RECIPE` against it
 3. `trainstack launch RECIPE --local` (a real state machine execution, interpreted by the emulator)
 4. `trainstack status RECIPE --local`
-5. show the CreateTrainingJob request the emulator received, then stop the emulator
+5. show the CreateTrainingJob request the emulator received
+6. say what to try next; the emulator keeps running for it (`trainstack emulator stop` ends it,
+   `--stop` stops it at the end instead). An emulator already running here is reused.
 
 The emulator does not run containers: its training jobs go straight to Completed and nothing trains.
 """
@@ -24,7 +26,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from trainstack.emulator import ACCOUNT, REGION, Emulator, write_state  # noqa: E402
+from trainstack import emulator as emu  # noqa: E402
+from trainstack.emulator import ACCOUNT, REGION, Emulator  # noqa: E402
 from trainstack.errors import TrainstackError  # noqa: E402
 
 NODE_NOISE = (
@@ -68,7 +71,13 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--recipe", default="30b-fp8")
     parser.add_argument("--team", default=None)
-    parser.add_argument("--keep", action="store_true", help="leave the emulator running at the end")
+    parser.add_argument(
+        "--keep",
+        action="store_true",
+        default=True,
+        help="leave the emulator running at the end, for the next steps it prints (the default)",
+    )
+    parser.add_argument("--stop", dest="keep", action="store_false", help="stop the emulator at the end")
     args = parser.parse_args()
 
     npx = shutil.which("npx")
@@ -78,16 +87,22 @@ def main() -> int:
     trainstack = str(Path(sys.executable).parent / "trainstack")
     context = ["-c", f"recipe={args.recipe}"] + (["-c", f"team={args.team}"] if args.team else [])
     team = ["--team", args.team] if args.team else []
-    log = ROOT / ".emulator" / "moto.log"
+    state_file, log = ROOT / emu.STATE_FILE, ROOT / emu.LOG_FILE
     log.parent.mkdir(exist_ok=True)
     total = 6
     t0 = time.monotonic()
-    emulator = Emulator(log_path=log)
+    reused = emu.running(state_file)
+    emulator = Emulator(port=int(reused["endpoint"].rsplit(":", 1)[1])) if reused else Emulator(log_path=log)
     try:
-        step(1, total, f"starting the local AWS emulator (moto server; log: {log.relative_to(ROOT)})")
-        emulator.start()
-        write_state(emulator.endpoint, os.getpid())
-        print(f"    listening on {emulator.endpoint}", flush=True)
+        if reused:
+            step(1, total, f"using the local AWS emulator already running on {emulator.endpoint}")
+            print(f"    (pid {reused.get('pid')}; `trainstack emulator stop` stops it)", flush=True)
+        else:
+            step(1, total, f"starting the local AWS emulator (moto server; log: {log.relative_to(ROOT)})")
+            emu.stop_recorded(state_file)  # a stale record: its server is gone
+            emulator.start(timeout_s=120, detach=True)  # its own session: it may outlive this script
+            emu.write_state(emulator.endpoint, emulator.pid or 0, state_file, log=log.relative_to(ROOT))
+            print(f"    listening on {emulator.endpoint} (pid {emulator.pid})", flush=True)
         env = {
             **os.environ,
             **emulator.env(),
@@ -138,24 +153,48 @@ def main() -> int:
 
         step(6, total, f"the training job the emulator received: {job_name}")
         show_job(emulator.env(), job_name, execution_arn)
-    except (DemoError, TrainstackError, subprocess.TimeoutExpired) as exc:
-        print(f"\nerror: {exc}", file=sys.stderr)
+    except (DemoError, TrainstackError, subprocess.TimeoutExpired, KeyboardInterrupt) as exc:
+        print(f"\nerror: {exc or 'interrupted'}", file=sys.stderr)
         print(f"(emulator log: {log})", file=sys.stderr)
-        return 1
-    finally:
-        if not args.keep:
+        if not reused:  # ours, and the demo did not get far enough to be worth keeping
+            emu.stop_recorded(state_file)
             emulator.stop()
-            state = ROOT / ".emulator" / "endpoint.json"
-            # only our own record: another emulator (`python -m trainstack.emulator`) may have replaced it
-            if state.is_file() and emulator.endpoint in state.read_text():
-                state.unlink()
+        return 1
     print(
         f"\ndone in {time.monotonic() - t0:.0f} s. The emulator does not run containers: the job went "
-        "straight "
-        "to Completed; nothing trained.",
+        "straight to Completed; nothing trained.",
         flush=True,
     )
+    if not args.keep:
+        if not reused:
+            emu.stop_recorded(state_file)
+        print("The emulator is stopped (--stop).", flush=True)
+        return 0
+    print(next_steps(args.recipe, args.team, emulator.endpoint, reused, log), flush=True)
     return 0
+
+
+def next_steps(recipe: str, team: str | None, endpoint: str, reused: dict | None, log: Path) -> str:
+    """What to try next, against the emulator the demo leaves running (every line works as printed)."""
+    ts = ".venv/bin/trainstack"
+    t = f" --team {team}" if team else ""
+    pid = (reused or emu.read_state(ROOT / emu.STATE_FILE) or {}).get("pid")
+    rows = [
+        (f"{ts} status {recipe}{t} --local", "the run against its plan"),
+        (f"{ts} logs {recipe}{t} --local", "its logs (none: no container ran)"),
+        (f"{ts} launch {recipe}{t} --local --max-steps 50 --wait", "a short tuning run"),
+        (f"{ts} plan {recipe}{t}", "memory, speed, cost (no AWS)"),
+        ('eval "$(.venv/bin/trainstack emulator env)"', "point npx cdk here too"),
+        (f"{ts} emulator stop", "when you are done"),
+    ]
+    width = max(len(cmd) for cmd, _ in rows)
+    lines = [
+        "",
+        f"The emulator keeps running on {endpoint} (pid {pid}, log {log.relative_to(ROOT)}). Try next:",
+        *(f"  {cmd:<{width}}  # {why}" for cmd, why in rows),
+        "On a real AWS account: README.md, section 'On a real AWS account'.",
+    ]
+    return "\n".join(lines)
 
 
 def show_job(env: dict[str, str], job_name: str, execution_arn: str) -> None:

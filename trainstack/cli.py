@@ -31,6 +31,7 @@ COMMAND_MODULES = [
     "trainstack.commands.status",
     "trainstack.commands.logs",
     "trainstack.commands.launch",
+    "trainstack.commands.emulator",
 ]
 
 
