@@ -35,17 +35,19 @@ PATTERN_WORDS = {
 }
 
 
-def _strip(annotation: Any) -> list[Any]:
+def alternatives(annotation: Any) -> list[Any]:
     """The alternatives of an annotation without None and Annotated wrappers."""
     if typing.get_origin(annotation) is typing.Annotated:
-        return _strip(typing.get_args(annotation)[0])
+        return alternatives(typing.get_args(annotation)[0])
     if typing.get_origin(annotation) in (typing.Union, types.UnionType):
-        return [alt for arg in typing.get_args(annotation) if arg is not type(None) for alt in _strip(arg)]
+        return [
+            alt for arg in typing.get_args(annotation) if arg is not type(None) for alt in alternatives(arg)
+        ]
     return [annotation]
 
 
 def _section(annotation: Any) -> type[BaseModel] | None:
-    for alternative in _strip(annotation):
+    for alternative in alternatives(annotation):
         if isinstance(alternative, type) and issubclass(alternative, BaseModel):
             return alternative
     return None
@@ -83,7 +85,7 @@ def is_text(path: str) -> bool:
     if any(path.startswith(f"{free}.") for free in FREE_FORM):
         return True
     annotation = leaf_fields().get(path)
-    return annotation is not None and _strip(annotation) == [str]
+    return annotation is not None and alternatives(annotation) == [str]
 
 
 def suggest(key: str) -> str | None:

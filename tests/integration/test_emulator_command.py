@@ -97,3 +97,61 @@ def test_start_status_env_and_stop(tmp_path: Path) -> None:
 )
 def test_the_where_line_names_the_endpoint_unless_it_is_aws_own(endpoint, region, expected):
     assert where_line(endpoint, region) == expected
+
+
+def test_status_draws_the_metric_history_cloudwatch_holds(tmp_path: Path) -> None:
+    """The trend rows come from GetMetricData over the job's whole history (here: six points)."""
+    from datetime import UTC, datetime, timedelta
+
+    import boto3
+
+    from trainstack.emulator import Emulator
+    from trainstack.loader import resolve
+    from trainstack.metrics import FIELD_BY_KEY
+    from trainstack.request import job_name
+
+    recipe = resolve("1b-bf16").recipe
+    name = job_name(recipe, None, "trend1")
+    with Emulator(log_path=tmp_path / "moto.log").start(timeout_s=240) as emulator:
+        env = emulator.env()
+        kw = dict(
+            endpoint_url=emulator.endpoint,
+            region_name=env["AWS_REGION"],
+            aws_access_key_id="testing",
+            aws_secret_access_key="testing",
+        )
+        boto3.client("sagemaker", **kw).create_training_job(
+            TrainingJobName=name,
+            AlgorithmSpecification={
+                "TrainingImage": "123456789012.dkr.ecr.us-east-1.amazonaws.com/t:1",
+                "TrainingInputMode": "File",
+            },
+            RoleArn="arn:aws:iam::123456789012:role/trainstack-sagemaker",
+            OutputDataConfig={"S3OutputPath": "s3://b/output/"},
+            ResourceConfig={
+                "InstanceType": recipe.compute.instance_type,
+                "InstanceCount": 1,
+                "VolumeSizeInGB": 50,
+            },
+            StoppingCondition={"MaxRuntimeInSeconds": 3600},
+            HyperParameters={"training.steps": "1000"},
+        )
+        now = datetime.now(UTC)
+        boto3.client("cloudwatch", **kw).put_metric_data(
+            Namespace="/aws/sagemaker/TrainingJobs",
+            MetricData=[
+                {
+                    "MetricName": FIELD_BY_KEY[key].metric_name,
+                    "Dimensions": [{"Name": "TrainingJobName", "Value": name}],
+                    "Timestamp": now - timedelta(minutes=4 - i),  # within the job's window
+                    "Value": value,
+                }
+                for i in range(6)
+                for key, value in (("step", 10.0 * (i + 1)), ("loss", 9.0 - i))
+            ],
+        )
+        shown = cli(tmp_path, "status", "1b-bf16", "--local", "--recipes-dir", str(ROOT / "recipes"), env=env)
+    assert shown.returncode == 0, shown.stderr
+    assert "step trend" in shown.stdout and "10 -> 60 over 5 min" in shown.stdout
+    assert "loss trend" in shown.stdout and "9 -> 4 over 5 min" in shown.stdout
+    assert max(len(line) for line in shown.stdout.splitlines()) <= 120
