@@ -7,7 +7,8 @@ from typing import Annotated
 
 import typer
 
-from trainstack.commands.plan_options import RecipeArg, RecipesDirOpt, SetOpt, TeamOpt, console
+from trainstack.commands.output import console
+from trainstack.commands.plan_options import RecipeArg, RecipesDirOpt, SetOpt, TeamOpt
 
 
 def register(app: typer.Typer) -> None:

@@ -109,7 +109,9 @@ def status(
         )
         return
 
-    console = _console()
+    from trainstack.commands.output import console as narrow_console
+
+    console = narrow_console()  # 120 columns at most, also when piped
     if not watch:
         console.print(_view(clients, prefix, the_recipe, team, the_plan, runs))
         return
@@ -139,21 +141,6 @@ def status(
         return
     if not console.is_terminal:
         console.line()  # Live leaves the last frame without a newline when piped
-
-
-WIDTH = 120  # every panel fits a 120-column terminal or log
-
-
-def _console():
-    """At most 120 columns, also when piped (rich would assume 80, plan_options' console 140)."""
-    import os
-    import sys
-
-    from rich.console import Console
-
-    if "COLUMNS" in os.environ or sys.stdout.isatty():
-        return Console(width=min(Console().width, WIDTH))
-    return Console(width=WIDTH)
 
 
 @dataclass(frozen=True)
