@@ -183,12 +183,15 @@ def compare(
     commit: str,
     progress: Callable[[str], None] = lambda line: None,
     environ: dict[str, str] | None = None,
+    keep: Path | None = None,
 ) -> tuple[dict[str, tuple[str, ...]], dict[str, bool]]:
     """Synthesize `commit` (with the working tree's recipes) and the working tree; per stack, the template
-    changes, and whether its training image changed. Raises SynthError when a side cannot be synthesized."""
+    changes, and whether its training image changed. Raises SynthError when a side cannot be synthesized.
+    `keep`: a directory to leave both cloud assemblies in (base.out, head.out), for inspection."""
     cdk = cdk_cli(root)
     env = synth_env(environ)
-    with tempfile.TemporaryDirectory(prefix="trainstack-diff-synth-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="trainstack-diff-synth-") as scratch:
+        tmp = str(keep) if keep is not None else scratch
         base = Path(tmp) / "base"
         base.mkdir()
         export_commit(root, commit, base)

@@ -180,6 +180,15 @@ def test_markdown_json_and_cli_tell_the_same_story(repo):
         [cli, "diff", "--base", "HEAD", "--markdown", "--repo", str(root)], capture_output=True, text=True
     )
     assert done.returncode == 0 and done.stdout.strip() == markdown.strip()
+    summary = root.parent / "summary.md"
+    summary.write_text("earlier step\n")
+    done = subprocess.run(
+        [cli, "diff", "--base", "HEAD", "--json", "--summary", str(summary), "--repo", str(root)],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0 and json.loads(done.stdout)["deploy_count"] == 2
+    assert summary.read_text() == "earlier step\n" + markdown + "\n"  # appended, as GitHub expects
 
     # The terminal table: the same figures, before above `→ after`, within 120 columns.
     done = subprocess.run(

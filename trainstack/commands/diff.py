@@ -25,6 +25,14 @@ def diff(
             "whose templates change (--no-synth: every target redeploys).",
         ),
     ] = True,
+    summary: Annotated[
+        Path | None,
+        typer.Option(
+            "--summary",
+            metavar="FILE",
+            help="Also append the Markdown to FILE (e.g. $GITHUB_STEP_SUMMARY), so one run gives both.",
+        ),
+    ] = None,
     repo: Annotated[Path | None, typer.Option("--repo", help="a path inside the git repository")] = None,
 ) -> None:
     """Plan diff against a git ref: the recipe/team stacks a merge would deploy, plans before -> after.
@@ -43,6 +51,8 @@ def diff(
       trainstack diff --base main
 
       trainstack diff --base origin/main --markdown
+
+      trainstack diff --base HEAD~1 --json --summary "$GITHUB_STEP_SUMMARY" > diff.json
     """
     from trainstack import diff_report, gitdiff
     from trainstack.errors import TrainstackError
@@ -50,6 +60,9 @@ def diff(
     if as_json and markdown:
         raise TrainstackError("--json and --markdown are two formats of one output: choose one")
     result = gitdiff.compute(base, repo, synth=synth, progress=lambda line: typer.echo(line, err=True))
+    if summary is not None:
+        with summary.open("a", encoding="utf-8") as out:
+            out.write(diff_report.to_markdown(result) + "\n")
     if as_json:
         typer.echo(json.dumps(result.to_dict(), indent=2))
     elif markdown:
