@@ -99,9 +99,7 @@ def main() -> int:
             print(f"    (pid {reused.get('pid')}; `trainstack emulator stop` stops it)", flush=True)
         else:
             step(1, total, f"starting the local AWS emulator (moto server; log: {log.relative_to(ROOT)})")
-            emu.stop_recorded(state_file)  # a stale record: its server is gone
-            emulator.start(timeout_s=120, detach=True)  # its own session: it may outlive this script
-            emu.write_state(emulator.endpoint, emulator.pid or 0, state_file, log=log.relative_to(ROOT))
+            start_recorded(emulator, state_file, log)
             print(f"    listening on {emulator.endpoint} (pid {emulator.pid})", flush=True)
         env = {
             **os.environ,
@@ -172,6 +170,13 @@ def main() -> int:
         return 0
     print(next_steps(args.recipe, args.team, emulator.endpoint, reused, log), flush=True)
     return 0
+
+
+def start_recorded(emulator: Emulator, state_file: Path, log: Path) -> None:
+    """Start the emulator in its own session (it outlives this script) and record the server's PID."""
+    emu.stop_recorded(state_file)  # a stale record: its server is gone
+    emulator.start(timeout_s=120, detach=True)
+    emu.write_state(emulator.endpoint, emulator.pid or 0, state_file, log=log.relative_to(ROOT))
 
 
 def next_steps(recipe: str, team: str | None, endpoint: str, reused: dict | None, log: Path) -> str:
