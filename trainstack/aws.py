@@ -9,6 +9,7 @@ Errors a user can fix become one-line TrainstackErrors.
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -110,7 +111,7 @@ class Aws:
                 "or use --local"
             )
 
-    @property
+    @functools.cached_property
     def where(self) -> str:
         """Where requests go, for messages: the endpoint boto3 actually uses (AWS_ENDPOINT_URL and
         config-file endpoints included), or the region when it is AWS's own."""

@@ -207,12 +207,22 @@ def is_emulator_process(pid: int) -> bool:
     return "trainstack.emulator" in text and "--serve" in text
 
 
-def running(path: Path = STATE_FILE) -> dict | None:
-    """The recorded emulator if it is alive and answering, else None."""
+def running(path: Path = STATE_FILE, timeout_s: float = 30.0) -> dict | None:
+    """The recorded emulator if it is alive, else None. Alive: its server process runs (a busy server
+    answers late, and must not be taken for a dead one and replaced), or, for a record without a
+    server PID we can check, its endpoint answers within `timeout_s`."""
     state = read_state(path)
-    if state is None or not answers(state["endpoint"]):
+    if state is None:
         return None
-    return state
+    pid = state.get("pid")
+    if isinstance(pid, int) and pid > 0:
+        if not is_emulator_process(pid):
+            return None  # stale: the server is gone (or the PID now belongs to something else)
+        deadline = time.monotonic() + timeout_s
+        while not answers(state["endpoint"]) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        return state
+    return state if answers(state["endpoint"], timeout_s=timeout_s) else None
 
 
 def stop_recorded(path: Path = STATE_FILE, timeout_s: float = 15.0) -> dict | None:

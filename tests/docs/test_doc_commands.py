@@ -21,6 +21,7 @@ How they run:
 - a command already run successfully in the same group, with the same words in any order (comments
   aside), is not run again.
 After `make demo`, the "Try next" commands it prints are run too (its last, `emulator stop`, at the end).
+All of it is one test (the blocks depend on each other's deployments); it reports every failing block.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -85,6 +87,7 @@ class Workspace:
     done: dict[tuple, str] = field(default_factory=dict)  # (words, aws) -> where it ran
     deployed: set[tuple[str, str | None]] = field(default_factory=set)
     demo_output: str = ""
+    failures: list[str] = field(default_factory=list)
 
     def shell(self, text: str, env: dict[str, str], timeout: float = TIMEOUT_S) -> tuple[int, str, dict]:
         """Run one command in bash; returns (exit status, output, the environment it left)."""
@@ -142,9 +145,9 @@ def _git(repo: Path, *args: str) -> None:
     )
 
 
-@pytest.fixture(scope="module")
-def workspace(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Workspace]:
-    top = tmp_path_factory.mktemp("docs")
+@contextmanager
+def workspace(top: Path) -> Iterator[Workspace]:
+    """The checkout copy, its shared emulator (started here, stopped on the way out)."""
     repo, home = top / "trainstack", top / "home"
     repo.mkdir()
     home.mkdir()
@@ -180,13 +183,16 @@ def workspace(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Workspace]:
         yield ws
     finally:
         status, out, _ = ws.shell(".venv/bin/trainstack emulator stop", base)
-        assert status == 0 and "stopped the local AWS emulator" in out, out
+        ws.failures += (
+            [] if status == 0 and "stopped the local AWS emulator" in out else [f"emulator stop: {out}"]
+        )
 
 
-def _ensure_deployed(ws: Workspace, commands: list[Command]) -> None:
+def _ensure_deployed(ws: Workspace, commands: list[Command]) -> str | None:
     """Deploy every recipe/team the block's trainstack commands name, unless deployed already."""
     import boto3
 
+    from trainstack.emulator import ACCOUNT, REGION
     from trainstack.loader import resolve
     from trainstack.naming import stack_prefix
 
@@ -198,6 +204,11 @@ def _ensure_deployed(ws: Workspace, commands: list[Command]) -> None:
         aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
         aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
     )
+    existing = {s["StackName"] for s in cfn.describe_stacks()["Stacks"]}
+    if "CDKToolkit" not in existing:  # a doc may run `status` before any doc bootstraps
+        status, out, _ = ws.shell(f"npx cdk bootstrap aws://{ACCOUNT}/{REGION}", env)
+        if status != 0:
+            return f"setting up: `npx cdk bootstrap` failed:\n{out[-3000:]}"
     for command in commands:
         named = RECIPE_COMMAND.search(command.text)
         if named is None:
@@ -212,15 +223,19 @@ def _ensure_deployed(ws: Workspace, commands: list[Command]) -> None:
             context = f"-c recipe={recipe}" + (f" -c team={team}" if team else "")
             deploy = adapt_for_emulator(f"npx cdk deploy --all {context}")
             status, out, _ = ws.shell(deploy, env)
-            assert status == 0, f"setting up for {command.where}: `{deploy}` failed:\n{out[-3000:]}"
+            if status != 0:
+                return f"setting up for {command.where}: `{deploy}` failed:\n{out[-3000:]}"
         ws.deployed.add((recipe, team))
+    return None
 
 
 def _run_block(ws: Workspace, commands: list[Command]) -> None:
+    """Run a block's commands in order, in one environment; a failure is recorded and ends the block."""
     aws = any(AWS_COMMAND.search(c.text) for c in commands if c.skip is None)
     env = dict(ws.aws_env if aws else ws.base_env)
-    if aws:
-        _ensure_deployed(ws, [c for c in commands if c.skip is None])
+    if aws and (problem := _ensure_deployed(ws, [c for c in commands if c.skip is None])):
+        ws.failures.append(problem)
+        return
     for command in commands:
         if command.skip is not None:
             continue
@@ -229,11 +244,32 @@ def _run_block(ws: Workspace, commands: list[Command]) -> None:
         if key in ws.done and "export " not in text and "eval " not in text:
             continue  # ran already, with the same words, at ws.done[key]
         status, out, env = ws.shell(text, env)
-        assert status == 0, f"{command.where}: `{text}` exited {status}:\n{out[-4000:]}"
-        assert "Traceback (most recent call last)" not in out, f"{command.where}: `{text}`:\n{out[-4000:]}"
+        if status != 0 or "Traceback (most recent call last)" in out:
+            ws.failures.append(f"{command.where}: `{text}` exited {status}:\n{out[-4000:]}")
+            return
         ws.done[key] = command.where
         if re.search(r"\bmake demo\b", text):
             ws.demo_output = out
+
+
+def _demo_next_steps(ws: Workspace) -> None:
+    """What `make demo` prints under "Try next" works as printed (its `emulator stop` runs at the end)."""
+    lines = ws.demo_output.splitlines()
+    start = next((i for i, line in enumerate(lines) if line.endswith("Try next:")), None)
+    if start is None:
+        ws.failures.append(
+            "make demo printed no 'Try next:' list" + (ws.demo_output[-2000:] or " (it did not run)")
+        )
+        return
+    suggested = []
+    for line in lines[start + 1 :]:
+        match = TRY_NEXT.match(line)
+        if match is None:
+            break
+        suggested.append(match.group("command"))
+    if not suggested or suggested[-1] != ".venv/bin/trainstack emulator stop":
+        ws.failures.append(f"make demo's 'Try next' does not end with how to stop the emulator: {suggested}")
+    _run_block(ws, [Command("make demo: Try next", n, t) for n, t in enumerate(suggested[:-1], start=1)])
 
 
 def _words(text: str) -> tuple[str, ...]:
@@ -255,23 +291,14 @@ def test_the_docs_show_commands():
     assert len(GROUPS) >= 10 and any("make demo" in c.text for _, cmds in GROUPS for c in cmds)
 
 
-@pytest.mark.parametrize("commands", [cmds for _, cmds in GROUPS], ids=[where for where, _ in GROUPS])
-def test_documented_commands_run(workspace: Workspace, commands: list[Command]) -> None:
-    _run_block(workspace, commands)
-
-
-def test_the_demo_s_next_steps_run(workspace: Workspace) -> None:
-    """What `make demo` prints under "Try next" works as printed (its `emulator stop` runs at the end)."""
-    if not workspace.demo_output:
-        _run_block(workspace, [Command("Makefile", 0, "make demo")])
-    lines = workspace.demo_output.splitlines()
-    start = next(i for i, line in enumerate(lines) if line.endswith("Try next:"))
-    suggested = []
-    for line in lines[start + 1 :]:
-        match = TRY_NEXT.match(line)
-        if match is None:
-            break
-        suggested.append(match.group("command"))
-    assert suggested and suggested[-1] == ".venv/bin/trainstack emulator stop"
-    commands = [Command("make demo", n, text) for n, text in enumerate(suggested[:-1], start=1)]
-    _run_block(workspace, commands)
+def test_every_documented_command_runs(tmp_path: Path) -> None:
+    """One test, so the blocks run in document order against one emulator whatever the scheduler does;
+    every failing block is reported, not only the first."""
+    with workspace(tmp_path) as ws:
+        for _, commands in GROUPS:
+            _run_block(ws, commands)
+        _demo_next_steps(ws)
+    ran = len(ws.done)
+    assert not ws.failures, f"{len(ws.failures)} documented command(s) failed ({ran} ran):\n\n" + "\n\n".join(
+        ws.failures
+    )
