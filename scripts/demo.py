@@ -11,7 +11,9 @@ AWS account needed.
 5. `trainstack resume RUN --local`: job 2, same checkpoint prefix
 6. `trainstack runs RECIPE --local`: the run, its two jobs, one checkpoint URI
 7. `trainstack status RECIPE --local`
-8. show the CreateTrainingJob request the emulator received for job 2, then stop the emulator
+8. show the CreateTrainingJob request the emulator received for job 2
+9. say what to try next; the emulator keeps running for it (`trainstack emulator stop` ends it,
+   `--stop` stops it at the end instead). An emulator already running here is reused.
 
 The emulator does not run containers: nothing trains; jobs end when the demo (or a test) ends them.
 """
@@ -31,8 +33,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from trainstack import emulator as emu  # noqa: E402
 from trainstack import emulator_events  # noqa: E402
-from trainstack.emulator import ACCOUNT, REGION, Emulator, write_state  # noqa: E402
+from trainstack.emulator import ACCOUNT, REGION, Emulator  # noqa: E402
 from trainstack.errors import TrainstackError  # noqa: E402
 
 NODE_NOISE = (
@@ -76,7 +79,13 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--recipe", default="30b-fp8")
     parser.add_argument("--team", default=None)
-    parser.add_argument("--keep", action="store_true", help="leave the emulator running at the end")
+    parser.add_argument(
+        "--keep",
+        action="store_true",
+        default=True,
+        help="leave the emulator running at the end, for the next steps it prints (the default)",
+    )
+    parser.add_argument("--stop", dest="keep", action="store_false", help="stop the emulator at the end")
     args = parser.parse_args()
 
     npx = shutil.which("npx")
@@ -86,18 +95,22 @@ def main() -> int:
     trainstack = str(Path(sys.executable).parent / "trainstack")
     context = ["-c", f"recipe={args.recipe}"] + (["-c", f"team={args.team}"] if args.team else [])
     team = ["--team", args.team] if args.team else []
-    log = ROOT / ".emulator" / "moto.log"
+    state_file, log = ROOT / emu.STATE_FILE, ROOT / emu.LOG_FILE
     log.parent.mkdir(exist_ok=True)
     total = 9
     t0 = time.monotonic()
-    emulator = Emulator(log_path=log)
+    reused = emu.running(state_file)
+    emulator = Emulator(port=int(reused["endpoint"].rsplit(":", 1)[1])) if reused else Emulator(log_path=log)
     try:
-        step(1, total, f"starting the local AWS emulator (moto server; log: {log.relative_to(ROOT)})")
-        emulator.start()
-        write_state(emulator.endpoint, os.getpid())
+        if reused:
+            step(1, total, f"using the local AWS emulator already running on {emulator.endpoint}")
+            print(f"    (pid {reused.get('pid')}; `trainstack emulator stop` stops it)", flush=True)
+        else:
+            step(1, total, f"starting the local AWS emulator (moto server; log: {log.relative_to(ROOT)})")
+            start_recorded(emulator, state_file, log)
+            print(f"    listening on {emulator.endpoint} (pid {emulator.pid})", flush=True)
         # EMULATOR: jobs stay InProgress until something ends them, as on AWS.
         emulator_events.configure(emulator.env(), jobs_run=True)
-        print(f"    listening on {emulator.endpoint}", flush=True)
         env = {
             **os.environ,
             **emulator.env(),
@@ -138,8 +151,10 @@ def main() -> int:
             if "✅" in line or " = " in line:
                 print("    " + line.strip(), flush=True)
 
-        step(4, total, f"trainstack launch {args.recipe} --local --name demo --wait")
-        launched = run([trainstack, "launch", args.recipe, *team, "--local", "--name", "demo", "--wait"], env)
+        # A run's name is unique; an emulator kept from an earlier demo already has run `demo`.
+        name = "demo" if not reused else f"demo-{time.strftime('%H%M%S')}"
+        step(4, total, f"trainstack launch {args.recipe} --local --name {name} --wait")
+        launched = run([trainstack, "launch", args.recipe, *team, "--local", "--name", name, "--wait"], env)
         # "launched run <run>: job <job> (...)"
         words = launched.splitlines()[0].split()
         run_name, first_job = words[2].rstrip(":"), words[4]
@@ -170,23 +185,24 @@ def main() -> int:
 
         step(9, total, f"the training job the emulator received: {second_job}")
         show_job(emulator.env(), second_job, second_execution, first_job)
-    except (DemoError, TrainstackError, subprocess.TimeoutExpired) as exc:
-        print(f"\nerror: {exc}", file=sys.stderr)
+    except (DemoError, TrainstackError, subprocess.TimeoutExpired, KeyboardInterrupt) as exc:
+        print(f"\nerror: {exc or 'interrupted'}", file=sys.stderr)
         print(f"(emulator log: {log})", file=sys.stderr)
-        return 1
-    finally:
-        if not args.keep:
+        if not reused:  # ours, and the demo did not get far enough to be worth keeping
+            emu.stop_recorded(state_file)
             emulator.stop()
-            state = ROOT / ".emulator" / "endpoint.json"
-            # only our own record: another emulator (`python -m trainstack.emulator`) may have replaced it
-            if state.is_file() and emulator.endpoint in state.read_text():
-                state.unlink()
+        return 1
     print(
-        f"\ndone in {time.monotonic() - t0:.0f} s. The emulator does not run containers: the job went "
-        "straight "
-        "to Completed; nothing trained.",
+        f"\ndone in {time.monotonic() - t0:.0f} s. The emulator does not run containers: its jobs run until "
+        "something ends them, and nothing trained.",
         flush=True,
     )
+    if not args.keep:
+        if not reused:
+            emu.stop_recorded(state_file)
+        print("The emulator is stopped (--stop).", flush=True)
+        return 0
+    print(next_steps(args.recipe, args.team, emulator.endpoint, reused, log), flush=True)
     return 0
 
 
@@ -233,6 +249,37 @@ def wait_for_job(env: dict[str, str], job: str, timeout_s: float = 60) -> None:
             if time.monotonic() > deadline:
                 raise DemoError(f"no training job {job} after {timeout_s:.0f} s") from None
             time.sleep(0.5)
+
+
+def start_recorded(emulator: Emulator, state_file: Path, log: Path) -> None:
+    """Start the emulator in its own session (it outlives this script) and record the server's PID."""
+    emu.stop_recorded(state_file)  # a stale record: its server is gone
+    emulator.start(timeout_s=120, detach=True)
+    emu.write_state(emulator.endpoint, emulator.pid or 0, state_file, log=log.relative_to(ROOT))
+
+
+def next_steps(recipe: str, team: str | None, endpoint: str, reused: dict | None, log: Path) -> str:
+    """What to try next, against the emulator the demo leaves running (every line works as printed)."""
+    ts = ".venv/bin/trainstack"
+    t = f" --team {team}" if team else ""
+    pid = (reused or emu.read_state(ROOT / emu.STATE_FILE) or {}).get("pid")
+    rows = [
+        (f"{ts} runs {recipe}{t} --local", "the demo's run: its jobs, state, checkpoints"),
+        (f"{ts} status {recipe}{t} --local", "its newest job against the plan"),
+        (f"{ts} logs {recipe}{t} --local", "its logs (none: no container ran)"),
+        (f"{ts} launch {recipe}{t} --local --max-steps 50 --wait", "a short tuning run"),
+        (f"{ts} plan {recipe}{t}", "memory, speed, cost (no AWS)"),
+        ('eval "$(.venv/bin/trainstack emulator env)"', "point npx cdk here too"),
+        (f"{ts} emulator stop", "when you are done"),
+    ]
+    width = max(len(cmd) for cmd, _ in rows)
+    lines = [
+        "",
+        f"The emulator keeps running on {endpoint} (pid {pid}, log {log.relative_to(ROOT)}). Try next:",
+        *(f"  {cmd:<{width}}  # {why}" for cmd, why in rows),
+        "On a real AWS account: README.md, section 'On a real AWS account'.",
+    ]
+    return "\n".join(lines)
 
 
 def show_job(env: dict[str, str], job_name: str, execution_arn: str, first_job: str | None = None) -> None:

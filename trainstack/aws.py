@@ -1,12 +1,15 @@
 """boto3 access for the CLI: real AWS through the usual credential chain, or the local emulator.
 
 `local=True` talks only to the emulator: AWS_ENDPOINT_URL (as `make demo` sets it) or the one
-`python -m trainstack.emulator` recorded in .emulator/endpoint.json, always with dummy credentials,
-so a real profile is never sent to it. Errors a user can fix become one-line TrainstackErrors.
+`trainstack emulator start` (or `make demo`) recorded in .emulator/endpoint.json, always with dummy
+credentials, so a real profile is never sent to it. Without it boto3 follows the usual chain, which
+honours AWS_ENDPOINT_URL too: the "where" line (`Aws.where`) names the endpoint actually used.
+Errors a user can fix become one-line TrainstackErrors.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -71,7 +74,7 @@ def explain(error: BaseException) -> str:
     if hint is None and name in ("EndpointConnectionError", "ConnectTimeoutError", "ConnectionClosedError"):
         endpoint = str(getattr(error, "kwargs", {}).get("endpoint_url", ""))
         hint = (
-            "is the local emulator still running? (`python -m trainstack.emulator`)"
+            "is the local emulator still running? (`trainstack emulator status`)"
             if endpoint.startswith(("http://localhost", "http://127.0.0.1"))
             else "check the network, the region and any proxy settings"
         )
@@ -112,11 +115,12 @@ class Aws:
     def region(self) -> str:
         return self._session.region_name
 
-    @property
+    @functools.cached_property
     def where(self) -> str:
-        return (
-            f"the local emulator ({self._endpoint})" if self.local else f"region {self._session.region_name}"
-        )
+        """Where requests go, for messages: the endpoint boto3 actually uses (AWS_ENDPOINT_URL and
+        config-file endpoints included), or the region when it is AWS's own."""
+        endpoint = self._endpoint or self.client("sagemaker").meta.endpoint_url
+        return where_line(endpoint, self._session.region_name)
 
     def client(self, service: str) -> Any:
         return self._session.client(service, endpoint_url=self._endpoint, config=self._config)
@@ -136,6 +140,18 @@ class Aws:
         except BotoCoreError as exc:
             raise TrainstackError(f"cannot read stack {stack_name} in {self.where}: {explain(exc)}") from None
         return {o["OutputKey"]: o["OutputValue"] for o in stacks[0].get("Outputs", [])}
+
+
+def where_line(endpoint: str | None, region: str | None) -> str:
+    """`region us-west-2` for AWS's own endpoints, else the endpoint (the local emulator by name)."""
+    from urllib.parse import urlsplit
+
+    host = urlsplit(endpoint or "").hostname or ""
+    if not endpoint or host.endswith((".amazonaws.com", ".amazonaws.com.cn", ".api.aws")):
+        return f"region {region}"
+    if host in ("localhost", "127.0.0.1"):
+        return f"the local emulator ({endpoint})"
+    return f"{endpoint} (region {region})"
 
 
 def training_job_request_sent(stepfunctions: Any, execution_arn: str) -> dict[str, Any] | None:

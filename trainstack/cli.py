@@ -10,7 +10,7 @@ from __future__ import annotations
 import errno
 import importlib
 import sys
-from typing import Any
+from typing import Annotated, Any
 
 import typer
 
@@ -33,6 +33,7 @@ COMMAND_MODULES = [
     "trainstack.commands.launch",
     "trainstack.commands.runs",
     "trainstack.commands.stop_resume",
+    "trainstack.commands.emulator",
 ]
 
 
@@ -58,7 +59,14 @@ def _usage(error: ClickException) -> BaseException:
 class _Commands(TyperGroup):
     """Runs a command; user mistakes become one line on stderr and a non-zero exit (no traceback):
     a TrainstackError or usage error (exit 2), a file that cannot be read or written (exit 2), an AWS
-    client error that a command did not explain itself (exit 2, via trainstack.aws.explain)."""
+    client error that a command did not explain itself (exit 2, via trainstack.aws.explain).
+    Every command's recipe, --team and --set parameters complete in the shell (trainstack.completion)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        from trainstack.completion import attach
+
+        attach(self)
 
     def make_context(self, info_name: Any, args: Any, parent: Any = None, **extra: Any) -> Any:
         try:
@@ -90,7 +98,7 @@ app = typer.Typer(
     cls=_Commands,
     name="trainstack",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,  # --install-completion / --show-completion (bash, zsh, fish)
     pretty_exceptions_enable=False,
     rich_markup_mode=None,  # click formatting: reflows docstring paragraphs (rich kept source line breaks)
     context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 120},
@@ -107,12 +115,37 @@ ROOT_HELP = "\n\n".join(
         "Errors are one line on stderr starting with `error:`; exit status 2 for invalid input or an "
         "environment problem (no AWS credentials, no emulator), 1 where a command says so (plan: does "
         "not fit). `trainstack COMMAND -h` shows each command's options and examples.",
+        "Shell completion of recipe names, teams and --set keys: `trainstack --install-completion` "
+        "(bash, zsh, fish), then open a new shell.",
     )
 )
 
 
+def version() -> str:
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed
+
+    try:
+        return installed("trainstack")
+    except PackageNotFoundError:  # run from a checkout without `pip install -e .`
+        return "unknown (not installed: run `make setup`)"
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"trainstack {version()}")
+        raise typer.Exit(0)
+
+
 @app.callback(help=ROOT_HELP)
-def _root() -> None:
+def _root(
+    show_version: Annotated[
+        bool,
+        typer.Option(
+            "--version", "-V", is_eager=True, callback=_print_version, help="Print the version and exit."
+        ),
+    ] = False,
+) -> None:
     pass
 
 

@@ -12,8 +12,14 @@
     -c emulator=true          deploy into the local AWS emulator (trainstack.emulator); changes only what the
                               emulator cannot do, and says so. Implied when AWS_ENDPOINT_URL is localhost.
     -c pipeline=true          add the GitOps pipeline stack (stacks/pipeline.py)
+    -c quiet=true             no warnings about values that are legal but almost surely wrong
+                              (trainstack.sanity; printed to stderr otherwise, never fatal)
 
 A recipe that is invalid or does not fit stops here with one line, before any stack exists.
+
+Without `-c recipe`, `cdk bootstrap` (and `cdk ls`, `cdk destroy`: commands that bundle no stack) still
+work: app.py synthesizes only an empty placeholder stack then (see `bootstrap_only`); `cdk deploy` and
+`cdk synth` without a recipe stop with one line saying how to pick one.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from trainstack import budget, loader, naming, request_check
+from trainstack import budget, loader, naming, request_check, sanity
 from trainstack.errors import RecipeError, TrainstackError
 from trainstack.recipe import Recipe
 
@@ -42,6 +48,7 @@ CONTEXT_KEYS = (
     "inter_container_encryption",
     "emulator",
     "pipeline",
+    "quiet",
     "connection_arn",
     "repository",
     "branch",
@@ -82,6 +89,7 @@ class Deployment:
     plan: Any  # trainstack.planner.Plan
     image: ImageSource
     files: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = ()  # trainstack.sanity lines: legal values that are almost surely wrong
 
     @property
     def stack_prefix(self) -> str:
@@ -129,6 +137,22 @@ def user_context(context: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in context.items() if v is not None and ":" not in k and not k.startswith("@")}
 
 
+# The CDK CLI tells the app which stacks it will bundle assets for: `["**"]` (or the named stacks) for
+# synth, deploy and diff, `[]` for bootstrap, ls and destroy. Absent: the app was run by hand.
+BUNDLING_STACKS = "aws:cdk:bundling-stacks"
+NO_RECIPE_HINT = (
+    "pick one with `-c recipe=30b-fp8` (`trainstack recipes` lists them, `-c recipe=all` is every one)"
+)
+
+
+def bootstrap_only(context: Mapping[str, Any]) -> bool:
+    """True when no recipe was given and the CLI runs a command that deploys nothing (bootstrap, ls,
+    destroy). The CDK CLI (2.1148) reads the environment to bootstrap from the app's stacks and fails
+    with "This app contains no stacks" on an app that has none, even for `cdk bootstrap aws://A/R`;
+    so app.py then synthesizes one stack without resources, which nothing can deploy."""
+    return not str(context.get("recipe") or "").strip() and context.get(BUNDLING_STACKS) == []
+
+
 def _check_keys(context: Mapping[str, Any]) -> None:
     """A misspelt key (`-c tem=nlp`) would otherwise be ignored and deploy something else."""
     import difflib
@@ -152,7 +176,7 @@ def load(
     _check_keys(context)
     name = str(context.get("recipe") or "").strip()
     if not name:
-        raise TrainstackError(f"{CONTEXT}: recipe: required, e.g. `-c recipe=30b-fp8` (or `-c recipe=all`)")
+        raise TrainstackError(f"{CONTEXT}: recipe: required to synthesize or deploy: {NO_RECIPE_HINT}")
     team = str(context.get("team") or "").strip() or None
     overrides = split_set(str(context.get("set") or ""))
     # Emulator mode: asked for, or implied by an AWS endpoint on this machine (trainstack.emulator).
@@ -167,6 +191,7 @@ def load(
         pairs = _all_pairs(team, recipes_dir)
     else:
         pairs = [(name, team)]
+        _check_selected(name, team, recipes_dir)
     deployments = []
     for recipe_name, recipe_team in pairs:
         resolved = loader.resolve(
@@ -182,7 +207,9 @@ def load(
         budget.enforce(resolved, plan)  # a team's caps on nodes and planned cost (trainstack.budget)
         request_check.enforce(resolved)  # every request AWS would refuse (trainstack.request_check)
         image = _image_source(context, recipe, emulator, _target(recipe, emulator)[1] or region, resolve_base)
-        deployments.append(Deployment(recipe, recipe_team, plan, image, resolved.files))
+        label = f"{recipe_name} --team {recipe_team}" if recipe_team else recipe_name
+        concerns = tuple(sanity.lines(resolved, plan, label))
+        deployments.append(Deployment(recipe, recipe_team, plan, image, resolved.files, concerns))
     _check_unique(deployments)
     # A team's defaults may name where its stacks go (recipe `deploy`); used when every recipe agrees.
     targets = {_target(d.recipe, emulator) for d in deployments}
@@ -213,6 +240,27 @@ def _all_pairs(team: str | None, recipes_dir: str | None) -> list[tuple[str, str
     for each in loader.team_names(recipes_dir):
         pairs += [(n, each) for n in loader.team_recipe_names(each, recipes_dir)]
     return pairs
+
+
+def _check_selected(name: str, team: str | None, recipes_dir: str | None) -> None:
+    """A team deploys only the base recipes its defaults select (`recipes:`; default every one)."""
+    if (
+        team is None
+        or name not in loader.base_recipe_names(recipes_dir)
+        or not loader.team_names(recipes_dir)
+    ):
+        return
+    if team not in loader.team_names(recipes_dir):
+        return  # the loader names the unknown team
+    selected = loader.team_selection(team, recipes_dir)
+    if selected is not None and name not in selected:
+        defaults = Path(loader.recipes_dir_or_default(recipes_dir)) / "teams" / team / loader.TEAM_DEFAULTS
+        raise RecipeError(
+            loader.display_path(defaults),
+            loader.TEAM_RECIPES_KEY,
+            f"team {team} does not deploy {name} (it selects {', '.join(selected)}): add {name} to "
+            f"`{loader.TEAM_RECIPES_KEY}:` to deploy it",
+        )
 
 
 def _check_unique(deployments: list[Deployment]) -> None:

@@ -20,7 +20,10 @@ gaps and our workarounds (../shared/README.md section 7):
 - its training jobs complete at once, keep no Environment, cannot be stopped, and send no state-change
   events: trainstack.emulator_events adds jobs that run until ended, StopTrainingJob, and delivery.
 
-`python -m trainstack.emulator [--port N]` runs one in the foreground (for `trainstack launch --local`).
+`trainstack emulator start|status|stop|env` runs one in the background (what `make demo` leaves
+running); `python -m trainstack.emulator [--port N]` runs one in the foreground. Either records the
+server's endpoint and PID in .emulator/endpoint.json, where `--local` and `trainstack emulator stop`
+find it.
 """
 
 from __future__ import annotations
@@ -82,16 +85,27 @@ class Emulator:
             "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
         }
 
-    def start(self, timeout_s: float = 30.0) -> Emulator:
+    @property
+    def pid(self) -> int | None:
+        """The moto server's process id (None when not started here)."""
+        return self._process.pid if self._process is not None else None
+
+    def start(self, timeout_s: float = 30.0, detach: bool = False) -> Emulator:
+        """Start the server and wait until it answers. `detach`: in its own session, so it outlives this
+        process and a Ctrl-C in this terminal (stop it with `trainstack emulator stop`)."""
         if importlib.util.find_spec("moto") is None or importlib.util.find_spec("flask") is None:
             raise TrainstackError("moto[server] is not installed: run `make setup`")
         log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
         # moto's server runs through serve() below (not the moto_server script): it adds our patches.
         self._process = subprocess.Popen(
             [sys.executable, "-m", "trainstack.emulator", "--serve", "--port", str(self.port)],
+            stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
+            start_new_session=detach,
         )
+        if log is not subprocess.DEVNULL:
+            log.close()  # the child holds its own descriptor
         deadline = time.monotonic() + timeout_s
         while True:
             try:
@@ -133,28 +147,121 @@ class Emulator:
         self.stop()
 
 
-# --- state file: lets `trainstack ... --local` find a running emulator ---------------------------
+# --- state file: lets `trainstack ... --local` and `trainstack emulator stop` find a running emulator --
 STATE_FILE = Path(".emulator") / "endpoint.json"
+LOG_FILE = Path(".emulator") / "moto.log"
+NOT_RUNNING = (
+    "no local emulator is running: AWS_ENDPOINT_URL is unset and no live one is recorded in "
+    "{path} under this directory (start one here with `trainstack emulator start`, or "
+    "export the AWS_ENDPOINT_URL it printed)"
+)
 
 
-def write_state(endpoint: str, pid: int, path: Path = STATE_FILE) -> None:
+def write_state(
+    endpoint: str,
+    pid: int,
+    path: Path = STATE_FILE,
+    log: Path | None = None,
+    supervisor_pid: int | None = None,
+) -> None:
+    """Record a running emulator: `pid` is the moto server's own process (what `stop` signals);
+    `supervisor_pid` the foreground `python -m trainstack.emulator` watching it, if any."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"endpoint": endpoint, "pid": pid}))
+    state = {"endpoint": endpoint, "pid": pid, "started": time.time()}
+    if log is not None:
+        state["log"] = str(log)
+    if supervisor_pid is not None:
+        state["supervisor_pid"] = supervisor_pid
+    path.write_text(json.dumps(state))
+
+
+def read_state(path: Path = STATE_FILE) -> dict | None:
+    """The recorded emulator (endpoint, pid, ...), or None when nothing (readable) is recorded."""
+    try:
+        state = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(state, dict) or not isinstance(state.get("endpoint"), str):
+        return None
+    return state
+
+
+def answers(endpoint: str, timeout_s: float = 2.0) -> bool:
+    try:
+        urllib.request.urlopen(f"{endpoint}/moto-api/data.json", timeout=timeout_s).close()
+    except OSError:
+        return False
+    return True
+
+
+def is_emulator_process(pid: int) -> bool:
+    """Whether `pid` is a live emulator server (so `stop` never signals a process that reused the id)."""
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    cmdline = Path(f"/proc/{pid}/cmdline")
+    if cmdline.exists():
+        text = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    else:  # no procfs (macOS): ask ps
+        done = subprocess.run(["ps", "-p", str(pid), "-o", "command="], capture_output=True, text=True)
+        text = done.stdout
+    return "trainstack.emulator" in text and "--serve" in text
+
+
+def running(path: Path = STATE_FILE, timeout_s: float = 30.0) -> dict | None:
+    """The recorded emulator if it is alive, else None. Alive: its server process runs (a busy server
+    answers late, and must not be taken for a dead one and replaced), or, for a record without a
+    server PID we can check, its endpoint answers within `timeout_s`."""
+    state = read_state(path)
+    if state is None:
+        return None
+    pid = state.get("pid")
+    if isinstance(pid, int) and pid > 0:
+        if not is_emulator_process(pid):
+            return None  # stale: the server is gone (or the PID now belongs to something else)
+        deadline = time.monotonic() + timeout_s
+        while not answers(state["endpoint"]) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        return state
+    return state if answers(state["endpoint"], timeout_s=timeout_s) else None
+
+
+def stop_recorded(path: Path = STATE_FILE, timeout_s: float = 15.0) -> dict | None:
+    """Stop the recorded emulator's server (SIGTERM, then SIGKILL after `timeout_s`) and remove the
+    record. Returns the record it stopped, or None when none was running (a stale record is removed)."""
+    state = read_state(path)
+    if state is None:
+        return None
+    pid = state.get("pid")
+    stopped = None
+    if isinstance(pid, int) and is_emulator_process(pid):
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        while is_emulator_process(pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if is_emulator_process(pid):
+            os.kill(pid, signal.SIGKILL)
+        stopped = state
+    path.unlink(missing_ok=True)
+    return stopped
+
+
+def env_for(endpoint: str) -> dict[str, str]:
+    """The AWS environment for the emulator at `endpoint` (http://localhost:PORT)."""
+    return Emulator(port=int(endpoint.rsplit(":", 1)[1])).env()
 
 
 def local_env(path: Path = STATE_FILE) -> dict[str, str]:
     """Environment for the emulator recorded in `path`, or a one-line error when none is running."""
-    try:
-        state = json.loads(path.read_text())
-        urllib.request.urlopen(f"{state['endpoint']}/moto-api/data.json", timeout=2).close()
-    except (OSError, ValueError, KeyError):
-        raise TrainstackError(
-            "no local emulator is running: AWS_ENDPOINT_URL is unset and no live one is recorded in "
-            f"{path} under this directory (start one here with `python -m trainstack.emulator`, or "
-            "export the AWS_ENDPOINT_URL it printed)"
-        ) from None
-    emulator = Emulator(port=int(state["endpoint"].rsplit(":", 1)[1]))
-    return emulator.env()
+    state = running(path)
+    if state is None:
+        raise TrainstackError(NOT_RUNNING.format(path=path))
+    return env_for(state["endpoint"])
+
+
+def export_line(env: dict[str, str]) -> str:
+    return "export " + " ".join(f"{k}={v}" for k, v in env.items())
 
 
 # --- EventBridge for CloudFormation stack status events (moto does not publish them) -------------
@@ -345,18 +452,20 @@ def _main() -> None:
     # `kill PID` (SIGTERM) stops it like Ctrl-C: the server process and the state file go with it
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     with emulator:
-        write_state(emulator.endpoint, os.getpid())
+        write_state(emulator.endpoint, emulator.pid or 0, supervisor_pid=os.getpid())
         print(
             f"local AWS emulator on {emulator.endpoint} (state in {STATE_FILE}); Ctrl-C stops it", flush=True
         )
-        print("export " + " ".join(f"{k}={v}" for k, v in emulator.env().items()), flush=True)
+        print(export_line(emulator.env()), flush=True)
         try:
             while emulator._process is not None and emulator._process.poll() is None:
                 time.sleep(1)
         except KeyboardInterrupt:
             pass
         finally:
-            STATE_FILE.unlink(missing_ok=True)
+            state = read_state()
+            if state is not None and state.get("supervisor_pid") == os.getpid():
+                STATE_FILE.unlink(missing_ok=True)  # only our own record
 
 
 if __name__ == "__main__":

@@ -5,10 +5,14 @@ resolved on both sides, from `recipes/` as it is at REF (read with `git archive`
 working tree, then planned with `trainstack.planner.plan`. A target is deployed when its resolved recipe
 changed, so a changed base recipe reaches every team that runs it and a changed team file reaches only
 that team's stacks; a change that resolves to the same recipe (a value a team already overrides)
-deploys nothing. A change to infrastructure code (the CDK app, stacks, trainstack) redeploys everything.
+deploys nothing. A change to infrastructure code (the CDK app, stacks, trainstack, the training image,
+the pinned CDK) deploys exactly the stack sets whose synthesized templates change: both sides are
+synthesized with the same CDK CLI and compared (trainstack.template_diff), so a refactor that leaves
+every template identical deploys nothing. When synthesis is not possible (`--no-synth`, no CDK CLI, a
+side that fails to synthesize) every target redeploys, and the diff says why.
 
-`trainstack diff` renders this as a rich table, as Markdown (the pull request's job summary) and as
-JSON (the deploy workflow's job matrix). Nothing here talks to AWS.
+`trainstack diff` renders this (trainstack.diff_report) as a rich table, as Markdown (the pull request's
+job summary) and as JSON (the deploy workflow's job matrix). Nothing here talks to AWS.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import io
 import subprocess
 import tarfile
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -28,8 +32,21 @@ from trainstack.naming import recipe_hash, stack_prefix
 from trainstack.recipe import Tags
 
 RECIPES = "recipes"
-# Paths whose change alters every synthesized stack (relative to the repository root).
-INFRA_PATHS = ("app.py", "cdk.json", "stacks/", "trainstack/", "training_image/")
+# Paths whose change can alter any synthesized stack (relative to the repository root): the app, its
+# libraries and their pins, and the training image's build context.
+INFRA_PATHS = (
+    "app.py",
+    "cdk.json",
+    "stacks/",
+    "trainstack/",
+    "training_image/",
+    ".dockerignore",
+    "pyproject.toml",
+    "requirements.lock",
+    "package.json",
+    "package-lock.json",
+)
+IMAGE_CONTEXT = ("trainstack/", "training_image/", ".dockerignore")  # besides recipes/, held equal
 DEPLOYING = ("added", "changed", "code")
 
 
@@ -68,6 +85,7 @@ class TargetDiff:
     before: Side | None
     after: Side | None
     reasons: tuple[str, ...] = ()  # changed files behind the status
+    resources: tuple[str, ...] = ()  # template changes the code makes: "Launcher: Id (Type) modified"
 
     @property
     def stack(self) -> str:
@@ -84,6 +102,8 @@ class PlanDiff:
     base_commit: str
     changed_files: tuple[str, ...]
     targets: tuple[TargetDiff, ...] = field(default=())
+    infra_files: tuple[str, ...] = ()  # changed files that can alter templates (INFRA_PATHS)
+    templates: str = ""  # how infrastructure changes were judged: compared, or why not
 
     @property
     def deploys(self) -> tuple[TargetDiff, ...]:
@@ -115,6 +135,8 @@ class PlanDiff:
             "base": self.base,
             "base_commit": self.base_commit,
             "changed_files": list(self.changed_files),
+            "infra_files": list(self.infra_files),
+            "templates": self.templates,
             "deploy_count": len(self.deploys),
             "matrix": self.matrix(),
             "targets": [{**asdict(t), "stack": t.stack, "deploys": t.deploys} for t in self.shown],
@@ -129,8 +151,18 @@ def deploy_targets(recipes_dir: Path) -> list[tuple[str, str | None]]:
     return out
 
 
-def compute(base: str, repo: Path | str | None = None) -> PlanDiff:
-    """The plan diff between the working tree of the git repository at `repo` (default: cwd) and `base`."""
+def compute(
+    base: str,
+    repo: Path | str | None = None,
+    synth: bool = True,
+    progress: Callable[[str], None] = lambda line: None,
+) -> PlanDiff:
+    """The plan diff between the working tree of the git repository at `repo` (default: cwd) and `base`.
+
+    `synth`: when infrastructure files changed, synthesize both sides and deploy only the stack sets
+    whose templates change (else every target redeploys). `progress` gets a line per long step."""
+    from trainstack import template_diff
+
     root = repo_root(Path(repo) if repo is not None else Path.cwd())
     commit = _git(
         root,
@@ -142,6 +174,18 @@ def compute(base: str, repo: Path | str | None = None) -> PlanDiff:
     ).strip()
     changed = changed_files(root, commit)
     code = tuple(f for f in changed if f.startswith(INFRA_PATHS))
+    per_stack: dict[str, tuple[str, ...]] | None = None
+    note = ""
+    if code and synth:
+        try:
+            stacks, images = template_diff.compare(root, commit, progress)
+        except TrainstackError as exc:
+            note = f"templates not compared ({exc}): every target redeploys"
+        else:
+            per_stack = _by_stack_set(stacks, images, tuple(f for f in code if f.startswith(IMAGE_CONTEXT)))
+            note = "templates of both sides synthesized with the same CDK CLI and compared"
+    elif code:
+        note = "templates not compared (--no-synth): every target redeploys"
     with recipes_at(root, commit) as before_dir:
         after_dir = root / RECIPES
         before_targets, after_targets = deploy_targets(before_dir), deploy_targets(after_dir)
@@ -150,8 +194,30 @@ def compute(base: str, repo: Path | str | None = None) -> PlanDiff:
         for recipe, team in ordered:
             before = _side(before_dir, recipe, team) if (recipe, team) in before_targets else None
             after = _side(after_dir, recipe, team) if (recipe, team) in after_targets else None
-            diffs.append(_classify(recipe, team, before, after, changed, code))
-    return PlanDiff(base=base, base_commit=commit, changed_files=changed, targets=tuple(diffs))
+            diffs.append(_classify(recipe, team, before, after, changed, code, per_stack))
+    return PlanDiff(
+        base=base,
+        base_commit=commit,
+        changed_files=changed,
+        targets=tuple(diffs),
+        infra_files=code,
+        templates=note,
+    )
+
+
+def _by_stack_set(
+    stacks: dict[str, tuple[str, ...]], images: dict[str, bool], image_files: tuple[str, ...]
+) -> dict[str, tuple[str, ...]]:
+    """Template changes grouped by stack set (`Trainstack-<team>-<recipe>`), each prefixed by its stack."""
+    out: dict[str, list[str]] = {}
+    for stack, found in stacks.items():
+        prefix, _, suffix = stack.rpartition("-")
+        lines = out.setdefault(prefix, [])
+        if images.get(stack):
+            files = ", ".join(image_files) or "its build context"
+            lines.append(f"{suffix}: training image rebuilt ({files} changed)")
+        lines += [f"{suffix}: {change}" for change in found]
+    return {prefix: tuple(lines) for prefix, lines in out.items()}
 
 
 def repo_root(path: Path) -> Path:
@@ -234,9 +300,15 @@ def _classify(
     after: Side | None,
     changed: tuple[str, ...],
     code: tuple[str, ...],
+    per_stack: dict[str, tuple[str, ...]] | None = None,
 ) -> TargetDiff:
+    """`per_stack`: template changes by stack set when both sides were synthesized; None: not compared
+    (then any infrastructure change redeploys every target)."""
     files = set((before.files if before else ()) + (after.files if after else ()))
     reasons = tuple(f for f in changed if f in files)
+    stack = (after or before).stack  # type: ignore[union-attr]
+    resources = (per_stack or {}).get(stack, ())
+    code_deploys = bool(code) and (per_stack is None or bool(resources))
     if after is None:
         status = "removed"
     elif after.error is not None:
@@ -246,11 +318,19 @@ def _classify(
     elif (before.hash, before.account, before.region) != (after.hash, after.account, after.region):
         # What it trains, or where it goes, changed (a target that did not validate before included).
         status = "changed"
-    elif code:
+    elif code_deploys:
         status, reasons = "code", code
     else:
         status = "unchanged"
-    return TargetDiff(recipe=recipe, team=team, status=status, before=before, after=after, reasons=reasons)
+    return TargetDiff(
+        recipe=recipe,
+        team=team,
+        status=status,
+        before=before,
+        after=after,
+        reasons=reasons,
+        resources=resources if after is not None else (),
+    )
 
 
 def _fallback_stack(recipe: str, team: str | None) -> str:
@@ -275,79 +355,3 @@ def _git(cwd: Path, *args: str, error: str | None = None) -> str:
         detail = done.stderr.strip().splitlines()[-1] if done.stderr.strip() else f"exit {done.returncode}"
         raise TrainstackError(error or f"git {' '.join(args)}: {detail}")
     return done.stdout
-
-
-# --- Rendering: the same rows for the terminal table and the pull request's Markdown summary ---------
-
-COLUMNS = ("Stacks", "Change", "Fits", "Peak GiB", "Tokens/s/GPU", "MFU", "Hours", "Cost", "Approval")
-ARROW = " → "
-
-
-def row(t: TargetDiff) -> list[str]:
-    """One row of figures, each `before → after` (one value when equal, `-` where a side is missing)."""
-    b = t.before.figures if t.before else None
-    a = t.after.figures if t.after else None
-
-    def pair(get, fmt) -> str:
-        left = fmt(get(b)) if b else "-"
-        right = fmt(get(a)) if a else "-"
-        return left if left == right else f"{left}{ARROW}{right}"
-
-    change = t.status + (f" ({', '.join(t.reasons)})" if t.reasons else "")
-    if t.status == "code":
-        change = f"code ({len(t.reasons)} infrastructure file(s) changed)"
-    elif t.status == "invalid" and t.after and t.after.error:
-        change = f"invalid: {t.after.error}"
-    approval = "required" if t.after and t.after.needs_approval else ("-" if not t.deploys else "no")
-    return [
-        t.stack,
-        change,
-        pair(lambda f: f.fits, lambda v: "yes" if v else "NO"),
-        pair(lambda f: f.peak_gib, lambda v: f"{v:.1f}"),
-        pair(lambda f: f.tokens_per_sec_per_gpu, lambda v: f"{v:,.0f}"),
-        pair(lambda f: f.mfu, lambda v: f"{100 * v:.1f}%"),
-        pair(lambda f: f.hours, lambda v: f"{v:,.1f}"),
-        pair(lambda f: f.total_usd, lambda v: f"${v:,.0f}"),
-        approval,
-    ]
-
-
-def headline(diff: PlanDiff) -> str:
-    names = ", ".join(t.stack for t in diff.deploys)
-    if not diff.deploys:
-        return "A merge deploys no stacks."
-    return f"A merge deploys {len(diff.deploys)} recipe/team stack set(s): {names}"
-
-
-def to_markdown(diff: PlanDiff) -> str:
-    def cell(text: str) -> str:
-        return text.replace("|", "\\|").replace("\n", " ")
-
-    lines = [
-        f"### trainstack plan diff against `{diff.base}` ({diff.base_commit[:12]})",
-        "",
-        f"**{headline(diff)}**",
-        "",
-    ]
-    if diff.shown:
-        lines += ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-        lines += ["| " + " | ".join(cell(c) for c in row(t)) + " |" for t in diff.shown]
-        lines.append("")
-    code = next((t.reasons for t in diff.targets if t.status == "code"), ())
-    if code:
-        more = f" and {len(code) - 10} more" if len(code) > 10 else ""
-        lines += [
-            "Infrastructure code changed, so every unchanged recipe redeploys too: "
-            + ", ".join(f"`{f}`" for f in code[:10])
-            + more,
-            "",
-        ]
-    if any(t.status == "removed" for t in diff.targets):
-        lines += [
-            "Removed targets are not destroyed by a merge: run `npx cdk destroy` for them deliberately "
-            "(checkpoint buckets are retained either way).",
-            "",
-        ]
-    if any(t.status == "invalid" for t in diff.targets):
-        lines += ["**Invalid targets block the merge:** fix them before merging (`trainstack validate`).", ""]
-    return "\n".join(lines)

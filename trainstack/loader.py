@@ -11,8 +11,9 @@ validation error names the file the bad value was written in.
 
 from __future__ import annotations
 
+import copy
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,13 +21,15 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from trainstack import overrides as override_rules
 from trainstack.errors import RecipeError
+from trainstack.overrides import SET_SOURCE, override_label, parse_set  # noqa: F401 (public here too)
 from trainstack.recipe import Recipe, team_name_problem
 
 DEFAULT_RECIPES_DIR = Path(__file__).resolve().parent.parent / "recipes"
 TEAM_DEFAULTS = "defaults.yaml"
+TEAM_RECIPES_KEY = "recipes"  # defaults.yaml only: which base recipes the team deploys (default: all)
 DEFAULT_SOURCE = "default"
-SET_SOURCE = "--set"
 
 
 @dataclass(frozen=True)
@@ -65,10 +68,48 @@ def team_names(recipes_dir: Path | str | None = None) -> list[str]:
 
 
 def team_recipe_names(team: str, recipes_dir: Path | str | None = None) -> list[str]:
-    """Recipes a team can run: every base recipe plus the team's own variants."""
+    """Recipes a team deploys and validates: the base recipes its defaults select (`recipes:`, default
+    every one) plus the team's own variants."""
     root = recipes_dir_or_default(recipes_dir)
+    bases = set(base_recipe_names(root))
     own = {p.stem for p in (root / "teams" / team).glob("*.yaml") if p.name != TEAM_DEFAULTS}
-    return sorted(set(base_recipe_names(root)) | own)
+    selected = team_selection(team, root)
+    return sorted((bases if selected is None else set(selected)) | (own - bases))
+
+
+def team_selection(team: str, recipes_dir: Path | str | None = None) -> list[str] | None:
+    """The base recipes `recipes/teams/<team>/defaults.yaml` selects with `recipes: [...]`, or None
+    (every base recipe). A name that is no base recipe, or a team override of a base recipe the team
+    does not select, is a one-line RecipeError naming the file."""
+    import difflib
+
+    root = recipes_dir_or_default(recipes_dir)
+    defaults = root / "teams" / team / TEAM_DEFAULTS
+    if not defaults.is_file():
+        return None
+    raw = read_yaml(defaults).get(TEAM_RECIPES_KEY)
+    if raw is None:
+        return None
+    source = _display(defaults)
+    bases = base_recipe_names(root)
+    if not isinstance(raw, list) or not raw or not all(isinstance(n, str) for n in raw):
+        raise RecipeError(
+            source, TEAM_RECIPES_KEY, f"must be a list of base recipe names, e.g. [{', '.join(bases[:2])}]"
+        )
+    for name in raw:
+        if name not in bases:
+            close = difflib.get_close_matches(name, bases, n=1, cutoff=0.6)
+            hint = f"did you mean {close[0]}?" if close else f"base recipes: {', '.join(bases)}"
+            raise RecipeError(source, TEAM_RECIPES_KEY, f"{name!r} is not a base recipe ({hint})")
+    for override in sorted((root / "teams" / team).glob("*.yaml")):
+        if override.stem in bases and override.stem not in raw:
+            raise RecipeError(
+                _display(override),
+                None,
+                f"overrides {override.stem}, which `{TEAM_RECIPES_KEY}:` in {source} does not select "
+                "(add it there, or delete this file)",
+            )
+    return list(dict.fromkeys(raw))
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -113,31 +154,6 @@ def read_yaml(path: Path) -> dict[str, Any]:
     return data
 
 
-def parse_set(assignments: Iterable[str], source: str = SET_SOURCE) -> dict[str, Any]:
-    """`["training.micro_batch=4", ...]` -> nested dict. Values are parsed as YAML scalars.
-
-    `source` names where the assignments were typed (`--set`, or `-c set` for the CDK app) in errors."""
-    tree: dict[str, Any] = {}
-    for assignment in assignments:
-        key, sep, raw = assignment.partition("=")
-        key = key.strip()
-        if not sep or not key or any(not part for part in key.split(".")):
-            raise RecipeError(source, None, f"{assignment!r} is not key.path=value")
-        try:
-            value = yaml.safe_load(raw) if raw.strip() else None
-        except yaml.YAMLError:
-            value = raw
-        *parents, leaf = key.split(".")
-        node = tree
-        for part in parents:
-            child = node.setdefault(part, {})
-            if not isinstance(child, dict):
-                raise RecipeError(source, key, f"conflicts with an earlier {source} of {part}")
-            node = child
-        node[leaf] = value
-    return tree
-
-
 def resolve(
     name_or_path: str,
     team: str | None = None,
@@ -151,6 +167,7 @@ def resolve(
     """
     root = recipes_dir_or_default(recipes_dir)
     layers: list[_Layer] = []
+    variant_alone = False
     is_path = name_or_path.endswith((".yaml", ".yml")) or "/" in name_or_path
     if team is not None and (problem := team_name_problem(team)) is not None:
         raise RecipeError("--team", None, problem)  # before any lookup: the name is in stack and job names
@@ -171,6 +188,7 @@ def resolve(
         elif team_variant is not None and team_variant.is_file():
             layers += _extends_chain(team_variant, root)
             _refuse_gates(layers[-1])  # the team's own file; its bases are not team-owned
+            variant_alone = len(layers) == 1  # no `extends`: a whole recipe, or a misnamed override
         else:
             known = ", ".join(team_recipe_names(team, root) if team else base_recipe_names(root))
             owner = f" for team {team!r}" if team else ""
@@ -180,25 +198,33 @@ def resolve(
         layers.append(_Layer(f"--team {team}", {"tags": {"team": team}}))
         defaults = team_dir / TEAM_DEFAULTS
         if defaults.is_file():
-            layers.append(_team_layer(defaults, name, may_extend=False))
+            layer = _team_layer(defaults, name, may_extend=False)
+            layer.data.pop(TEAM_RECIPES_KEY, None)  # the team's selection, not a recipe value
+            layers.append(layer)
         overlay = team_dir / f"{name}.yaml"
         already_read = {Path(layer.source).resolve() for layer in layers if "/" in layer.source}
         if overlay.is_file() and overlay.resolve() not in already_read:
             layers.append(_team_layer(overlay, name, may_extend=False))
 
+    typed: list[tuple[str, str]] = []
     if overrides:
-        layers.append(_Layer(overrides_source, parse_set(overrides, overrides_source)))
+        tree, typed = override_rules.parse(overrides, overrides_source)
+        layers.append(_Layer(overrides_source, tree))
 
-    merged: dict[str, Any] = {}
+    def merge(chosen: list[_Layer]) -> dict[str, Any]:
+        merged: dict[str, Any] = {}
+        for layer in chosen:  # copies: _merge adopts the layer's own dicts, and this runs more than once
+            _merge(merged, copy.deepcopy(layer.data))
+        merged.pop("extends", None)
+        merged["name"] = name if not is_path else merged.get("name", name)
+        return merged
+
     sources: dict[str, str] = {}
     for layer in layers:
-        _merge(merged, layer.data)
         for path in _leaf_paths(layer.data):
             sources[path] = layer.source
-    merged.pop("extends", None)
-    merged["name"] = name if not is_path else merged.get("name", name)
     try:
-        recipe = Recipe.model_validate(merged)
+        recipe = Recipe.model_validate(merge(layers))
     except ValidationError as exc:
         given = Path(name_or_path)
         if is_path and team is None and given.parent.parent.name == "teams":  # a partial file alone
@@ -208,13 +234,43 @@ def resolve(
                 None,
                 f"a team file is not a whole recipe: use `{recipe_name} --team {given.parent.name}`",
             ) from None
-        raise _first_error(exc, sources, layers[0].source) from None
+        error = _first_error(exc, sources, layers[0].source)
+        if variant_alone and any(e["type"] == "missing" for e in exc.errors()):
+            raise _no_base_recipe(layers[0].source, name, root) from None
+        if typed:
+            files_only = [layer for layer in layers if layer.source != overrides_source]
+
+            def valid_with(assignments: list[str]) -> bool:
+                tree = override_rules.parse(assignments, overrides_source)[0]
+                try:
+                    Recipe.model_validate(merge([*files_only, _Layer(overrides_source, tree)]))
+                except ValidationError:
+                    return False
+                return True
+
+            error = override_rules.blame(error, typed, overrides_source, valid_with)
+        raise error from None
     files = tuple(
         layer.source
         for layer in layers
         if layer.source != overrides_source and not layer.source.startswith("--")
     )
     return ResolvedRecipe(recipe=recipe, team=team, sources=sources, files=files)
+
+
+def _no_base_recipe(source: str, name: str, root: Path) -> RecipeError:
+    """A team file that matches no base recipe and extends none: most likely a misspelt override."""
+    import difflib
+
+    bases = base_recipe_names(root)
+    close = difflib.get_close_matches(name, bases, n=1, cutoff=0.6)
+    hint = f"did you mean {close[0]}.yaml?" if close else f"base recipes: {', '.join(bases)}"
+    return RecipeError(
+        source,
+        None,
+        f"matches no base recipe ({hint}); a team file overrides the base recipe of the same name, "
+        "or is a team-only variant with `extends: <base recipe>`",
+    )
 
 
 def _extends_chain(path: Path, root: Path) -> list[_Layer]:
@@ -358,10 +414,18 @@ def _first_error(exc: ValidationError, sources: dict[str, str], base_source: str
     elif error["type"] == "value_error" and (named := re.match(r"^([a-z_][a-z_0-9]*): (.*)$", message)):
         # a section check
         path, message = f"{path}.{named.group(1)}" if path else named.group(1), named.group(2)
+    from trainstack import recipe_keys
+
     if error["type"] == "extra_forbidden":
-        message = "unknown key"
+        message = "unknown key" + recipe_keys.did_you_mean(path)
     elif error["type"] == "missing":
         message = "required field is missing"
+    elif error["type"] == "string_pattern_mismatch":
+        words = recipe_keys.PATTERN_WORDS.get(path, "not in the expected form")
+        message = f"{error.get('input')!r} is not {words}"
+    elif error["type"] == "string_type" and isinstance(error.get("input"), int | float):
+        value = error["input"]
+        message = f"expected text, got the number {value!r}: quote it ('{value}') so YAML keeps it text"
     # The file that wrote the offending value, else the deepest layer that wrote anything under it.
     # Else the last layer that wrote a sibling in the same section (a section check or missing field).
     parent = path.rpartition(".")[0]
@@ -376,6 +440,11 @@ def _first_error(exc: ValidationError, sources: dict[str, str], base_source: str
         )
     )
     return RecipeError(source, path or None, message)
+
+
+def display_path(path: Path) -> str:
+    """A path as errors show it: relative to the working directory when under it."""
+    return _display(path)
 
 
 def _display(path: Path) -> str:

@@ -56,7 +56,7 @@ def test_aws_errors_say_what_to_do():
         "`aws sso login`), or use --local for the emulator"
     )
     dead = EndpointConnectionError(endpoint_url="http://localhost:1/")
-    assert explain(dead).endswith("is the local emulator still running? (`python -m trainstack.emulator`)")
+    assert explain(dead).endswith("is the local emulator still running? (`trainstack emulator status`)")
     remote = EndpointConnectionError(endpoint_url="https://sagemaker.us-east-1.amazonaws.com/")
     assert explain(remote).endswith("check the network, the region and any proxy settings")
     expired = ClientError({"Error": {"Code": "ExpiredToken", "Message": "expired"}}, "DescribeStacks")

@@ -39,7 +39,7 @@ def run_app(context: dict[str, str], outdir: Path) -> subprocess.CompletedProces
         ),
         (
             {"recipe": "30b-fp8", "set": "training.micro_batch=0"},
-            "error: -c set: training.micro_batch: Input",
+            "error: -c set=training.micro_batch=0: training.micro_batch: Input",
         ),
         (
             {"recipe": "30b-fp8", "set": "activation_checkpointing.mode=none,training.micro_batch=4"},

@@ -89,7 +89,7 @@ def test_vpc_and_encryption_are_explicit_choices() -> None:
         ({"recipe": "30b-fp8", "set": "training.bogus=1"}, "training.bogus: unknown key"),
         (
             {"recipe": "30b-fp8", "set": "compute.instance_type=ml.p9.96xlarge"},
-            "-c set: compute.instance_type: 'ml.p9.96xlarge' is not offered",
+            "-c set=compute.instance_type=ml.p9.96xlarge: compute.instance_type: 'ml.p9.96xlarge' is not",
         ),
         (
             {"recipe": "30b-fp8", "set": "activation_checkpointing.mode=none,training.micro_batch=4"},

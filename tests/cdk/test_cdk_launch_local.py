@@ -27,7 +27,7 @@ def test_launch_local_without_an_emulator_says_so_in_one_line(tmp_path: Path) ->
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
         "error: no local emulator is running: AWS_ENDPOINT_URL is unset and no live one is recorded in "
-        ".emulator/endpoint.json under this directory (start one here with `python -m trainstack.emulator`, "
+        ".emulator/endpoint.json under this directory (start one here with `trainstack emulator start`, "
         "or export the AWS_ENDPOINT_URL it printed)"
     ]
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from trainstack import gitdiff, naming
+from trainstack import diff_report, gitdiff, naming
 from trainstack.errors import TrainstackError
 from trainstack.loader import resolve
 from trainstack.planner import plan
@@ -101,7 +101,7 @@ def test_team_change_that_resolves_to_the_same_recipe_deploys_nothing(repo):
     diff = gitdiff.compute("HEAD", root)
     assert diff.changed_files == ("recipes/teams/nlp/small.yaml",)
     assert diff.deploys == () and diff.shown == ()
-    assert "A merge deploys no stacks." in gitdiff.to_markdown(diff)
+    assert "A merge deploys no stacks." in diff_report.to_markdown(diff)
 
 
 def test_new_team_adds_its_stacks_and_infra_code_redeploys_everything(repo, h):
@@ -115,9 +115,13 @@ def test_new_team_adds_its_stacks_and_infra_code_redeploys_everything(repo, h):
     assert all(t.before is None for t in diff.deploys)
 
     (root / "app.py").write_text("# changed\n")
-    diff = gitdiff.compute("HEAD", root)
+    diff = gitdiff.compute("HEAD", root, synth=False)  # templates not compared: everything redeploys
     assert len(diff.deploys) == len(diff.targets) == 8  # 2 base x (no team, nlp, vision, speech)
     assert {t.status for t in diff.deploys} == {"added", "code"}
+    assert diff.infra_files == ("app.py",) and "--no-synth" in diff.templates
+    # this stand-in repository has no CDK app to synthesize: the diff says so and stays conservative
+    fallback = gitdiff.compute("HEAD", root)
+    assert len(fallback.deploys) == 8 and fallback.templates.startswith("templates not compared (")
 
 
 def test_removed_and_invalid_targets_are_shown_but_not_deployed(repo):
@@ -136,7 +140,7 @@ def test_removed_and_invalid_targets_are_shown_but_not_deployed(repo):
     invalid = next(t for t in diff.shown if t.status == "invalid")
     assert invalid.reasons == ("recipes/teams/nlp/small.yaml",)
     assert invalid.after.error.startswith("recipes/small.yaml: training.global_batch: 256 is not a multiple")
-    markdown = gitdiff.to_markdown(diff)
+    markdown = diff_report.to_markdown(diff)
     assert "Invalid targets block the merge" in markdown and "not destroyed by a merge" in markdown
 
 
@@ -148,14 +152,15 @@ def test_markdown_json_and_cli_tell_the_same_story(repo):
     diff = gitdiff.compute("HEAD", root)
     assert deployed(diff) == {"Trainstack-vision-small", "Trainstack-vision-medium"}
 
-    markdown = gitdiff.to_markdown(diff)
+    markdown = diff_report.to_markdown(diff)
     headline = "A merge deploys 2 recipe/team stack set(s): Trainstack-vision-medium, Trainstack-vision-small"
+    assert diff_report.headline(diff) == headline
     assert f"**{headline}**" in markdown
     for t in diff.deploys:
         b, a = t.before.figures, t.after.figures
         assert f"| {t.stack} | changed (recipes/teams/vision/defaults.yaml) |" in markdown
-        assert f"{b.hours:,.1f}{gitdiff.ARROW}{a.hours:,.1f}" in markdown
-        assert f"${b.total_usd:,.0f}{gitdiff.ARROW}${a.total_usd:,.0f}" in markdown
+        assert f"{b.hours:,.1f}{diff_report.ARROW}{a.hours:,.1f}" in markdown
+        assert f"${b.total_usd:,.0f}{diff_report.ARROW}${a.total_usd:,.0f}" in markdown
 
     cli = shutil.which("trainstack", path=str(Path(sys.executable).parent))
     done = subprocess.run(
@@ -175,20 +180,34 @@ def test_markdown_json_and_cli_tell_the_same_story(repo):
         [cli, "diff", "--base", "HEAD", "--markdown", "--repo", str(root)], capture_output=True, text=True
     )
     assert done.returncode == 0 and done.stdout.strip() == markdown.strip()
+    summary = root.parent / "summary.md"
+    summary.write_text("earlier step\n")
+    done = subprocess.run(
+        [cli, "diff", "--base", "HEAD", "--json", "--summary", str(summary), "--repo", str(root)],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0 and json.loads(done.stdout)["deploy_count"] == 2
+    assert summary.read_text() == "earlier step\n" + markdown + "\n"  # appended, as GitHub expects
 
-    # The terminal table: the same rows, cell by cell.
+    # The terminal table: the same figures, before above `→ after`, within 120 columns.
     done = subprocess.run(
         [cli, "diff", "--base", "HEAD", "--repo", str(root)],
         capture_output=True,
         text=True,
-        env={**os.environ, "COLUMNS": "250"},
+        env={**os.environ, "COLUMNS": "120"},
     )
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
+    assert max(len(x) for x in lines) <= 120
     for t in diff.deploys:
-        (line,) = [x for x in lines if f" {t.stack} " in x]
-        cells = [c.strip() for c in line.strip("│ ").split("│")]
-        assert cells == gitdiff.row(t)
+        short = t.stack.removeprefix(diff_report.STACK_PREFIX)
+        (line,) = [x for x in lines if f" {short} " in x]  # one line, never broken
+        below = lines[lines.index(line) + 1]
+        assert f"{t.before.figures.hours:,.1f}" in line and f"→ {t.after.figures.hours:,.1f}" in below
+        assert f"→ ${t.after.figures.total_usd:,.0f}" in below
+        assert f"{t.stack} changed by recipes/teams/vision/defaults.yaml." in lines
+    assert "Recipe files changed: recipes/teams/vision/defaults.yaml." in lines
     assert lines[-1] == headline
 
 

@@ -77,3 +77,16 @@ def test_only_the_deploy_job_gets_an_oidc_token():
     assert jobs["deploy"]["environment"] == "${{ matrix.environment }}"
     assert jobs["deploy"]["strategy"]["matrix"] == "${{ fromJSON(needs.plan.outputs.matrix) }}"
     assert "trainstack diff" in "\n".join(s.get("run", "") for s in jobs["plan"]["steps"])
+
+
+def test_the_deploy_plan_job_can_synthesize_both_sides_and_runs_the_diff_once():
+    plan = load("deploy.yml")["jobs"]["plan"]
+    steps = plan["steps"]
+    runs = "\n".join(s.get("run", "") for s in steps)
+    assert any(s.get("uses", "").startswith("actions/setup-node@") for s in steps)
+    assert "npm ci" in runs and "'.[cdk]'" in runs  # the CDK CLI and aws-cdk-lib, for cdk synth
+    assert runs.count("trainstack diff") == 1 and "--summary" in runs and "--json" in runs
+    assert (
+        next(s for s in steps if s.get("uses", "").startswith("actions/checkout@"))["with"]["fetch-depth"]
+        == 0
+    )

@@ -1,5 +1,6 @@
-"""`python -m trainstack.emulator` as a user runs it: it records itself for `--local`, and `kill PID`
-(SIGTERM) stops it as Ctrl-C does, taking the moto server and the state file with it."""
+"""`python -m trainstack.emulator` as a user runs it: it records the server (and itself as supervisor)
+for `--local`, and `kill PID` (SIGTERM) stops it as Ctrl-C does, taking the moto server and the state
+file with it."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+
+from trainstack.emulator import is_emulator_process
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("emulator")]
 
@@ -31,7 +34,8 @@ def test_sigterm_stops_the_server_and_removes_the_state_file(tmp_path: Path) -> 
             assert proc.poll() is None and time.monotonic() < deadline, "the emulator did not start"
             time.sleep(0.2)
         recorded = json.loads(state.read_text())
-        assert recorded["pid"] == proc.pid
+        assert recorded["supervisor_pid"] == proc.pid
+        assert recorded["pid"] != proc.pid and is_emulator_process(recorded["pid"])  # the server itself
         urllib.request.urlopen(f"{recorded['endpoint']}/moto-api/data.json", timeout=5).close()
 
         os.kill(proc.pid, signal.SIGTERM)

@@ -159,7 +159,10 @@ def test_team_defaults_are_validated_against_every_recipe(recipes_dir):
     (recipes_dir / "teams" / "nlp" / "defaults.yaml").write_text("monitoring: {notification_email: nope}\n")
     result = CliRunner().invoke(app, ["validate", str(recipes_dir / "teams" / "nlp" / "defaults.yaml")])
     assert result.exit_code == 2
-    assert "defaults.yaml: monitoring.notification_email: String should match pattern" in result.stderr
+    assert (
+        "defaults.yaml: monitoring.notification_email: 'nope' is not an e-mail address, e.g. ml-alerts@"
+        in result.stderr
+    )
 
 
 def test_bad_set_override_names_set_and_the_field(recipes_dir):

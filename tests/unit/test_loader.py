@@ -90,3 +90,117 @@ def test_show_table_names_the_team_file_for_the_repository_team():
     assert result.exit_code == 0, result.output
     line = next(row for row in result.stdout.splitlines() if "monitoring.notification_email" in row)
     assert "teams/nlp/defaults.yaml" in line
+
+
+# --- Errors that an override caused name the override, as typed ------------------------------------
+
+
+def test_a_cross_field_error_caused_by_set_names_the_override_not_the_file(recipes_dir):
+    # small: global_batch 8 on 8 GPUs; micro_batch 3 makes global_batch the field that fails
+    with pytest.raises(RecipeError) as caught:
+        resolve("small", overrides=["training.steps=5", "training.micro_batch=3"], recipes_dir=recipes_dir)
+    assert str(caught.value).startswith(
+        "--set training.micro_batch=3: training.global_batch: 8 is not a multiple of micro_batch"
+    )
+
+
+def test_the_cdk_app_names_its_overrides_as_typed_with_c_set(recipes_dir):
+    with pytest.raises(RecipeError, match=r"^-c set=training\.micro_batch=0: training\.micro_batch: "):
+        resolve(
+            "small", overrides=["training.micro_batch=0"], recipes_dir=recipes_dir, overrides_source="-c set"
+        )
+
+
+def test_an_error_only_a_combination_of_overrides_causes_names_them_all(recipes_dir, small_text):
+    (recipes_dir / "pair.yaml").write_text(
+        "name: pair\n" + small_text.replace("global_batch: 8", "global_batch: 16")
+    )
+    overrides = ["training.micro_batch=2", "compute.instance_count=2"]
+    for alone in overrides:  # each is valid on its own: 16 = 2 x 8 ranks, and 16 = 1 x 16 ranks
+        resolve("pair", overrides=[alone], recipes_dir=recipes_dir)
+    with pytest.raises(RecipeError) as caught:
+        resolve("pair", overrides=overrides, recipes_dir=recipes_dir)
+    assert str(caught.value).startswith(
+        "--set training.micro_batch=2, --set compute.instance_count=2: training.global_batch: 16 is not"
+    )
+
+
+def test_an_invalid_file_is_still_blamed_when_overrides_are_given(recipes_dir, small_text):
+    (recipes_dir / "broken.yaml").write_text(
+        "name: broken\n" + small_text.replace("kv_heads: 2", "kv_heads: 3")
+    )
+    with pytest.raises(RecipeError, match=r"broken\.yaml: model\.kv_heads: "):
+        resolve("broken", overrides=["training.steps=5"], recipes_dir=recipes_dir)
+
+
+@pytest.mark.parametrize("key", ["name", "extends", "name.x"])
+def test_name_and_extends_cannot_be_set(recipes_dir, key):
+    with pytest.raises(RecipeError, match=rf"^--set {key}=other: {key.split('.')[0]}: cannot be overridden"):
+        resolve("small", overrides=[f"{key}=other"], recipes_dir=recipes_dir)
+
+
+@pytest.mark.parametrize(
+    ("key", "meant"),
+    [
+        ("training.microbatch", "training.micro_batch"),
+        ("trainig.steps", "training.steps"),
+        ("model.micro_batch", "training.micro_batch"),  # a right leaf in the wrong section
+        ("compute.instance", "compute.instance_type"),
+    ],
+)
+def test_a_misspelt_set_key_gets_did_you_mean(recipes_dir, key, meant):
+    with pytest.raises(RecipeError) as caught:
+        resolve("small", overrides=[f"{key}=3"], recipes_dir=recipes_dir)
+    assert str(caught.value) == f"--set {key}=3: {key}: unknown key (did you mean {meant}?)"
+
+
+def test_an_unknown_key_with_nothing_close_says_only_unknown_key(recipes_dir):
+    with pytest.raises(RecipeError) as caught:
+        resolve("small", overrides=["zzzz=3"], recipes_dir=recipes_dir)
+    assert str(caught.value) == "--set zzzz=3: zzzz: unknown key"
+
+
+def test_an_account_id_given_as_a_bare_number_is_accepted_by_set(recipes_dir):
+    r = resolve(
+        "small", overrides=["deploy.account=012345678901", "tags.extra.code=42"], recipes_dir=recipes_dir
+    )
+    assert r.recipe.deploy.account == "012345678901"  # as typed: YAML would read a leading-zero octal
+    assert r.recipe.tags.extra == {"code": "42"}
+    assert parse_set(["deploy.account=123456789012"]) == {"deploy": {"account": "123456789012"}}
+
+
+def test_an_unquoted_account_in_a_file_says_to_quote_it(recipes_dir):
+    (recipes_dir / "teams" / "nlp" / "defaults.yaml").write_text("deploy: {account: 123456789012}\n")
+    with pytest.raises(RecipeError) as caught:
+        resolve("small", team="nlp", recipes_dir=recipes_dir)
+    assert str(caught.value).endswith(
+        "defaults.yaml: deploy.account: expected text, got the number 123456789012: "
+        "quote it ('123456789012') so YAML keeps it text"
+    )
+
+
+def test_every_pattern_rule_in_the_schema_is_said_in_words(recipes_dir):
+    """Each text field given a value no pattern accepts: the error states the rule, never a regex."""
+    from trainstack import recipe_keys
+
+    checked = []
+    for key in recipe_keys.leaf_fields():
+        if not recipe_keys.is_text(key) or key in recipe_keys.NOT_SETTABLE:
+            continue
+        try:
+            resolve("small", overrides=[f"{key}=@ not valid @"], recipes_dir=recipes_dir)
+        except RecipeError as error:
+            message = error.message
+            assert "pattern" not in message and "^" not in message and "$" not in message, (key, message)
+            checked.append(key)
+    assert set(recipe_keys.PATTERN_WORDS) <= set(checked)
+
+
+def test_a_team_file_named_after_no_base_recipe_says_did_you_mean(recipes_dir):
+    (recipes_dir / "teams" / "nlp" / "smal.yaml").write_text("training: {steps: 5}\n")
+    with pytest.raises(RecipeError) as caught:
+        resolve("smal", team="nlp", recipes_dir=recipes_dir)
+    assert str(caught.value).endswith(
+        "teams/nlp/smal.yaml: matches no base recipe (did you mean small.yaml?); a team file overrides the "
+        "base recipe of the same name, or is a team-only variant with `extends: <base recipe>`"
+    )

@@ -19,7 +19,16 @@ def recipe_schema(partial: bool = False) -> dict:
 
     schema = Recipe.model_json_schema()
     if partial:
+        from trainstack.loader import TEAM_RECIPES_KEY, base_recipe_names
+
         schema = _without_required(schema)
+        schema["properties"][TEAM_RECIPES_KEY] = {
+            "type": "array",
+            "items": {"enum": base_recipe_names()},
+            "minItems": 1,
+            "uniqueItems": True,
+            "description": "defaults.yaml only: the base recipes this team deploys (default: every one)",
+        }
     title = "trainstack team override" if partial else "trainstack recipe"
     return {"$schema": "https://json-schema.org/draft/2020-12/schema", **schema, "title": title}
 

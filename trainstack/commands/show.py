@@ -7,7 +7,8 @@ from typing import Annotated
 
 import typer
 
-from trainstack.commands.plan_options import RecipeArg, RecipesDirOpt, SetOpt, TeamOpt, console
+from trainstack.commands.output import console
+from trainstack.commands.plan_options import RecipeArg, RecipesDirOpt, SetOpt, TeamOpt
 
 
 def register(app: typer.Typer) -> None:
@@ -21,10 +22,14 @@ def show(
     as_json: Annotated[
         bool, typer.Option("--json", help="Print {recipe: ..., sources: ...} as JSON.")
     ] = False,
+    quiet: Annotated[
+        bool, typer.Option("--quiet", "-q", help="No warnings about values that look wrong.")
+    ] = False,
     recipes_dir: RecipesDirOpt = None,
 ) -> None:
     """Print the resolved recipe, one value per line, with the file (or --set, or default) that set it.
 
+    Values that are legal but almost surely wrong are warned about on stderr (--quiet: not).
     Exit status: 0, or 2 on invalid input.
 
     Example: trainstack show 8b-fp8 --team nlp --set training.steps=100
@@ -32,6 +37,11 @@ def show(
     from trainstack.loader import resolve
 
     resolved = resolve(recipe, team=team, overrides=set_ or (), recipes_dir=recipes_dir)
+    if not quiet:
+        from trainstack import sanity
+        from trainstack.planner import plan
+
+        sanity.print_warnings(resolved, plan(resolved.recipe))
     values = flatten(resolved.recipe.model_dump(mode="json"))
     if as_json:
         typer.echo(

@@ -3,20 +3,23 @@
 For each of the newest training jobs of the recipe: state and secondary state, step with a progress
 bar toward the steps the job was launched with, tokens/s per GPU and MFU against the planner's
 prediction (slow when below `monitoring.slow_fraction` of plan, the rule the Slow alarm applies), cost
-so far and projected, and where its checkpoints go. Reads SageMaker and CloudWatch only.
+so far and projected, and where its checkpoints go; sparklines of step, tokens/s and loss over the
+job's metric history and an ETA against the plan (trainstack.trends). Reads SageMaker and CloudWatch
+only. Output fits 120 columns.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from trainstack.commands.plan_options import RecipeArg, RecipesDirOpt, SetOpt, TeamOpt, duration
+from trainstack.commands.status_panels import _eta, _pending_panel, _run_panel  # noqa: F401 (tests import)
 
 if TYPE_CHECKING:
     from rich.console import RenderableType
@@ -28,7 +31,7 @@ LocalOpt = Annotated[
     typer.Option(
         "--local",
         help="Use the local AWS emulator instead of AWS: AWS_ENDPOINT_URL, or the one "
-        "`python -m trainstack.emulator` started in this directory.",
+        "`trainstack emulator start` (or `make demo`) started in this directory.",
     ),
 ]
 
@@ -92,7 +95,12 @@ def status(
                     "recipe": the_recipe.name,
                     "team": team or the_recipe.tags.team,
                     "job_prefix": prefix,
-                    "runs": [_as_dict(r, snapshot.executions.get(r.job.name)) for r in snapshot.reports],
+                    "runs": [
+                        _as_dict(
+                            r, snapshot.executions.get(r.job.name), snapshot.trends.get(r.job.name), the_plan
+                        )
+                        for r in snapshot.reports
+                    ],
                     "pending_executions": [_execution_dict(e) for e in snapshot.pending],
                     "launcher_deployed": snapshot.launcher_deployed,
                 },
@@ -101,9 +109,9 @@ def status(
         )
         return
 
-    from trainstack.commands.plan_options import console as make_console
+    from trainstack.commands.output import console as narrow_console
 
-    console = make_console()  # piped: wide enough that panels do not cut the checkpoint URI
+    console = narrow_console()  # 120 columns at most, also when piped
     if not watch:
         console.print(_view(clients, prefix, the_recipe, team, the_plan, runs))
         return
@@ -141,6 +149,7 @@ class Snapshot:
     executions: dict[str, Execution]  # by name (= job name)
     pending: list[Execution]  # launcher executions that have not created their job (yet)
     launcher_deployed: bool
+    trends: dict[str, dict[str, list]] = field(default_factory=dict)  # job -> metric -> [(t, v)]
 
     @property
     def latest_ended(self) -> bool:
@@ -162,6 +171,7 @@ def _collect(clients: Any, prefix: str, recipe: Any, team: str | None, plan: Any
         reports = [
             assess(job, latest_metrics(clients.cloudwatch, job, now), recipe, plan, now) for job in jobs
         ]
+        trends = {job.name: metric_history(clients.cloudwatch, job, now) for job in jobs}
         machine = launcher_state_machine(clients, recipe, team)
         executions = (
             find_executions(clients.aws.client("stepfunctions"), machine, prefix, limit) if machine else []
@@ -173,7 +183,36 @@ def _collect(clients: Any, prefix: str, recipe: Any, team: str | None, plan: Any
     pending = [
         e for e in executions if e.name not in names and (oldest_job is None or e.started >= oldest_job)
     ]
-    return Snapshot(reports, {e.name: e for e in executions}, pending, machine is not None)
+    return Snapshot(reports, {e.name: e for e in executions}, pending, machine is not None, trends)
+
+
+def metric_history(cloudwatch: Any, job: Any, now: datetime) -> dict[str, list]:
+    """Every trainer metric point CloudWatch holds for the job, oldest first (trainstack.trends)."""
+    from datetime import timedelta
+
+    from trainstack.metrics import FIELDS
+    from trainstack.runs import metric_queries
+    from trainstack.trends import series_from_results
+
+    start = (job.started or job.created) - timedelta(minutes=5)
+    end = (job.ended or now) + timedelta(minutes=5)
+    results: list[dict[str, Any]] = []
+    token: str | None = None
+    while True:
+        kwargs: dict[str, Any] = {
+            "MetricDataQueries": metric_queries(job.name),
+            "StartTime": start,
+            "EndTime": end,
+            "ScanBy": "TimestampAscending",
+        }
+        if token:
+            kwargs["NextToken"] = token
+        response = cloudwatch.get_metric_data(**kwargs)
+        results.extend(response.get("MetricDataResults", []))
+        token = response.get("NextToken")
+        if not token:
+            break
+    return series_from_results(results, {f.key.lower(): f.key for f in FIELDS})
 
 
 def _view(clients: Any, prefix: str, recipe: Any, team: str | None, plan: Any, limit: int) -> RenderableType:
@@ -214,116 +253,17 @@ def _view_and_snapshot(
             head,
             Text.assemble(
                 ("\nNo run yet: ", "bold yellow"),
-                f"no training job named {prefix}<recipe hash>-... exists. "
+                f"no training job named {prefix}<recipe hash>-... exists.\n"
                 f"Start one with `trainstack launch {recipe.name}{hint}`.",
             ),
             *notes,
         ), snapshot
     panels = [_pending_panel(e) for e in snapshot.pending]
-    panels += [_run_panel(r, recipe, snapshot.executions.get(r.job.name)) for r in reports]
+    panels += [
+        _run_panel(r, recipe, snapshot.executions.get(r.job.name), snapshot.trends.get(r.job.name), plan)
+        for r in reports
+    ]
     return Group(head, *panels, *notes), snapshot
-
-
-def _pending_panel(execution: Execution) -> RenderableType:
-    from rich.panel import Panel
-
-    now = datetime.now(UTC)
-    ago = duration(max(0.0, (now - execution.started).total_seconds()) / 3600)
-    if execution.status == "RUNNING":
-        text = (
-            f"launcher execution RUNNING since {execution.started:%Y-%m-%d %H:%M} UTC ({ago} ago); "
-            "no training job yet (creating it, or retrying on insufficient capacity)"
-        )
-    else:
-        text = (
-            f"launcher execution {execution.status} at "
-            f"{(execution.stopped or execution.started):%Y-%m-%d %H:%M} UTC without creating the "
-            "training job (see the execution history in the Step Functions console)"
-        )
-    return Panel(
-        text,
-        title=execution.name,
-        title_align="left",
-        border_style="yellow" if execution.status == "RUNNING" else "red",
-    )
-
-
-def _state_style(status: str) -> str:
-    return {"Completed": "green", "Failed": "bold red", "Stopped": "yellow", "Stopping": "yellow"}.get(
-        status, "cyan"
-    )
-
-
-def _run_panel(report: RunReport, recipe: Any, execution: Execution | None = None) -> RenderableType:
-    from rich.panel import Panel
-    from rich.progress_bar import ProgressBar
-    from rich.table import Table
-
-    from trainstack.runs import TERMINAL_STATES
-
-    job = report.job
-    now = datetime.now(UTC)
-    table = Table.grid(padding=(0, 2))
-    table.add_column(style="dim", no_wrap=True)
-    table.add_column(overflow="fold")  # long S3 URIs wrap rather than lose their end
-    state = f"[{_state_style(job.status)}]{job.status}[/] / {job.secondary_status or '-'}"
-    if job.failure_reason:
-        state += f"\n[red]{job.failure_reason}[/red]"
-    table.add_row("state", state)
-    started = job.started or job.created
-    table.add_row(
-        "started",
-        f"{started:%Y-%m-%d %H:%M} UTC ({duration(max(0.0, (now - started).total_seconds()) / 3600)} ago)",
-    )
-    bar = Table.grid(padding=(0, 1))
-    bar.add_column(width=40)
-    bar.add_column()
-    if report.step is not None:
-        step_text = f"{report.step:,}"
-    else:  # an ended job will not report one (in the emulator, nothing ever trains)
-        step_text = "no step metric" if job.status in TERMINAL_STATES else "no step reported yet"
-    bar.add_row(
-        ProgressBar(total=1.0, completed=report.progress, width=40),
-        f"{step_text} / {report.steps_target:,} steps ({report.progress:.1%})",
-    )
-    table.add_row("progress", bar)
-    if report.tokens_per_sec is None:
-        table.add_row("tokens/s per GPU", f"no metric yet (plan {report.planned_tokens_per_sec:,.0f})")
-    else:
-        verdict = (
-            f"[bold red]SLOW[/]: below {recipe.monitoring.slow_fraction:g} x plan "
-            f"= {report.slow_threshold:,.0f}"
-            if report.slow
-            else "[green]on plan[/]"
-        )
-        table.add_row(
-            "tokens/s per GPU",
-            f"{report.tokens_per_sec:,.0f} vs plan {report.planned_tokens_per_sec:,.0f} "
-            f"({report.throughput_ratio:.0%} of plan)  {verdict}",
-        )
-    mfu = f"{report.mfu:.1%}" if report.mfu is not None else "-"
-    table.add_row("MFU", f"{mfu} vs plan {report.planned_mfu:.1%}")
-    if report.mem_gib is not None:
-        table.add_row("peak memory", f"{report.mem_gib:,.1f} GiB vs plan {report.planned_peak_gib:,.1f} GiB")
-    if report.loss is not None:
-        table.add_row("loss", f"{report.loss:.4g}")
-    remaining = f", {duration(report.hours_remaining)} to go" if report.hours_remaining is not None else ""
-    table.add_row(
-        "cost",
-        f"${report.cost_so_far_usd:,.0f} so far, ${report.cost_projected_usd:,.0f} projected "
-        f"at ${report.usd_per_hour:,.0f}/h{remaining}",
-    )
-    table.add_row("checkpoints", job.checkpoint_uri or "-")
-    if execution is not None:
-        table.add_row("launcher", f"execution {execution.status}")
-    if report.metrics_at is not None:
-        table.add_row("metrics as of", f"{report.metrics_at:%H:%M:%S} UTC")
-    return Panel(
-        table,
-        title=job.name,
-        title_align="left",
-        border_style="red" if report.slow or job.status == "Failed" else "blue",
-    )
 
 
 def _execution_dict(execution: Execution) -> dict[str, Any]:
@@ -335,8 +275,14 @@ def _execution_dict(execution: Execution) -> dict[str, Any]:
     }
 
 
-def _as_dict(report: RunReport, execution: Execution | None = None) -> dict[str, Any]:
+def _as_dict(
+    report: RunReport,
+    execution: Execution | None = None,
+    trends: dict[str, list] | None = None,
+    plan: Any = None,
+) -> dict[str, Any]:
     job = report.job
+    run_eta = _eta(report, plan, datetime.now(UTC))
     return {
         "execution": _execution_dict(execution) if execution else None,
         "job": job.name,
@@ -361,4 +307,8 @@ def _as_dict(report: RunReport, execution: Execution | None = None) -> dict[str,
         "cost_so_far_usd": report.cost_so_far_usd,
         "cost_projected_usd": report.cost_projected_usd,
         "hours_remaining": report.hours_remaining,
+        "eta": run_eta.finish.isoformat() if run_eta else None,
+        "planned_finish": run_eta.planned_finish.isoformat() if run_eta else None,
+        "behind_plan_hours": run_eta.behind_hours if run_eta else None,
+        "trends": {k: [[t.isoformat(), v] for t, v in points] for k, points in (trends or {}).items()},
     }

@@ -77,13 +77,14 @@ def checks_for_path(path: Path) -> list[Check]:
     return checks
 
 
-def run_check(check: Check) -> None:
-    from trainstack import budget, request_check
+def run_check(check: Check, quiet: bool = False) -> None:
+    from trainstack import budget, request_check, sanity
     from trainstack.loader import resolve
     from trainstack.planner import plan
 
     resolved = resolve(check.recipe, team=check.team, recipes_dir=check.root)
     planned = plan(resolved.recipe)
+    sanity.print_warnings(resolved, planned, quiet, label=check.label)  # legal but almost surely wrong
     if not planned.fits:  # the gate refuses what would run out of memory, before anyone pays for it
         raise TrainstackError(f"{resolved.files[-1]}: {planned.verdict}")
     budget.enforce(resolved, planned)  # a team's caps on nodes and planned cost
@@ -104,13 +105,17 @@ def validate(
             show_default=False,
         ),
     ] = None,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print only errors.")] = False,
+    quiet: Annotated[
+        bool, typer.Option("--quiet", "-q", help="Print only errors (no ok lines, no warnings).")
+    ] = False,
     recipes_dir: RecipesDirOpt = None,
 ) -> None:
     """Validate recipes and team overrides: schema, layering, cross-field checks, fits in memory.
 
     A team's defaults.yaml is checked against every recipe the team can run; a base recipe against
-    every team override of it. Exit status 0 when all are valid, 2 otherwise (one line per error).
+    every team override of it. Values that are legal but almost surely wrong (learning rate, warmup,
+    batch size, volume) are printed as warnings with their threshold; they do not change the exit status.
+    Exit status 0 when all are valid, 2 otherwise (one line per error).
 
     Examples:
 
@@ -138,7 +143,7 @@ def validate(
             continue
         seen.add(key)
         try:
-            run_check(check)
+            run_check(check, quiet)
         except TrainstackError as error:
             errors.setdefault(" ".join(str(error).split()), []).append(check.label)
         else:

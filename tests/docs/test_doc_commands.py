@@ -1,0 +1,304 @@
+"""Every command README.md and docs/*.md show, run as a reader would, so a documented command cannot
+silently break again (tests/docs/doc_commands.py says what counts as a command and how a doc marks one
+that cannot run here).
+
+How they run:
+- in a copy of this checkout (tracked and untracked, not ignored, files with their timestamps, so
+  `make setup` finds its stamps fresh; `.venv` and `node_modules` linked), made a git repository with a
+  `main` branch, so the docs' `cp`, `rm` and `git` commands touch nothing real;
+- with that copy first on PYTHONPATH and PATH (`trainstack`, `python`, `torchrun` are the venv's), a
+  private HOME (`--install-completion` writes there), 120 columns, no colour;
+- block by block, in document order (README.md first), each block in one shell environment (an
+  `export` or `eval` carries to the block's next commands); a command must exit 0 without a traceback;
+- blocks that use AWS (`npx cdk bootstrap|deploy|destroy|diff`, `trainstack launch|status|logs|runs|
+  stop|resume|emulator`, `make demo`) run against one shared local emulator (started with
+  `trainstack emulator start`, stopped with `trainstack emulator stop` at the end), its AWS_* variables
+  exported; before such a block, every recipe/team its trainstack commands name is deployed if it is
+  not yet. Others run with no AWS credentials at all (AWS_REGION us-west-2, for synthesis).
+- emulator adaptations, the only changes made to a command: `npx cdk deploy` gets `--method=direct`
+  (the emulator loses cross-stack exports on the change-set path, ../shared/README.md section 7) and
+  `--require-approval=never` (no terminal to confirm IAM changes in).
+- a command already run successfully in the same group, with the same words in any order (comments
+  aside), is not run again.
+After `make demo`, the "Try next" commands it prints are run too (its last, `emulator stop`, at the end).
+All of it is one test (the blocks depend on each other's deployments); it reports every failing block.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from doc_commands import ROOT, Command, all_commands, all_markers
+
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("docs")]
+TIMEOUT_S = 1200
+AWS_COMMAND = re.compile(
+    r"\bnpx cdk (bootstrap|deploy|destroy|diff)\b"
+    r"|\btrainstack (launch|status|logs|runs|stop|resume|emulator)\b"
+    r"|\bmake demo\b"
+)
+RECIPE_COMMAND = re.compile(
+    r"\btrainstack (?:launch|status|logs|runs|stop|resume) (?P<recipe>[a-z0-9][a-z0-9-]*)"
+)
+TEAM = re.compile(r"--team[ =](?P<team>[a-z][a-z0-9]*)")
+TRY_NEXT = re.compile(r"^  (?P<command>\S.*?)\s+# ")
+
+
+def grouped() -> list[tuple[str, list[Command]]]:
+    """Commands in document order, one group per fenced block (named by its first command's place)."""
+    groups: dict[tuple[str, int], list[Command]] = {}
+    for command in all_commands():
+        key = (command.doc, _block_of(command))
+        groups.setdefault(key, []).append(command)
+    return [(cmds[0].where, cmds) for cmds in groups.values()]
+
+
+def _block_of(command: Command) -> int:
+    """The opening fence line above a command (commands of one block share it)."""
+    lines = (ROOT / command.doc).read_text(encoding="utf-8").splitlines()
+    for number in range(command.line - 1, 0, -1):
+        if lines[number - 1].lstrip().startswith("```"):
+            return number
+    return 0
+
+
+def adapt_for_emulator(text: str) -> str:
+    if re.search(r"\bnpx cdk deploy\b", text) and "--method" not in text:
+        text = re.sub(r"\bnpx cdk deploy\b", "npx cdk deploy --method=direct --require-approval=never", text)
+    return text
+
+
+@dataclass
+class Workspace:
+    repo: Path
+    home: Path
+    base_env: dict[str, str]
+    aws_env: dict[str, str] = field(default_factory=dict)
+    done: dict[tuple, str] = field(default_factory=dict)  # (words, aws) -> where it ran
+    deployed: set[tuple[str, str | None]] = field(default_factory=set)
+    demo_output: str = ""
+    failures: list[str] = field(default_factory=list)
+
+    def shell(self, text: str, env: dict[str, str], timeout: float = TIMEOUT_S) -> tuple[int, str, dict]:
+        """Run one command in bash; returns (exit status, output, the environment it left)."""
+        env_file = self.home / ".docs-test-env"
+        script = f"set -o pipefail\n{text}\nstatus=$?\nenv -0 > {shlex.quote(str(env_file))}\nexit $status\n"
+        done = subprocess.run(
+            ["bash", "-c", script],
+            cwd=self.repo,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+        after = env
+        if env_file.exists():
+            pairs = env_file.read_text().split("\0")
+            after = dict(p.split("=", 1) for p in pairs if "=" in p)
+            env_file.unlink()
+        return done.returncode, done.stdout + done.stderr, after
+
+
+def _copy_checkout(dest: Path) -> None:
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=ROOT,
+        capture_output=True,
+        check=True,
+    ).stdout.split(b"\0")
+    for name in filter(None, (p.decode() for p in listed)):
+        source = ROOT / name
+        if not source.is_file():
+            continue  # deleted in the working tree
+        target = dest / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(source, target)  # keeps mtimes: make's stamps stay newer than the pins
+    for linked in (".venv", "node_modules"):
+        (dest / linked).symlink_to(ROOT / linked)
+
+
+def _git(repo: Path, *args: str) -> None:
+    subprocess.run(
+        [
+            "git",
+            "-c",
+            "user.name=docs-test",
+            "-c",
+            "user.email=docs-test@example.com",
+            "-c",
+            "commit.gpgsign=false",
+            *args,
+        ],
+        cwd=repo,
+        check=True,
+        capture_output=True,
+    )
+
+
+@contextmanager
+def workspace(top: Path) -> Iterator[Workspace]:
+    """The checkout copy, its shared emulator (started here, stopped on the way out)."""
+    repo, home = top / "trainstack", top / "home"
+    repo.mkdir()
+    home.mkdir()
+    _copy_checkout(repo)
+    _git(repo, "init", "--quiet", "--initial-branch=main")
+    (repo / ".git" / "info" / "exclude").write_text(".venv\nnode_modules\n")
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "--quiet", "-m", "docs test checkout")
+    keep = ("PATH", "LANG", "LC_ALL", "TERM", "TMPDIR", "USER", "LOGNAME", "SHELL")
+    base = {k: v for k, v in os.environ.items() if k in keep}
+    base |= {
+        "HOME": str(home),
+        "PATH": f"{repo / '.venv' / 'bin'}:{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
+        "PYTHONPATH": f"{repo}:{repo / 'training_image'}",
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "COLUMNS": "120",
+        "NO_COLOR": "1",
+        "JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION": "1",
+        "JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION": "20",
+        "CDK_DISABLE_CLI_TELEMETRY": "true",
+        "AWS_EC2_METADATA_DISABLED": "true",
+        "AWS_REGION": "us-west-2",
+        "AWS_CONFIG_FILE": os.devnull,
+        "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
+    }
+    ws = Workspace(repo, home, base)
+    status, out, _ = ws.shell(".venv/bin/trainstack emulator start --timeout 300", base)
+    assert status == 0, out
+    status, out, _ = ws.shell(".venv/bin/trainstack emulator env", base)
+    assert status == 0, out
+    ws.aws_env = {**base, **dict(p.split("=", 1) for p in out.strip().removeprefix("export ").split())}
+    try:
+        yield ws
+    finally:
+        status, out, _ = ws.shell(".venv/bin/trainstack emulator stop", base)
+        ws.failures += (
+            [] if status == 0 and "stopped the local AWS emulator" in out else [f"emulator stop: {out}"]
+        )
+
+
+def _ensure_deployed(ws: Workspace, commands: list[Command]) -> str | None:
+    """Deploy every recipe/team the block's trainstack commands name, unless deployed already."""
+    import boto3
+
+    from trainstack.emulator import ACCOUNT, REGION
+    from trainstack.loader import resolve
+    from trainstack.naming import stack_prefix
+
+    env = ws.aws_env
+    cfn = boto3.client(
+        "cloudformation",
+        endpoint_url=env["AWS_ENDPOINT_URL"],
+        region_name=env["AWS_REGION"],
+        aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
+    )
+    existing = {s["StackName"] for s in cfn.describe_stacks()["Stacks"]}
+    if "CDKToolkit" not in existing:  # a doc may run `status` before any doc bootstraps
+        status, out, _ = ws.shell(f"npx cdk bootstrap aws://{ACCOUNT}/{REGION}", env)
+        if status != 0:
+            return f"setting up: `npx cdk bootstrap` failed:\n{out[-3000:]}"
+    for command in commands:
+        named = RECIPE_COMMAND.search(command.text)
+        if named is None:
+            continue
+        team_match = TEAM.search(command.text)
+        recipe, team = named.group("recipe"), team_match.group("team") if team_match else None
+        if (recipe, team) in ws.deployed:
+            continue
+        prefix = stack_prefix(resolve(recipe, team, recipes_dir=ws.repo / "recipes").recipe, team)
+        existing = {s["StackName"] for s in cfn.describe_stacks()["Stacks"]}
+        if f"{prefix}-Launcher" not in existing:
+            context = f"-c recipe={recipe}" + (f" -c team={team}" if team else "")
+            deploy = adapt_for_emulator(f"npx cdk deploy --all {context}")
+            status, out, _ = ws.shell(deploy, env)
+            if status != 0:
+                return f"setting up for {command.where}: `{deploy}` failed:\n{out[-3000:]}"
+        ws.deployed.add((recipe, team))
+    return None
+
+
+def _run_block(ws: Workspace, commands: list[Command]) -> None:
+    """Run a block's commands in order, in one environment; a failure is recorded and ends the block."""
+    aws = any(AWS_COMMAND.search(c.text) for c in commands if c.skip is None)
+    env = dict(ws.aws_env if aws else ws.base_env)
+    if aws and (problem := _ensure_deployed(ws, [c for c in commands if c.skip is None])):
+        ws.failures.append(problem)
+        return
+    for command in commands:
+        if command.skip is not None:
+            continue
+        text = adapt_for_emulator(command.text) if aws else command.text
+        key = (_words(text), aws)
+        if key in ws.done and "export " not in text and "eval " not in text:
+            continue  # ran already, with the same words, at ws.done[key]
+        status, out, env = ws.shell(text, env)
+        if status != 0 or "Traceback (most recent call last)" in out:
+            ws.failures.append(f"{command.where}: `{text}` exited {status}:\n{out[-4000:]}")
+            return
+        ws.done[key] = command.where
+        if re.search(r"\bmake demo\b", text):
+            ws.demo_output = out
+
+
+def _demo_next_steps(ws: Workspace) -> None:
+    """What `make demo` prints under "Try next" works as printed (its `emulator stop` runs at the end)."""
+    lines = ws.demo_output.splitlines()
+    start = next((i for i, line in enumerate(lines) if line.endswith("Try next:")), None)
+    if start is None:
+        ws.failures.append(
+            "make demo printed no 'Try next:' list" + (ws.demo_output[-2000:] or " (it did not run)")
+        )
+        return
+    suggested = []
+    for line in lines[start + 1 :]:
+        match = TRY_NEXT.match(line)
+        if match is None:
+            break
+        suggested.append(match.group("command"))
+    if not suggested or suggested[-1] != ".venv/bin/trainstack emulator stop":
+        ws.failures.append(f"make demo's 'Try next' does not end with how to stop the emulator: {suggested}")
+    _run_block(ws, [Command("make demo: Try next", n, t) for n, t in enumerate(suggested[:-1], start=1)])
+
+
+def _words(text: str) -> tuple[str, ...]:
+    try:
+        return tuple(sorted(shlex.split(text, comments=True)))
+    except ValueError:  # unbalanced quotes: compare as written
+        return (text,)
+
+
+GROUPS = grouped()
+
+
+def test_every_skip_marker_gives_a_reason():
+    for doc, line, only, reason in all_markers():
+        assert len(reason.strip()) >= 10, f"{doc}:{line}: a docs-test skip marker must say why ({only!r})"
+
+
+def test_the_docs_show_commands():
+    assert len(GROUPS) >= 10 and any("make demo" in c.text for _, cmds in GROUPS for c in cmds)
+
+
+def test_every_documented_command_runs(tmp_path: Path) -> None:
+    """One test, so the blocks run in document order against one emulator whatever the scheduler does;
+    every failing block is reported, not only the first."""
+    with workspace(tmp_path) as ws:
+        for _, commands in GROUPS:
+            _run_block(ws, commands)
+        _demo_next_steps(ws)
+    ran = len(ws.done)
+    assert not ws.failures, f"{len(ws.failures)} documented command(s) failed ({ran} ran):\n\n" + "\n\n".join(
+        ws.failures
+    )
