@@ -62,10 +62,9 @@ def _times(ratio: float) -> str:
     return f"1/{1 / ratio:,.0f} of" if ratio <= 0.1 else f"{ratio:.2g} x"
 
 
-def _local_storage_gb(recipe: Recipe) -> float | None:
-    """The instance's NVMe instance storage in GB as trainstack.hardware records it; None: not recorded."""
-    value = getattr(recipe.instance, "local_storage_gb", None)
-    return float(value) if value is not None else None
+def _local_storage_gb(recipe: Recipe) -> float:
+    """The instance's NVMe instance storage in GB as trainstack.hardware records it (0: an EBS volume)."""
+    return float(recipe.instance.instance_store_gb)
 
 
 def check(recipe: Recipe, plan: Any, local_storage_gb: float | None = None) -> list[Concern]:
