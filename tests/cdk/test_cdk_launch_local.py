@@ -135,7 +135,7 @@ def test_dry_run_prints_the_full_request_without_aws_with_marked_placeholders(tm
     assert result.returncode == 0, result.stderr
     printed = json.loads(result.stdout)
     assert set(printed) == {"request", "placeholders"}
-    assert printed["placeholders"] == ["bucket_name", "image_uri", "kms_key_arn", "role_arn"]
+    assert printed["placeholders"] == ["bucket_name", "image_uri", "kms_key_arn", "region", "role_arn"]
     body = printed["request"]
     assert body["TrainingJobName"] == "ts-platform-30b-fp8--try-1-1"
     assert body["RoleArn"].startswith("<placeholder: the execution role ARN of Trainstack-platform-30b-fp8")
@@ -153,9 +153,10 @@ def test_dry_run_prints_the_full_request_without_aws_with_marked_placeholders(tm
         image_uri=body["AlgorithmSpecification"]["TrainingImage"],
         bucket_name=uri.removeprefix("s3://").split("/checkpoints/")[0],
         kms_key_arn=body["OutputDataConfig"]["KmsKeyId"],
+        region="<placeholder: the deployment's region>",
     )
     (note,) = result.stderr.strip().splitlines()
-    assert note.startswith("note: bucket_name, image_uri, kms_key_arn, role_arn are placeholders")
+    assert note.startswith("note: bucket_name, image_uri, kms_key_arn, region, role_arn are placeholders")
 
 
 def test_bad_input_to_launch_is_one_line_and_exit_2_before_any_aws(tmp_path: Path) -> None:

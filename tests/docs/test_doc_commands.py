@@ -194,7 +194,7 @@ def _ensure_deployed(ws: Workspace, commands: list[Command]) -> str | None:
 
     from trainstack.emulator import ACCOUNT, REGION
     from trainstack.loader import resolve
-    from trainstack.naming import stack_prefix
+    from trainstack.naming import parse_run_name, stack_prefix
 
     env = ws.aws_env
     cfn = boto3.client(
@@ -215,6 +215,9 @@ def _ensure_deployed(ws: Workspace, commands: list[Command]) -> str | None:
             continue
         team_match = TEAM.search(command.text)
         recipe, team = named.group("recipe"), team_match.group("team") if team_match else None
+        if (run := parse_run_name(recipe)) is not None:  # `stop RUN`, `resume RUN`: the run names both
+            has_dir = (ws.repo / "recipes" / "teams" / run.team).is_dir()
+            recipe, team = run.recipe, run.team if has_dir else None
         if (recipe, team) in ws.deployed:
             continue
         prefix = stack_prefix(resolve(recipe, team, recipes_dir=ws.repo / "recipes").recipe, team)

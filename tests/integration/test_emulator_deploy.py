@@ -177,6 +177,7 @@ def expected_request(
         bucket_name=data["BucketName"],
         kms_key_arn=data["KeyArn"],
         keep_alive_seconds=keep_alive,
+        region=REGION,
     )
     # The job limit is fixed at deploy time by the deployed recipe's plan; a short run just ends sooner.
     return {**request, "StoppingCondition": stopping_condition(deployed)}

@@ -210,7 +210,7 @@ def _dry_run(
 
     prefix = naming.stack_prefix(deployed_recipe, team)
     values: dict[str, str] = {}
-    region = PLACEHOLDER.format("the deployment's region")
+    region: str | None = None
     why = ""
     try:
         aws = Aws(local=local)
@@ -244,6 +244,9 @@ def _dry_run(
         if deployed_recipe.image.uri:
             values["image_uri"] = deployed_recipe.image.uri
             placeholders.pop("image_uri")
+    if region is None:  # no AWS configuration at all
+        placeholders["region"] = "the deployment's region"
+        region = PLACEHOLDER.format(placeholders["region"])
     body = request.create_training_job_request(
         run_recipe,
         team,
