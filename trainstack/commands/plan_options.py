@@ -80,12 +80,16 @@ def duration(hours: float) -> str:
 
 
 def duration_range(hours: float, low: float, high: float) -> str:
-    """'26.2 days (23-29 days)', '41.0 h (36-48 h)', '30 min (25-34 min)'."""
+    """'26.2 days (23.4-29.1 days)', '41.0 h (36.0-48.0 h)', '30 min (25-34 min)'."""
     if hours < 1:
         return f"{hours * 60:.0f} min ({low * 60:.0f}-{high * 60:.0f} min)"
     if hours < 48:
-        return f"{hours:.1f} h ({_short(low)}-{_short(high)} h)"
-    return f"{hours / 24:.1f} days ({_short(low / 24)}-{_short(high / 24)} days)"
+        return f"{hours:.1f} h ({_tenths(low)}-{_tenths(high)} h)"
+    return f"{hours / 24:.1f} days ({_tenths(low / 24)}-{_tenths(high / 24)} days)"
+
+
+def _tenths(x: float) -> str:
+    return f"{x:,.0f}" if x >= 100 else f"{x:.1f}"
 
 
 def _short(x: float) -> str:
@@ -193,8 +197,12 @@ def print_plan(plan: Plan, title: str, command: str) -> None:
 
     _print_recommendation(out, plan, command)
     style = {"FITS": "bold green", "TIGHT": "bold yellow"}.get(verdict_word(plan), "bold red")
-    detail = plan.verdict.split(": ", 1)[1]
+    detail = plan.verdict.split(": ", 1)[1].split("; fix: ", 1)[0]
     out.print(f"{verdict_word(plan)}: {detail}", style=style, markup=False, highlight=False)
+    if not plan.fits:
+        flags = plan.recommendations.set_flags
+        fix = " ".join(flags) if flags else plan.memory.fix
+        out.print(f"fix: {fix}", style=style, markup=False, highlight=False)
 
 
 def _print_recommendation(out, plan: Plan, command: str) -> None:
@@ -202,7 +210,9 @@ def _print_recommendation(out, plan: Plan, command: str) -> None:
 
     rec = plan.recommendations
     within = (
-        f" and finish training within {rec.deadline_hours:,.0f} h" if rec.deadline_hours != float("inf") else ""
+        ""
+        if rec.deadline_hours == float("inf")
+        else f" and finish training within {rec.deadline_hours:,.0f} h"
     )
     out.print(
         f"recommendation: the most tokens per dollar among {rec.considered} layouts that fit{within}; "
