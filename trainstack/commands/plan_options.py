@@ -194,6 +194,9 @@ def print_plan(plan: Plan, title: str, command: str) -> None:
         perf.add_row(what, value)
     out.print(perf)
     out.print(f"price: {cost.price_source} ({cost.price_date})", style="dim", markup=False, highlight=False)
+    for line in plan.assumptions:
+        if not line.startswith("price:"):
+            out.print(line, style="dim", markup=False, highlight=False)
 
     _print_recommendation(out, plan, command)
     style = {"FITS": "bold green", "TIGHT": "bold yellow"}.get(verdict_word(plan), "bold red")

@@ -167,6 +167,11 @@ def plan(recipe: Recipe) -> Plan:
         "Megatron-Core's TP/PP-tuned runs are the upper bound",
         f"price: {unit.source} ({unit.date})",
     )
+    if run.jobs + run.expected_failures > recipe.compute.max_jobs:
+        assumptions += (
+            f"run: {run.jobs} jobs and {run.expected_failures:.1f} expected failures exceed "
+            f"compute.max_jobs = {recipe.compute.max_jobs}: the launcher would stop the run early",
+        )
     if recipe.compute.spot:
         assumptions += (
             f"spot: {run.spot_interruptions:.1f} interruptions expected over the run (assumption: one per "
