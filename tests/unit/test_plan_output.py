@@ -14,27 +14,28 @@ from trainstack.loader import resolve
 
 BASE = ["1b-bf16", "3b-bf16", "7b-bf16", "8b-fp8", "14b-fp8", "30b-fp8", "64b-fp8", "8b-fp8-128k"]
 runner = CliRunner()
+WIDE = {"COLUMNS": "200"}  # a wide terminal: the plan still keeps to 120 columns
 
 
 @pytest.mark.parametrize("name", BASE)
 def test_every_panel_fits_120_columns_and_the_verdict_is_one_word(name):
-    result = runner.invoke(app, ["plan", name])
+    result = runner.invoke(app, ["plan", name], env=WIDE)
     assert result.exit_code == 0, result.output
     lines = result.stdout.splitlines()
-    assert max(len(line) for line in lines) <= 120
+    assert max(len(line) for line in lines) == 120  # tables use the width, and no more
     assert lines[-1].startswith(("FITS: peak", "TIGHT: peak"))
     assert "FITS: fits" not in result.stdout and "fits: peak" not in result.stdout
 
 
 @pytest.mark.parametrize("args", [["recipes"], ["plan", "30b-fp8", "--compare"]])
 def test_the_other_plan_tables_fit_120_columns(args):
-    result = runner.invoke(app, args)
+    result = runner.invoke(app, args, env=WIDE)
     assert result.exit_code == 0, result.output
     assert max(len(line) for line in result.stdout.splitlines()) <= 120
 
 
 def test_a_plan_that_does_not_fit_says_so_once_with_a_pasteable_fix():
-    result = runner.invoke(app, ["plan", "64b-fp8", "--set", "activation_checkpointing.mode=none"])
+    result = runner.invoke(app, ["plan", "64b-fp8", "--set", "activation_checkpointing.mode=none"], env=WIDE)
     assert result.exit_code == 1
     lines = result.stdout.splitlines()
     assert sum(line.startswith("DOES NOT FIT") for line in lines) == 1
@@ -43,9 +44,9 @@ def test_a_plan_that_does_not_fit_says_so_once_with_a_pasteable_fix():
 
 
 def test_a_matching_recipe_says_so_and_a_changed_one_lists_each_knob_beside_the_recipe():
-    same = runner.invoke(app, ["plan", "8b-fp8"]).stdout
+    same = runner.invoke(app, ["plan", "8b-fp8"], env=WIDE).stdout
     assert "the recipe already matches the recommendation" in same and "matches" in same
-    changed = runner.invoke(app, ["plan", "64b-fp8", "--set", "parallelism.shard_group=16"]).stdout
+    changed = runner.invoke(app, ["plan", "64b-fp8", "--set", "parallelism.shard_group=16"], env=WIDE).stdout
     row = next(
         line for line in changed.splitlines() if "parallelism.shard_group" in line and "change" in line
     )

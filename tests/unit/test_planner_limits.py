@@ -148,7 +148,7 @@ def test_table_formats_of_a_figure_and_its_range():
 
 
 def test_the_plan_table_shows_each_figure_with_its_range():
-    result = CliRunner().invoke(app, ["plan", "8b-fp8"])
+    result = CliRunner().invoke(app, ["plan", "8b-fp8"], env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output
     t = plan(resolve("8b-fp8").recipe)
     low, high = t.throughput.tokens_per_sec_per_gpu_range

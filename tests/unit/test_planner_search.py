@@ -178,7 +178,7 @@ def test_compare_rows_one_per_instance_type_with_the_recommended_layout():
 
 
 def test_compare_table_has_a_row_per_instance_type():
-    result = runner.invoke(app, ["plan", "8b-fp8", "--compare"])
+    result = runner.invoke(app, ["plan", "8b-fp8", "--compare"], env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output
     for instance_type in INSTANCES:
         assert instance_type[:15] in result.stdout

@@ -79,7 +79,7 @@ def test_the_run_line_says_hours_jobs_and_the_checkpoint():
     assert line.startswith(f"{run.hours:,.0f} h = {run.jobs} job")
     assert f"checkpoint {ck.gib_per_node:,.0f} GiB/node every {ck.interval_minutes:,.0f} min" in line
     assert f"{ck.save_seconds:,.0f} s to save" in line
-    result = runner.invoke(app, ["plan", "64b-fp8"])
+    result = runner.invoke(app, ["plan", "64b-fp8"], env={"COLUMNS": "200"})
     assert line in result.stdout
 
 
@@ -138,7 +138,9 @@ def test_sigterm_fits_is_false_when_a_step_and_a_save_outlast_120_seconds():
     p = plan(resolve("8b-fp8-128k", overrides=["training.global_batch=1024"]).recipe)
     assert p.throughput.step_time_s > SIGTERM_GRACE_S
     assert p.run.checkpoint.sigterm_fits is False
-    result = runner.invoke(app, ["plan", "8b-fp8-128k", "--set", "training.global_batch=1024"])
+    result = runner.invoke(
+        app, ["plan", "8b-fp8-128k", "--set", "training.global_batch=1024"], env={"COLUMNS": "200"}
+    )
     assert "final save after SIGTERM" in result.stdout and "DOES NOT FIT SageMaker's 120 s" in result.stdout
 
 

@@ -13,11 +13,11 @@ from trainstack.recipe import Recipe
 
 
 def micro_batches(recipe: Recipe) -> list[int]:
-    """Powers of two up to twice the largest that fits (at least up to the recipe's own), capped at 64."""
+    """Powers of two up to twice the largest that fits (at least 4 and the recipe's own), capped at 64."""
     from trainstack.planner import max_micro_batch
 
     best = max_micro_batch(recipe) or 1
-    top = min(64, max(2 * best, recipe.training.micro_batch, 2))
+    top = min(64, max(2 * best, recipe.training.micro_batch, 4))
     sizes = [1]
     while sizes[-1] * 2 <= top:
         sizes.append(sizes[-1] * 2)
@@ -61,7 +61,7 @@ def write_memory_plot(recipe: Recipe, path: Path) -> None:
     data = plot_data(recipe)
     sizes, totals, usable = data["sizes"], data["totals"], data["usable"]
     labels = [str(mb) for mb in sizes]
-    fig, ax = plt.subplots(figsize=(10, 6), dpi=110)
+    fig, ax = plt.subplots(figsize=(11, 7), dpi=110)
     bottom = [0.0] * len(sizes)
     for name in data["memory"][0]:
         values = [parts[name] for parts in data["memory"]]
@@ -95,12 +95,17 @@ def write_memory_plot(recipe: Recipe, path: Path) -> None:
         if tick.get_text() == str(data["recipe_micro_batch"]):
             tick.set_fontweight("bold")
     ax.set_ylabel("GiB per GPU")
+    from trainstack.planner import checkpointing_label
+
+    ckpt = checkpointing_label(recipe.activation_checkpointing)
     ax.set_title(
         f"{recipe.name}: memory and speed per GPU on {recipe.instance.gpu.name} (checkpointing "
-        f"{recipe.activation_checkpointing.mode}, shard group {recipe.parallelism.shard_group})",
+        f"{ckpt}, shard group {recipe.parallelism.shard_group})",
         fontsize=10,
     )
     speed = ax.twinx()
+    speed.set_zorder(ax.get_zorder() + 1)  # the line and its band above the bars
+    speed.patch.set_visible(False)
     xs = [i for i, t in enumerate(data["tokens_per_sec"]) if t is not None]
     if xs:
         tps = [data["tokens_per_sec"][i] for i in xs]
@@ -112,8 +117,8 @@ def write_memory_plot(recipe: Recipe, path: Path) -> None:
     speed.set_ylabel("tokens/s per GPU (line; band: range)")
     handles, names = ax.get_legend_handles_labels()
     more, more_names = speed.get_legend_handles_labels()
-    ax.legend(handles + more, names + more_names, fontsize=7, loc="upper left")
-    fig.tight_layout()
+    fig.legend(handles + more, names + more_names, fontsize=7, loc="lower center", ncol=4, frameon=False)
+    fig.tight_layout(rect=(0, 0.12, 1, 1))  # room below the axes for the legend
     # Write beside the target and rename, so a failure never leaves half a file behind; mkstemp makes
     # the file 0600, so give it the mode a plain open() would (0666 less the umask).
     fd, tmp = tempfile.mkstemp(suffix=".png", dir=path.parent.resolve())
