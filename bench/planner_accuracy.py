@@ -15,7 +15,8 @@ settings our recipes do not have):
   peaks and links). The torchtitan and torchao H100s were Meta's 500 W HBM2e parts and the torchao
   B200s "power limited", so each kind of GPU gets its own fitted GEMM efficiency; plans use the H200's
   (the only runs at rated power), and the throttled ones set the slow end of every range.
-- activation_checkpointing: "selective-op" -> the op-level policy (ActivationPolicy.op_selective),
+- activation_checkpointing: "selective-op" -> torchtitan's op-level policy
+  (ActivationPolicy.torchtitan_op_selective: trainstack.trainer_memory's torchtitan terms),
   "full" -> every block recomputed, absent or "none" -> no recompute.
 - Loss: these trainers materialise the micro-batch's logits whole (one chunk = micro_batch x seq_len).
 - precision: fp8-tensorwise and fp8-current-scaling -> fp8 "current"; mxfp8 -> "mxfp8".
@@ -88,7 +89,7 @@ def load_cases(path: Path = CASES) -> list[dict]:
 def policy_of(case: dict) -> ActivationPolicy:
     mode = case.get("activation_checkpointing", "none")
     if mode == "selective-op":
-        return ActivationPolicy.op_selective()
+        return ActivationPolicy.torchtitan_op_selective()
     if mode == "full":
         return ActivationPolicy.full()
     if mode == "none":

@@ -54,7 +54,7 @@ def test_the_recorded_range_is_the_leave_one_out_error(bench):
     [
         ("full", ActivationPolicy.full()),
         ("none", ActivationPolicy.none()),
-        ("selective-op", ActivationPolicy.op_selective()),
+        ("selective-op", ActivationPolicy.torchtitan_op_selective()),
     ],
 )
 def test_the_bench_maps_checkpointing_as_published(bench, mode, expected):

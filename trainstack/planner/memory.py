@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from trainstack import trainer_memory
 from trainstack.hardware import GPU
 from trainstack.recipe import ActivationCheckpointing, ModelShape
 from trainstack.trainer_memory import (
@@ -19,7 +20,6 @@ from trainstack.trainer_memory import (
     LOSS_BYTES,
     ROOT_IN_FLIGHT_BYTES,
     block_activation_bytes,
-    op_selective_bytes,
 )
 
 GIB = float(2**30)
@@ -49,13 +49,15 @@ class ActivationPolicy:
 
     `checkpointed_fraction` of the blocks keep only their input (and recompute the rest in backward);
     `op_level` is op-level selective checkpointing in every block (`activation_checkpointing.policy:
-    op`, torchtitan-style: keep every other matmul output and the attention output, recompute the rest;
-    its bytes and recompute share come from trainstack.trainer_memory).
+    op`: matmul outputs kept, cheap ops recomputed; its bytes and recompute share come from
+    trainstack.trainer_memory). `torchtitan` marks torchtitan's own op-level policy, which keeps a
+    different set (its block has separate wq wk wv wo w1 w3 w2): the calibration cases use it.
     """
 
     name: str
     checkpointed_fraction: float = 0.0
     op_level: bool = False
+    torchtitan: bool = False
 
     @classmethod
     def from_recipe(cls, ac: ActivationCheckpointing, layers: int | None = None) -> ActivationPolicy:
@@ -74,12 +76,31 @@ class ActivationPolicy:
         return cls("selective-op", 0.0, op_level=True)
 
     @classmethod
+    def torchtitan_op_selective(cls) -> ActivationPolicy:
+        return cls("torchtitan selective-op", 0.0, op_level=True, torchtitan=True)
+
+    @classmethod
     def none(cls) -> ActivationPolicy:
         return cls("none", 0.0)
 
     @classmethod
     def full(cls) -> ActivationPolicy:
         return cls("full", 1.0)
+
+
+# --- The op-level policy's terms -------------------------------------------------------------------
+# trainstack.trainer_memory names torchtitan's terms `torchtitan_op_selective_*` once the trainer's own
+# op policy differs from torchtitan's (trainer-model engineer); until then `op_selective_*` are both.
+
+
+def op_selective_bytes(m: ModelShape, torchtitan: bool = False) -> int:
+    name = "torchtitan_op_selective_bytes" if torchtitan else "op_selective_bytes"
+    return getattr(trainer_memory, name, trainer_memory.op_selective_bytes)(m)
+
+
+def op_selective_recompute_share(m: ModelShape, torchtitan: bool = False) -> float:
+    name = "torchtitan_op_selective_recompute_share" if torchtitan else "op_selective_recompute_share"
+    return getattr(trainer_memory, name, trainer_memory.op_selective_recompute_share)(m)
 
 
 # --- Memory ---------------------------------------------------------------------------------------
@@ -127,7 +148,7 @@ def memory_breakdown(
 
     full_block = block_activation_bytes(m)
     if policy.op_level:
-        saved_block = op_selective_bytes(m)
+        saved_block = op_selective_bytes(m, torchtitan=policy.torchtitan)
     else:
         f = policy.checkpointed_fraction
         saved_block = (1 - f) * full_block + f * m.hidden * BF16

@@ -39,9 +39,9 @@ from trainstack.planner.calibration import (
     Calibration,
     loo_range,
 )
-from trainstack.planner.memory import ActivationPolicy
+from trainstack.planner.memory import ActivationPolicy, op_selective_recompute_share
 from trainstack.recipe import ModelShape
-from trainstack.trainer_memory import block_activation_bytes, op_selective_recompute_share
+from trainstack.trainer_memory import block_activation_bytes
 
 GRAD_REDUCE_BYTES = 4  # reduce_dtype FP32 (trainer/parallel.py)
 BF16 = 2
@@ -91,7 +91,7 @@ def recompute_flops_per_token(m: ModelShape, seq_len: int, policy: ActivationPol
     block_matmul = 2.0 * m.layers * _block_matmul_params(m)
     attention_fwd = 4.0 * m.layers * m.heads * m.head_dim * seq_len
     if policy.op_level:
-        return op_selective_recompute_share(m) * block_matmul
+        return op_selective_recompute_share(m, policy.torchtitan) * block_matmul
     return policy.checkpointed_fraction * (block_matmul + attention_fwd)
 
 
@@ -244,7 +244,7 @@ def _step(
     if compile:
         elementwise *= cal.compile_elementwise_factor
     if policy.op_level:
-        recompute = op_selective_recompute_share(m) * gemm / 3 + elementwise / 3
+        recompute = op_selective_recompute_share(m, policy.torchtitan) * gemm / 3 + elementwise / 3
     else:
         recompute = policy.checkpointed_fraction * (gemm / 3 + attention_fwd_s + elementwise / 3)
     gpu_block = gemm + attention + elementwise + recompute
