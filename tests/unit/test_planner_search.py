@@ -13,8 +13,9 @@ from trainstack.cli import app
 from trainstack.hardware import INSTANCES
 from trainstack.loader import resolve
 from trainstack.planner import HEADROOM, ActivationPolicy, Layout, plan, recipe_memory, recommend
+from trainstack.planner.compare import compare
 from trainstack.planner.memory import peak
-from trainstack.planner.search import TIE, choose
+from trainstack.planner.search import TIE, checkpointing_label, checkpointing_options, choose
 
 runner = CliRunner()
 
@@ -191,3 +192,40 @@ def test_tensor_and_context_parallelism_are_refused(field):
     assert result.exit_code == 2
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and field in lines[0] and "does not implement" in lines[0]
+
+
+# --- FP8 and the op-level policy -------------------------------------------------------------------
+def test_fp8_recipes_are_never_recommended_the_op_policy_and_bf16_ones_still_are():
+    # The same Llama 3 8B layout: in BF16 the op-level policy wins (the memory it frees buys a larger
+    # micro-batch); in FP8 it cannot run (the schema refuses it), so the search never offers it.
+    bf16 = resolve("8b-fp8", overrides=["precision.dtype=bf16", "precision.fp8_recipe=null"]).recipe
+    assert recommend(bf16).recommended.checkpointing == "selective op"
+    assert "selective op" not in {checkpointing_label(o) for o in checkpointing_options("fp8")}
+    assert "selective op" in {checkpointing_label(o) for o in checkpointing_options("bf16")}
+    for name in ("8b-fp8", "14b-fp8", "30b-fp8"):
+        fp8 = resolve(name).recipe
+        # deadline none: every layout that fits is a candidate, and op would have been the lightest
+        rec = recommend(fp8, deadline_hours=float("inf"))
+        assert rec.recommended.policy != "op", name
+        assert all("--set activation_checkpointing.policy=op" != f for f in rec.set_flags), name
+
+
+def test_compare_never_proposes_the_op_policy_for_an_fp8_recipe():
+    rows = compare(resolve("8b-fp8").recipe)
+    assert len(rows) == len(INSTANCES)
+    assert all(row.checkpointing != "selective op" for row in rows if row.nodes is not None)
+
+
+def test_the_fp8_advice_for_a_bf16_op_recipe_pastes_into_a_valid_recipe():
+    recipe = resolve(
+        "7b-bf16", overrides=["activation_checkpointing.mode=selective", "activation_checkpointing.policy=op"]
+    ).recipe
+    (note,) = [n for n in recommend(recipe).notes if n.startswith("precision.dtype")]
+    flags = note[note.index("(") + 1 : note.index(":", note.index("("))].split()
+    sets = [flags[i + 1] for i in range(0, len(flags), 2) if flags[i] == "--set"]
+    assert "activation_checkpointing.policy=block" in sets
+    again = resolve(
+        "7b-bf16",
+        overrides=["activation_checkpointing.mode=selective", "activation_checkpointing.policy=op", *sets],
+    ).recipe
+    assert again.precision.dtype == "fp8" and again.activation_checkpointing.policy == "block"

@@ -5,7 +5,8 @@ finish no later than the recipe's own layout would (its node count is how long t
 wait; `deadline_hours` overrides that, e.g. for `plan --compare` on another instance type). Candidates
 within `TIE` of the best are ties, broken by fewer nodes, then a shard group inside one node (FSDP
 traffic on NVLink, the guide's "smallest shard group that fits"), then the larger micro-batch, then
-tokens per dollar. Precision is not searched: the guide's rule by size is advice beside it.
+tokens per dollar. Precision is not searched: the guide's rule by size is advice beside it. The
+op-level checkpointing policy is offered to BF16 recipes only (`checkpointing_options`).
 """
 
 from __future__ import annotations
@@ -30,6 +31,15 @@ CHECKPOINTING_OPTIONS = (
     ActivationCheckpointing(mode="selective", policy="op"),
     ActivationCheckpointing(mode="full"),
 )
+
+
+def checkpointing_options(dtype: str) -> tuple[ActivationCheckpointing, ...]:
+    """What the search tries for a recipe of this precision: the op-level policy is BF16-only (the
+    trainer runs FP8 inside Transformer Engine's fused modules, which a per-op policy cannot see into;
+    trainstack.recipe refuses the pair)."""
+    if dtype == "fp8":
+        return tuple(o for o in CHECKPOINTING_OPTIONS if o.policy != "op")
+    return CHECKPOINTING_OPTIONS
 
 
 def checkpointing_label(ac: ActivationCheckpointing) -> str:
@@ -327,7 +337,7 @@ def recommend(
     instance = get_instance(instance_type) if instance_type else recipe.instance
     ev = _Evaluator(recipe, instance)
     own = recipe.activation_checkpointing
-    options = list(CHECKPOINTING_OPTIONS)
+    options = list(checkpointing_options(recipe.precision.dtype))
     if not any(_same_checkpointing(own, o) for o in options):
         options.append(own)
 
@@ -370,7 +380,13 @@ def recommend(
     dtype, reason = precision_advice(recipe, instance)
     if recipe.precision.dtype != dtype:
         fp8 = "mxfp8" if instance.gpu.supports_mxfp8 else "current"
-        hint = f" (--set precision.dtype=fp8 --set precision.fp8_recipe={fp8})" if dtype == "fp8" else ""
+        hint = ""
+        if dtype == "fp8":
+            hint = f" (--set precision.dtype=fp8 --set precision.fp8_recipe={fp8}"
+            if own.policy == "op":  # the schema refuses FP8 with the op policy
+                hint += " --set activation_checkpointing.policy=block: policy op is BF16-only; the FP8 plan"
+                hint += " then recommends its own checkpointing"
+            hint += ")"
         notes.append(
             f"precision.dtype is {recipe.precision.dtype}; the guide suggests {dtype} at this size{hint}"
         )
