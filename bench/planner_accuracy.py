@@ -22,6 +22,9 @@ settings our recipes do not have):
 - precision: fp8-tensorwise and fp8-current-scaling -> fp8 "current"; mxfp8 -> "mxfp8".
   fp8_all_gather: parameters gathered in 1 byte instead of 2. torchtitan shards the embedding and the
   output head as FSDP units of their own (root_unit=False), so only the embedding's traffic is exposed.
+- Recompute: their blocks are pure PyTorch under torch's non-reentrant checkpoint, which stops before
+  replaying fc2 (backend "pytorch" for trainer_memory.full_recompute_share; our trainer's TE block
+  replays all four matmuls).
 - global batch: as published, else micro_batch x GPUs (no accumulation).
 - Memory: torchtitan reports torch.cuda.max_memory_reserved(), which excludes the CUDA context and
   NCCL's own buffers, so the comparison uses the planner's allocator peak (peak less those two).
@@ -126,6 +129,9 @@ def predict_tps(case: dict, cal: Calibration, limits: bool = False) -> float:
         loss_chunk_tokens=k["micro_batch"] * k["seq_len"],
         param_gather_bytes=1 if case.get("fp8_all_gather") else 2,
         root_unit=False,  # torchtitan and Megatron shard the embedding and the head as their own units
+        # torchtitan's and torchao's blocks are pure PyTorch under torch's non-reentrant checkpoint
+        # (fc2 not replayed: trainer_memory.full_recompute_share); Megatron's cases do not recompute
+        backend="pytorch",
         calibration=cal,
         limits=limits,
         # the fit: each case at its own hardware's efficiency; upper bounds: as a plan would be made

@@ -18,9 +18,11 @@ from trainstack.planner import (
     fp8_gain_cap,
     memory_breakdown,
     plan,
+    recompute_flops_per_token,
     throughput,
 )
 from trainstack.recipe import ModelShape
+from trainstack.trainer_memory import fsdp_units_in_flight_bytes, full_recompute_share
 
 ROOT = Path(__file__).resolve().parents[2]
 B200 = INSTANCES["ml.p6-b200.48xlarge"]
@@ -59,10 +61,20 @@ def test_sharded_states_are_16_bytes_per_parameter_over_the_shard_group():
     assert wider["optimizer states (AdamW FP32)"] == pytest.approx(TINY_PARAMS * 8 / 16)
 
 
-def test_unsharded_layers_in_flight_two_blocks_and_the_root():
-    # two blocks x 36,992 params x (2 BF16 param + 2 BF16 grad + 4 FP32 reduce) + root 128,000 x (2 + 2)
-    expected = 2 * 36_992 * 8 + 128_000 * 4
+def test_unsharded_layers_in_flight_two_blocks_and_the_head_unit():
+    # two blocks x 36,992 params x (2 BF16 param + 2 BF16 grad + 4 FP32 reduce) + the [norm, output]
+    # unit's 1000 x 64 head matrix x (2 + 2 + 4); the untied embedding is resharded at the peak
+    expected = 2 * 36_992 * 8 + 1000 * 64 * 8
     assert tiny_memory()["unsharded layers in flight"] == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("name", BASE)
+def test_unsharded_layers_in_flight_are_the_trainers_fsdp_units(name):
+    # The trainer's own figure (trainstack.trainer_memory, checked against the gathered units on gloo
+    # ranks by tests/trainer/test_trainer_fsdp_units.py), not a second copy of the formula.
+    recipe = resolve(name).recipe
+    planned = plan(recipe).memory.breakdown["unsharded layers in flight"]
+    assert planned == pytest.approx(fsdp_units_in_flight_bytes(recipe.model) / GIB, abs=1e-3)
 
 
 @pytest.mark.parametrize(
@@ -265,7 +277,9 @@ def test_compile_shortens_only_the_elementwise_work():
 
 def test_recompute_costs_one_more_forward_of_the_checkpointed_blocks():
     none, full = _llama8b(), _llama8b(policy=ActivationPolicy.full())
-    # full recompute = one more forward: 2 x block weights + 4 L H Q T attention FLOPs per token
+    # full recompute on the trainer's Transformer Engine block = one more forward (TE's checkpoint
+    # replays all four matmuls): 2 x block weights + 4 L H Q T attention FLOPs per token
+    assert full.backend == "transformer_engine"
     block_matmul = 32 * sum(k * n for k, n in _shapes(LLAMA3_8B))
     assert full.flops_by_kind["activation recompute"] == pytest.approx(
         2 * block_matmul + 4 * 32 * 32 * 128 * 8192
@@ -277,6 +291,65 @@ def test_recompute_costs_one_more_forward_of_the_checkpointed_blocks():
     assert full.seconds_by_kind["activation recompute"] > gemm_forward
     op = _llama8b(policy=ActivationPolicy.op_selective())
     assert 0 < op.seconds_by_kind["activation recompute"] < full.seconds_by_kind["activation recompute"]
+
+
+def test_full_recompute_replays_what_the_backends_checkpoint_replays():
+    # torch's non-reentrant checkpoint (pure-PyTorch block, torchtitan) stops once fc2's input is
+    # rebuilt: Q/K/V + proj + fc1 of 4096 x (6144 + 4096 + 28672 + 14336) multiply-adds per token
+    h, f = 4096, 14336
+    replayed = h * (h + 2 * 1024) + h * h + h * 2 * f
+    share = replayed / (replayed + f * h)
+    assert share == pytest.approx(full_recompute_share(LLAMA3_8B, "pytorch"))
+    assert full_recompute_share(LLAMA3_8B, "transformer_engine") == 1.0
+    block_matmul = 32 * sum(k * n for k, n in _shapes(LLAMA3_8B))
+    attention = 4 * 32 * 32 * 128 * 8192
+    te = _llama8b(policy=ActivationPolicy.full())
+    torch_block = _llama8b(policy=ActivationPolicy.full(), backend="pytorch")
+    assert te.flops_by_kind["activation recompute"] == pytest.approx(2 * block_matmul + attention)
+    assert torch_block.flops_by_kind["activation recompute"] == pytest.approx(
+        share * 2 * block_matmul + attention
+    )
+    gemm_forward = te.seconds_by_kind["block GEMMs"] / 3
+    saved = te.seconds_by_kind["activation recompute"] - torch_block.seconds_by_kind["activation recompute"]
+    assert saved == pytest.approx((1 - share) * gemm_forward)
+
+
+@pytest.mark.parametrize("name", BASE)
+def test_each_base_recipe_recomputes_as_the_block_it_runs_on(name):
+    # trainer.model.select_backend on a GPU with TE (the image always has it): TE in BF16 and FP8
+    # alike, the pure-PyTorch block only for the op-level policy.
+    recipe = resolve(name).recipe
+    t = plan(recipe).throughput
+    op = recipe.activation_checkpointing.policy == "op"
+    assert t.backend == ("pytorch" if op else "transformer_engine")
+    policy = ActivationPolicy.from_recipe(recipe.activation_checkpointing, recipe.model.layers)
+    expected = recompute_flops_per_token(recipe.model, recipe.training.seq_len, policy, t.backend)
+    assert t.flops_by_kind["activation recompute"] == pytest.approx(expected)
+
+
+def test_untied_models_expose_only_the_embeddings_fsdp_traffic():
+    # The trainer wraps the embedding and [norm, head] as units of their own: the head's gather is
+    # prefetched like a block's, so a shard group across nodes exposes only the embedding's traffic.
+    model = resolve("64b-fp8").recipe.model
+    kw = dict(
+        seq_len=8192, micro_batch=1, global_batch=1024, world_size=64, shard_group=16, dtype="fp8",
+        fp8_recipe="mxfp8", policy=ActivationPolicy.full(),
+    )  # fmt: skip
+    ours, one_root = throughput(model, B200, **kw), throughput(model, B200, root_unit=True, **kw)
+    assert ours.tokens_per_sec_per_gpu == pytest.approx(
+        throughput(model, B200, root_unit=False, **kw).tokens_per_sec_per_gpu
+    )
+    exposed = lambda t: t.seconds_by_kind["exposed FSDP communication"]  # noqa: E731
+    # per micro-step: (2-byte gather + 4-byte reduce) x one more vocab x hidden matrix x 15/16 over a NIC
+    nic = 3200e9 / 8 / 8 * CALIBRATION.efa_efficiency
+    head = (2 + 4) * 128256 * 8192 * 15 / 16 / nic
+    micro_steps = 1024 // 64
+    assert exposed(one_root) - exposed(ours) == pytest.approx(micro_steps * head, rel=1e-6)
+    tied = resolve("1b-bf16").recipe.model  # one [embedding, norm, head] unit: the same either way
+    kw_tied = {**kw, "dtype": "bf16", "fp8_recipe": None}
+    assert throughput(tied, B200, **kw_tied).step_time_s == pytest.approx(
+        throughput(tied, B200, root_unit=True, **kw_tied).step_time_s
+    )
 
 
 def test_flops_by_kind_add_up_to_the_palm_formula():

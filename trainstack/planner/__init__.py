@@ -36,7 +36,9 @@ from trainstack.planner.throughput import (
     flops_per_token,
     fp8_gain_cap,
     recompute_flops_per_token,
+    recompute_share,
     throughput,
+    trainer_backend,
 )
 
 __all__ = [
@@ -69,5 +71,7 @@ __all__ = [
     "recipe_throughput",
     "recommend",
     "recompute_flops_per_token",
+    "recompute_share",
     "throughput",
+    "trainer_backend",
 ]

@@ -8,7 +8,7 @@ from typing import Any
 from trainstack.planner.calibration import LOO_LOG_ERROR
 from trainstack.planner.memory import GROWING, ActivationPolicy, MemoryPlan, memory_breakdown, memory_plan
 from trainstack.planner.search import Price, Recommendations, price, recommend
-from trainstack.planner.throughput import ThroughputPlan, throughput
+from trainstack.planner.throughput import ThroughputPlan, recompute_share, throughput
 from trainstack.recipe import Recipe
 from trainstack.run_plan import RunPlan, plan_run
 
@@ -167,6 +167,13 @@ def plan(recipe: Recipe) -> Plan:
         "Megatron-Core's TP/PP-tuned runs are the upper bound",
         f"price: {unit.source} ({unit.date})",
     )
+    policy = ActivationPolicy.from_recipe(recipe.activation_checkpointing, recipe.model.layers)
+    if policy.op_level or policy.checkpointed_fraction > 0:
+        block = "Transformer Engine" if thr.backend == "transformer_engine" else "pure-PyTorch"
+        assumptions += (
+            f"recompute: the {block} block's checkpoint replays {recompute_share(recipe.model, policy):.0%} "
+            "of a checkpointed block's matmul FLOPs (trainstack.trainer_memory)",
+        )
     if run.jobs + run.expected_failures > recipe.compute.max_jobs:
         assumptions += (
             f"run: {run.jobs} jobs and {run.expected_failures:.1f} expected failures exceed "

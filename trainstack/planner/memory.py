@@ -14,13 +14,7 @@ from dataclasses import dataclass
 from trainstack import trainer_memory
 from trainstack.hardware import GPU
 from trainstack.recipe import ActivationCheckpointing, ModelShape
-from trainstack.trainer_memory import (
-    BLOCK_IN_FLIGHT_BYTES,
-    BLOCKS_IN_FLIGHT,
-    LOSS_BYTES,
-    ROOT_IN_FLIGHT_BYTES,
-    block_activation_bytes,
-)
+from trainstack.trainer_memory import LOSS_BYTES, block_activation_bytes, fsdp_units_in_flight_bytes
 
 GIB = float(2**30)
 
@@ -89,18 +83,21 @@ class ActivationPolicy:
 
 
 # --- The op-level policy's terms -------------------------------------------------------------------
-# trainstack.trainer_memory names torchtitan's terms `torchtitan_op_selective_*` once the trainer's own
-# op policy differs from torchtitan's (trainer-model engineer); until then `op_selective_*` are both.
+# Our trainer's op policy (fused Q/K/V and fc1 saved, the output projection recomputed) keeps a
+# different set than torchtitan's (its block has separate wq wk wv wo w1 w3 w2): recipes use the
+# trainer's terms, the calibration cases (torchtitan runs) torchtitan's; both from trainer_memory.
 
 
 def op_selective_bytes(m: ModelShape, torchtitan: bool = False) -> int:
-    name = "torchtitan_op_selective_bytes" if torchtitan else "op_selective_bytes"
-    return getattr(trainer_memory, name, trainer_memory.op_selective_bytes)(m)
+    if torchtitan:
+        return trainer_memory.torchtitan_op_selective_bytes(m)
+    return trainer_memory.op_selective_bytes(m)
 
 
 def op_selective_recompute_share(m: ModelShape, torchtitan: bool = False) -> float:
-    name = "torchtitan_op_selective_recompute_share" if torchtitan else "op_selective_recompute_share"
-    return getattr(trainer_memory, name, trainer_memory.op_selective_recompute_share)(m)
+    if torchtitan:
+        return trainer_memory.torchtitan_op_selective_recompute_share(m)
+    return trainer_memory.op_selective_recompute_share(m)
 
 
 # --- Memory ---------------------------------------------------------------------------------------
@@ -155,12 +152,12 @@ def memory_breakdown(
     # Recompute (or plain backward) rebuilds one block's activations and their gradients at a time.
     working_block = full_block
 
-    root_params = m.embedding_params
-    in_flight = (
-        BLOCKS_IN_FLIGHT * m.params_per_layer * BLOCK_IN_FLIGHT_BYTES + root_params * ROOT_IN_FLIGHT_BYTES
-    ) / tp
+    # The trainer's FSDP units at the step's peak (trainer_memory: the last two blocks with BF16
+    # parameters, BF16 gradients and FP32 reduce-scatter copies, and the head unit: [norm, output], or
+    # [embedding, norm, output] when tied); the untied embedding is resharded until the end of backward.
+    in_flight = fsdp_units_in_flight_bytes(m) / tp
     if shard_group == 1:  # unsharded: the BF16 copies are still made for compute, but nothing is gathered
-        in_flight = (m.params_per_layer * m.layers + root_params) * BF16 / tp
+        in_flight = (m.params_per_layer * m.layers + m.embedding_params) * BF16 / tp
 
     chunk = min(loss_chunk_tokens, tokens)
     # Logits: one chunk at a time (vocabulary split across TP ranks) plus the final hidden states.

@@ -8,16 +8,20 @@ One optimizer step of one GPU is the sum of:
   Transformer Engine's autocast) at the FP8 peak, plus the quantisation traffic of the scaling recipe;
 - attention (flash attention, always BF16), causal, at its own rate;
 - elementwise ops (norms, RoPE, SiLU, residuals, copies): memory-bound, fused by torch.compile;
-- activation recompute: the forward of checkpointed blocks again (the op policy: its share of the
-  GEMMs plus the elementwise ops);
+- activation recompute: the forward of checkpointed blocks again, as far as the trainer's checkpoint
+  replays it (Transformer Engine's checkpoint replays all four matmuls, torch's non-reentrant one
+  stops before fc2: trainer_memory.full_recompute_share for the backend the block runs on), plus its
+  attention and elementwise ops; the op policy: its share of the GEMMs plus the elementwise ops;
 - output head and loss: the BF16 head GEMM per loss chunk, forward, backward and the chunk's recompute,
   plus the FP32 logit traffic;
 - host overhead: a block whose GPU work is shorter than its CPU launch time waits for the CPU;
 - FSDP all-gather and reduce-scatter per block per micro-step, overlapped only as far as the trainer
   overlaps it (it prefetches one block: block i+1's all-gather runs under block i's compute), on
-  NVLink inside a node and on each GPU's own EFA NIC across nodes; the root unit (embedding and head)
-  is gathered before and reduced after each micro-step's compute, not overlapped;
-- the HSDP gradient all-reduce across replicas, overlapped with the last micro-step's backward;
+  NVLink inside a node and on each GPU's own EFA NIC across nodes; the embedding's unit is gathered
+  before and reduced after each micro-step's compute, not overlapped (the trainer's FSDP units: the
+  embedding, each block, [norm, head]; one [embedding, norm, head] unit when tied, all of it exposed);
+- the HSDP gradient all-reduce across replicas, overlapped with the last micro-step's backward except
+  the embedding's, which comes last;
 - the optimizer (memory-bound over the GPU's parameter shard) and a fixed per-step cost.
 
 Then two limits: FP8's end-to-end gain may not exceed what was published at that model size, and no
@@ -41,7 +45,7 @@ from trainstack.planner.calibration import (
 )
 from trainstack.planner.memory import ActivationPolicy, op_selective_recompute_share
 from trainstack.recipe import ModelShape
-from trainstack.trainer_memory import block_activation_bytes
+from trainstack.trainer_memory import block_activation_bytes, full_recompute_share
 
 GRAD_REDUCE_BYTES = 4  # reduce_dtype FP32 (trainer/parallel.py)
 BF16 = 2
@@ -85,17 +89,39 @@ def _block_matmul_params(m: ModelShape) -> int:
     return sum(k * n for k, n in _block_linear_shapes(m))
 
 
-def recompute_flops_per_token(m: ModelShape, seq_len: int, policy: ActivationPolicy) -> float:
+def trainer_backend(policy: ActivationPolicy) -> str:
+    """The block the trainer runs for this policy on a catalogued instance (all NVIDIA GPUs, and the
+    training image always has Transformer Engine: its build imports it). trainer.model.select_backend:
+    Transformer Engine on CUDA, in BF16 and FP8 alike, unless the op-level policy needs every op
+    visible to PyTorch's dispatcher, which only the pure-PyTorch block allows."""
+    return "pytorch" if policy.op_level else "transformer_engine"
+
+
+def recompute_share(m: ModelShape, policy: ActivationPolicy, backend: str | None = None) -> float:
+    """Share of a checkpointed block's matmul FLOPs its recompute replays: the op policy's share, or a
+    whole block's as the backend's checkpoint replays it (trainer_memory.full_recompute_share)."""
+    if policy.op_level:
+        return op_selective_recompute_share(m, policy.torchtitan)
+    return full_recompute_share(m, backend or trainer_backend(policy))
+
+
+def recompute_flops_per_token(
+    m: ModelShape, seq_len: int, policy: ActivationPolicy, backend: str | None = None
+) -> float:
     """Extra forward FLOPs per token spent recomputing checkpointed activations in backward (PaLM
-    counting: attention without causal halving), not counting the loss chunk's recompute."""
+    counting: attention without causal halving), not counting the loss chunk's recompute. `backend`:
+    the block whose checkpoint replays the forward (default: the one our trainer runs)."""
     block_matmul = 2.0 * m.layers * _block_matmul_params(m)
     attention_fwd = 4.0 * m.layers * m.heads * m.head_dim * seq_len
+    share = recompute_share(m, policy, backend)
     if policy.op_level:
-        return op_selective_recompute_share(m, policy.torchtitan) * block_matmul
-    return policy.checkpointed_fraction * (block_matmul + attention_fwd)
+        return share * block_matmul
+    return policy.checkpointed_fraction * (share * block_matmul + attention_fwd)
 
 
-def flops_by_kind(m: ModelShape, seq_len: int, policy: ActivationPolicy) -> dict[str, float]:
+def flops_by_kind(
+    m: ModelShape, seq_len: int, policy: ActivationPolicy, backend: str | None = None
+) -> dict[str, float]:
     """Model and recompute FLOPs per token, by kind (PaLM counting). The first three sum to
     flops_per_token; the last two are recompute (hardware work, not model FLOPs)."""
     return {
@@ -103,7 +129,7 @@ def flops_by_kind(m: ModelShape, seq_len: int, policy: ActivationPolicy) -> dict
         "attention": 12.0 * m.layers * m.heads * m.head_dim * seq_len,
         "output head": 6.0 * m.vocab * m.hidden,
         "loss-chunk recompute": 2.0 * m.vocab * m.hidden,
-        "activation recompute": recompute_flops_per_token(m, seq_len, policy),
+        "activation recompute": recompute_flops_per_token(m, seq_len, policy, backend),
     }
 
 
@@ -155,6 +181,7 @@ class ThroughputPlan:
     bound_tflops: float = 0.0  # the sanity bound on achieved_tflops_per_gpu
     limited_by: tuple[str, ...] = ()  # "FP8 gain cap", "sanity bound"
     compile: bool = False
+    backend: str = ""  # the block the trainer runs (trainer_backend): its checkpoint sets the recompute
 
 
 @dataclass(frozen=True)
@@ -228,9 +255,12 @@ def _step(
     loss_chunk_tokens: int,
     param_gather_bytes: int,
     root_unit: bool,
+    backend: str,
 ) -> _Step:
     cal = rates.cal
     tokens = micro_batch * seq_len / (tp * cp)  # per GPU per micro-step
+    # Parameters in the unit gathered before the forward and reduced after the backward (exposed).
+    root_params = m.embedding_params if root_unit else m.vocab * m.hidden
 
     # One block, one micro-step.
     gemm = sum(
@@ -243,10 +273,11 @@ def _step(
     elementwise = cal.elementwise_passes * block_activation_bytes(m) * tokens / rates.hbm
     if compile:
         elementwise *= cal.compile_elementwise_factor
+    share = recompute_share(m, policy, backend)
     if policy.op_level:
-        recompute = op_selective_recompute_share(m, policy.torchtitan) * gemm / 3 + elementwise / 3
+        recompute = share * gemm / 3 + elementwise / 3
     else:
-        recompute = policy.checkpointed_fraction * (gemm / 3 + attention_fwd_s + elementwise / 3)
+        recompute = policy.checkpointed_fraction * (share * gemm / 3 + attention_fwd_s + elementwise / 3)
     gpu_block = gemm + attention + elementwise + recompute
     fwd_block = gemm / 3 + attention_fwd_s + elementwise / 3
     host = cal.host_seconds_per_block_compiled if compile else cal.host_seconds_per_block_eager
@@ -274,10 +305,9 @@ def _step(
         reduce_scatter = GRAD_REDUCE_BYTES * block_params * spread / bw
         per_block = _overlap(all_gather, fwd_block, cal)
         per_block += _overlap(all_gather + reduce_scatter, bwd_block, cal)
-        # The first block's gather is not overlapped. Our trainer's root unit (embedding, final norm and
-        # head together, gathered before the forward and reduced after the backward) is not either;
-        # torchtitan wraps the embedding and the head apart, so only the embedding's traffic sticks out.
-        root_params = m.embedding_params if root_unit else m.vocab * m.hidden
+        # The first block's gather is not overlapped, nor the root unit's (gathered before the forward,
+        # reduced after the backward): with the embedding and the head as units of their own (our
+        # trainer's untied models, torchtitan) only the embedding's traffic sticks out.
         root = (param_gather_bytes + GRAD_REDUCE_BYTES) * root_params / tp * spread / bw
         fsdp_micro = m.layers * per_block + all_gather + root
 
@@ -288,7 +318,7 @@ def _step(
         bw = rates.nvlink if world_size <= node else rates.nic
         ring = 2 * (replicas - 1) / replicas
         shard_bytes = GRAD_REDUCE_BYTES * m.total_params / tp / shard_group * ring
-        root_share = m.embedding_params / m.total_params
+        root_share = root_params / m.total_params  # the last unit of the backward is not overlapped
         blocks_part = shard_bytes * (1 - root_share) / bw
         all_reduce = _overlap(blocks_part, m.layers * bwd_block, cal) + shard_bytes * root_share / bw
 
@@ -330,20 +360,26 @@ def throughput(
     compile: bool = True,
     loss_chunk_tokens: int = 2048,
     param_gather_bytes: int = BF16,
-    root_unit: bool = True,
+    root_unit: bool | None = None,
+    backend: str | None = None,
     calibration: Calibration = CALIBRATION,
     limits: bool = True,
     efficiency: float | None = None,
     with_range: bool = True,
 ) -> ThroughputPlan:
     """Tokens/s and its parts for one layout. `limits=False` skips the FP8 gain cap and the sanity
-    bound (the calibration fit compares the bare model with measurements). `param_gather_bytes` and
-    `root_unit` describe other trainers for the calibration: 1-byte (FP8) all-gathers, and the
-    embedding and head as separate FSDP units (torchtitan) instead of our one root unit.
+    bound (the calibration fit compares the bare model with measurements). `param_gather_bytes`,
+    `root_unit` and `backend` describe other trainers for the calibration; their defaults are ours:
+    BF16 all-gathers; the embedding and the head as FSDP units of their own (root_unit False), one
+    [embedding, norm, head] unit when tied (True); the block `trainer_backend` says, whose checkpoint
+    sets how much of a block recompute replays.
     `efficiency` overrides the planning GEMM efficiency (the bench: what the measured GPUs showed);
     `with_range=False` skips the slow-scenario evaluation (the recommender ranks central figures)."""
     planning = calibration.planning_efficiency(instance.gpu.name)
     rates = _rates(instance, calibration, efficiency if efficiency is not None else planning)
+    if root_unit is None:
+        root_unit = m.tied_embeddings
+    backend = backend or trainer_backend(policy)
     data_parallel = world_size // (tp * cp)
     accum = max(1, global_batch // (micro_batch * data_parallel))
     knobs = dict(
@@ -360,13 +396,14 @@ def throughput(
         loss_chunk_tokens=loss_chunk_tokens,
         param_gather_bytes=param_gather_bytes,
         root_unit=root_unit,
+        backend=backend,
     )
     fp8 = dtype == "fp8"
     step = _step(m, instance, rates, fp8=fp8, **knobs)
     seconds, by_kind = step.seconds, dict(step.by_kind)
 
     fpt = flops_per_token(m, seq_len)
-    kinds = flops_by_kind(m, seq_len, policy)
+    kinds = flops_by_kind(m, seq_len, policy, backend)
     rfpt = kinds["activation recompute"] + kinds["loss-chunk recompute"]
     tokens_per_gpu_step = global_batch * seq_len / world_size
     limited: list[str] = []
@@ -423,4 +460,5 @@ def throughput(
         bound_tflops=bound,
         limited_by=tuple(limited),
         compile=compile,
+        backend=backend,
     )
