@@ -7,10 +7,16 @@ training hours: the job limit, the number of jobs, how long a checkpoint takes t
 how often to save, whether a final save fits SageMaker's 120 s between SIGTERM and SIGKILL, and what
 failures are expected to cost.
 
-Checkpoints go straight from every rank to S3 (s3torchconnector's DCP writer, asynchronously): a save is
-staging (each GPU copies its shards to pinned host memory; training waits for this) and then the upload
-(training continues). With HSDP, DCP writes each replicated shard once, so a node uploads its share of
-one copy; on resume every GPU reads its own shards, so every replica reads the model again.
+Checkpoints go straight from every rank to S3 (s3torchconnector's DCP writer): a save is staging (each
+GPU copies its own shards into pinned host memory) and then the upload. An interval save is async: it
+holds the loop only for the staging, and training continues while it uploads. The run's final save and
+a save after SIGTERM are whole saves the trainer waits for. With HSDP, DCP writes each replicated shard
+once, so a node uploads its share of one copy (while every rank stages its own shard); on resume every
+GPU reads its own shards, so every replica reads the model again.
+
+After SIGTERM (training_image/trainer/stopping.py) the trainer drops the step in flight (or, when its
+last micro-step is already done, completes it), so at most one micro-step and an optimizer step run
+before the save, and it keeps EXIT_MARGIN_S for the exit.
 
 Pure arithmetic over a recipe and its planned step time; every constant names its source or says it is
 an assumption (docs/planner.md).
@@ -28,6 +34,11 @@ GIB = float(2**30)
 HOUR_S = 3600.0
 MAX_RUNTIME_HOURS = 28 * 24  # SageMaker's ceiling for StoppingCondition.MaxRuntimeInSeconds
 SIGTERM_GRACE_S = 120.0  # SageMaker: SIGTERM, then SIGKILL 120 s later (StoppingCondition docs)
+# What the trainer keeps free after its last save for the process to exit: logs flushed, process
+# groups torn down, torchrun and the entrypoint exiting (the trainer-loop engineer saw about 2 s on
+# CPU; GPU teardown is slower). Defined here, where the planner can import it without torch;
+# training_image/trainer/stopping.py imports it from here.
+EXIT_MARGIN_S = 15.0
 
 # What one checkpoint holds per parameter: FP32 master weights (4) and AdamW's m and v (8).
 CHECKPOINT_BYTES_PER_PARAM = 4 + 8
@@ -69,10 +80,13 @@ class CheckpointPlan:
     restore_seconds: float
     interval_minutes: float  # between saves, as the trainer will apply it
     interval_source: str  # "young-daly" | "checkpointing.interval_minutes" | "checkpointing.interval_steps"
-    sigterm_fits: bool  # the step in flight and a final save fit SageMaker's 120 s after SIGTERM
+    sigterm_fits: bool  # one micro-step, the optimizer step and a whole save fit 120 s less the exit margin
     work_at_risk_minutes: float  # training lost to a failure just before a save completes
-    stage_seconds: float = 0.0  # the part of a save training waits for (GPU -> pinned host memory)
-    upload_seconds: float = 0.0  # the rest, while training continues
+    stage_seconds: float = 0.0  # what an interval save holds the loop for (its shard to pinned host memory)
+    upload_seconds: float = 0.0  # the rest of an interval save, while training continues
+    sigterm_seconds: float = 0.0  # after SIGTERM, at worst: the last micro-step, its optimizer step, a save
+    sigterm_budget_seconds: float = SIGTERM_GRACE_S - EXIT_MARGIN_S  # what SIGTERM leaves for that
+    pinned_gib_per_node: float = 0.0  # host memory the staging pins: every GPU's own shard
     restore_gib_per_node: float = 0.0  # what each node reads on resume (every replica reads its shards)
     node_mtbf_hours: float = NODE_MTBF_HOURS
     mtbf_source: str = "Llama 3 paper (arXiv:2407.21783): 6,335 h per 8-GPU node"
@@ -86,8 +100,11 @@ class RunPlan:
     max_runtime_source: str  # "compute.max_runtime_hours" | "plan"
     startup_hours_per_job: float
     checkpoint: CheckpointPlan
-    saves: int = 0  # checkpoints written over the run
-    save_blocking_hours: float = 0.0  # training time spent waiting for staging
+    saves: int = 0  # interval checkpoints written over the run (the final save and SIGTERM saves apart)
+    # Training time the loop waits for saves: each interval save's staging, the final save whole, and at
+    # each job boundary (the max runtime's SIGTERM) a whole save if it fits, else the work since the
+    # last interval save (half an interval, expected) done again.
+    save_blocking_hours: float = 0.0
     expected_failures: float = 0.0  # node failures (and spot interruptions) expected over the run
     failure_hours: float = 0.0  # expected restarts, restores and lost work they cost
     spot_interruptions: float = 0.0  # of expected_failures, the ones spot adds (assumption)
@@ -131,12 +148,14 @@ def s3_bytes_per_s_per_node(recipe: Recipe) -> float:
     return recipe.instance.gpus * S3_TARGET_BYTES_PER_S_PER_RANK * S3_ACHIEVED_FRACTION
 
 
-def plan_checkpoints(recipe: Recipe, step_time_s: float) -> CheckpointPlan:
+def plan_checkpoints(recipe: Recipe, step_time_s: float, micro_step_s: float | None = None) -> CheckpointPlan:
+    """`micro_step_s`: one accumulation micro-step (default: the step over its micro-steps)."""
     nodes = recipe.compute.instance_count
     params = recipe.model.total_params
     shard = recipe.parallelism.shard_group * recipe.parallelism.tp
     gib = checkpoint_gib_per_node(recipe)
-    stage_s = params * CHECKPOINT_BYTES_PER_PARAM / shard / STAGING_BYTES_PER_S_PER_GPU
+    shard_bytes = params * CHECKPOINT_BYTES_PER_PARAM / shard  # what one GPU stages
+    stage_s = shard_bytes / STAGING_BYTES_PER_S_PER_GPU
     s3 = s3_bytes_per_s_per_node(recipe)
     upload_s = gib * GIB / s3
     save_s = stage_s + upload_s
@@ -166,8 +185,14 @@ def plan_checkpoints(recipe: Recipe, step_time_s: float) -> CheckpointPlan:
             f"upload of {gib:,.0f} GiB per node = {save_s:,.0f} s); the trainer keeps one save in flight, "
             f"so use at least {math.ceil(save_s / 60.0)} min (or unset both for the Young/Daly interval)",
         )
-    # After SIGTERM the trainer finishes (or drops) the step in flight, then saves.
-    sigterm_fits = step_time_s + save_s <= SIGTERM_GRACE_S
+    # After SIGTERM the trainer drops the step in flight, or completes it when only its optimizer step
+    # is left: at worst the last micro-step and the per-step work (optimizer, replica all-reduce), then
+    # a whole save, within what the exit margin leaves of SageMaker's 120 s.
+    micro = step_time_s / recipe.grad_accum_steps if micro_step_s is None else micro_step_s
+    accum = recipe.grad_accum_steps
+    last_micro_and_step = max(micro, step_time_s - (accum - 1) * micro)
+    sigterm_s = last_micro_and_step + save_s
+    sigterm_fits = sigterm_s <= SIGTERM_GRACE_S - EXIT_MARGIN_S
     return CheckpointPlan(
         gib_per_node=gib,
         save_seconds=save_s,
@@ -181,17 +206,25 @@ def plan_checkpoints(recipe: Recipe, step_time_s: float) -> CheckpointPlan:
         restore_gib_per_node=restore_gib,
         node_mtbf_hours=mtbf,
         mtbf_source=mtbf_source,
+        sigterm_seconds=sigterm_s,
+        pinned_gib_per_node=recipe.instance.gpus * shard_bytes / GIB,
     )
 
 
-def plan_run(recipe: Recipe, step_time_s: float, slow_step_time_s: float | None = None) -> RunPlan:
+def plan_run(
+    recipe: Recipe,
+    step_time_s: float,
+    slow_step_time_s: float | None = None,
+    micro_step_s: float | None = None,
+) -> RunPlan:
     """The run at `step_time_s` per step; the default job limit is sized for `slow_step_time_s` (the
     slow end of the planner's range), so a planner that is optimistic within its error does not get
-    the job stopped early."""
+    the job stopped early. `micro_step_s`: one accumulation micro-step (for the SIGTERM window)."""
     hours = recipe.training.steps * step_time_s / HOUR_S
-    checkpoint = plan_checkpoints(recipe, step_time_s)
-    saves = math.floor(hours * 60.0 / checkpoint.interval_minutes)
-    blocking = saves * checkpoint.stage_seconds / HOUR_S
+    checkpoint = plan_checkpoints(recipe, step_time_s, micro_step_s)
+    # Interval saves (async: the loop waits for the staging); the last interval ends in the final save.
+    saves = max(0, math.ceil(hours * 60.0 / checkpoint.interval_minutes) - 1)
+    blocking = (saves * checkpoint.stage_seconds + checkpoint.save_seconds) / HOUR_S
     if recipe.compute.max_runtime_hours is not None:
         limit, source = recipe.compute.max_runtime_hours, "compute.max_runtime_hours"
     else:
@@ -199,6 +232,11 @@ def plan_run(recipe: Recipe, step_time_s: float, slow_step_time_s: float | None 
         first_job = slow * (1 + blocking / max(hours, 1e-9)) + JOB_STARTUP_HOURS
         limit = min(MAX_RUNTIME_HOURS, math.ceil(first_job + RUNTIME_MARGIN_HOURS))
         source = "plan"
+    jobs = max(1, math.ceil(hours / limit))
+    # Each job but the last ends at its max runtime with SIGTERM: a whole save, or (when it does not
+    # fit) the work since the last interval save is lost and done again.
+    boundary = checkpoint.save_seconds if checkpoint.sigterm_fits else checkpoint.interval_minutes * 30.0
+    blocking += (jobs - 1) * boundary / HOUR_S
     nodes = recipe.compute.instance_count
     failures = nodes * hours / checkpoint.node_mtbf_hours
     interruptions = nodes * hours * SPOT_INTERRUPTIONS_PER_NODE_HOUR if recipe.compute.spot else 0.0
@@ -211,7 +249,7 @@ def plan_run(recipe: Recipe, step_time_s: float, slow_step_time_s: float | None 
     )
     return RunPlan(
         hours=hours,
-        jobs=max(1, math.ceil(hours / limit)),
+        jobs=jobs,
         max_runtime_hours=float(limit),
         max_runtime_source=source,
         startup_hours_per_job=JOB_STARTUP_HOURS,

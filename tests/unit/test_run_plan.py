@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -14,6 +17,7 @@ from trainstack.loader import resolve
 from trainstack.planner import plan
 from trainstack.run_plan import (
     CHECKPOINT_BYTES_PER_PARAM,
+    EXIT_MARGIN_S,
     GIB,
     JOB_STARTUP_HOURS,
     MAX_RUNTIME_HOURS,
@@ -24,6 +28,7 @@ from trainstack.run_plan import (
     STAGING_BYTES_PER_S_PER_GPU,
 )
 
+ROOT = Path(__file__).resolve().parents[2]
 BASE = ["1b-bf16", "3b-bf16", "7b-bf16", "8b-fp8", "14b-fp8", "30b-fp8", "64b-fp8", "8b-fp8-128k"]
 runner = CliRunner()
 
@@ -63,9 +68,22 @@ def test_run_figures_of_every_base_recipe(name):
     assert ck.interval_source == "young-daly"
     assert ck.interval_minutes == pytest.approx(max(young_daly, ck.save_seconds / 60))
     assert ck.work_at_risk_minutes == pytest.approx(ck.interval_minutes + ck.save_seconds / 60)
-    assert ck.sigterm_fits == (step + ck.save_seconds <= SIGTERM_GRACE_S)
+    # SIGTERM: the step in flight is dropped, or completed when only its optimizer step is left, so at
+    # worst the last micro-step and the per-step work run, then a whole save; 15 s kept for the exit
+    accum, micro = recipe.grad_accum_steps, p.throughput.micro_step_time_s
+    assert 0 < micro <= step / accum + 1e-9
+    assert ck.sigterm_seconds == pytest.approx(max(micro, step - (accum - 1) * micro) + ck.save_seconds)
+    assert ck.sigterm_fits == (ck.sigterm_seconds <= SIGTERM_GRACE_S - EXIT_MARGIN_S)
+    # staging pins every GPU's own shard: with HSDP each replica pins its copy
+    assert ck.pinned_gib_per_node == pytest.approx(8 * stage * STAGING_BYTES_PER_S_PER_GPU / GIB)
 
-    assert run.saves == math.floor(run.hours * 60 / ck.interval_minutes)
+    # interval saves hold the loop for their staging; the final save (and a SIGTERM save at each job
+    # boundary, when it fits) for the whole save
+    assert run.saves == math.ceil(run.hours * 60 / ck.interval_minutes) - 1
+    boundary = ck.save_seconds if ck.sigterm_fits else ck.interval_minutes * 30
+    assert run.save_blocking_hours == pytest.approx(
+        (run.saves * ck.stage_seconds + ck.save_seconds + (run.jobs - 1) * boundary) / 3600
+    )
     assert run.expected_failures == pytest.approx(nodes * run.hours / NODE_MTBF_HOURS)
     # cost counts the overheads: start-ups, restores, staging waits, expected failures
     assert p.cost.hours == pytest.approx(run.hours + run.overhead_hours)
@@ -134,14 +152,46 @@ def test_an_interval_shorter_than_one_save_is_one_line_naming_the_file(recipes_d
     assert gate.exit_code == 2 and "checkpointing.interval_minutes" in gate.stderr
 
 
-def test_sigterm_fits_is_false_when_a_step_and_a_save_outlast_120_seconds():
-    p = plan(resolve("8b-fp8-128k", overrides=["training.global_batch=1024"]).recipe)
+def test_a_step_longer_than_120_seconds_still_leaves_room_for_the_sigterm_save():
+    # The trainer drops the step in flight at the next micro-step: only a micro-step counts, not a step
+    # (64 micro-steps of about 4 s; the old rule, step + save, said it could never fit).
+    p = plan(resolve("64b-fp8", overrides=["training.global_batch=4096"]).recipe)
+    ck = p.run.checkpoint
     assert p.throughput.step_time_s > SIGTERM_GRACE_S
-    assert p.run.checkpoint.sigterm_fits is False
+    assert p.throughput.micro_step_time_s < 10
+    assert ck.sigterm_fits and ck.sigterm_seconds <= SIGTERM_GRACE_S - EXIT_MARGIN_S
+
+
+def test_sigterm_fits_is_false_when_a_save_outlasts_what_the_exit_margin_leaves():
+    # 64B on one node: the whole checkpoint, 712 GiB, leaves that node at 5 GB/s: about 150 s
+    overrides = ["compute.instance_count=1"]
+    p = plan(resolve("64b-fp8", overrides=overrides).recipe)
+    ck = p.run.checkpoint
+    assert ck.save_seconds > SIGTERM_GRACE_S - EXIT_MARGIN_S
+    assert ck.sigterm_fits is False
+    # a job boundary then costs the work since the last interval save, not a save
+    long = plan(resolve("64b-fp8", overrides=[*overrides, "training.steps=80000"]).recipe).run
+    assert long.jobs >= 2
+    ck_long = long.checkpoint
+    assert long.save_blocking_hours == pytest.approx(
+        (
+            long.saves * ck_long.stage_seconds
+            + ck_long.save_seconds
+            + (long.jobs - 1) * ck_long.interval_minutes * 30
+        )
+        / 3600
+    )
     result = runner.invoke(
-        app, ["plan", "8b-fp8-128k", "--set", "training.global_batch=1024"], env={"COLUMNS": "200"}
+        app, ["plan", "64b-fp8", *(f"--set={o}" for o in overrides)], env={"COLUMNS": "200"}
     )
     assert "final save after SIGTERM" in result.stdout and "DOES NOT FIT SageMaker's 120 s" in result.stdout
+    assert f"save, of {SIGTERM_GRACE_S - EXIT_MARGIN_S:.0f} s" in result.stdout
+
+
+def test_the_exit_margin_is_importable_without_torch():
+    # trainstack must not import torch; the trainer imports the margin from trainstack.run_plan
+    code = "import sys, trainstack.planner, trainstack.run_plan; assert 'torch' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
 
 
 def test_json_has_the_run_contract():

@@ -126,6 +126,8 @@ def print_plan(plan: Plan, title: str, command: str) -> None:
     """The plan as tables, each within PLAN_WIDTH columns. `command` is how to re-run it (for fixes)."""
     from rich.table import Table
 
+    from trainstack.run_plan import EXIT_MARGIN_S
+
     out = console(PLAN_WIDTH)
     mem, thr, cost, run = plan.memory, plan.throughput, plan.cost, plan.run
     table = Table(title=f"{title}: memory per GPU", title_justify="left", show_footer=True)
@@ -151,6 +153,7 @@ def print_plan(plan: Plan, title: str, command: str) -> None:
         capped = " (capped at the published gain for this size)" if "FP8 gain cap" in thr.limited_by else ""
         gain = f"{thr.fp8_gain - 1:+.0%} over BF16, cap {thr.fp8_gain_cap - 1:+.0%}{capped}"
     bound = "; at the bound" if "sanity bound" in thr.limited_by else ""
+    ck = run.checkpoint
     rows = [
         ("GPUs", f"{plan.gpus} ({cost.instance_count} x {cost.instance_type})"),
         ("parameters", f"{plan.params / 1e9:.2f} B"),
@@ -173,8 +176,10 @@ def print_plan(plan: Plan, title: str, command: str) -> None:
         ("run", run.summary()),
         (
             "final save after SIGTERM",
-            ("fits" if run.checkpoint.sigterm_fits else "DOES NOT FIT")
-            + f" SageMaker's 120 s ({thr.step_time_s:.0f} s step + {run.checkpoint.save_seconds:.0f} s save)",
+            ("fits" if ck.sigterm_fits else "DOES NOT FIT")
+            + f" SageMaker's 120 s: {ck.sigterm_seconds - ck.save_seconds:.0f} s of the step in flight + "
+            f"{ck.save_seconds:.0f} s save, of {ck.sigterm_budget_seconds:.0f} s "
+            f"({EXIT_MARGIN_S:.0f} s kept for the exit)",
         ),
         ("instance hours", duration_range(cost.hours, *cost.hours_range) + " per node, overheads included"),
         (

@@ -135,7 +135,8 @@ def plan(recipe: Recipe) -> Plan:
     mem = memory_plan(parts, inst.gpu)
     thr = recipe_throughput(recipe)
     low_tps = thr.tokens_per_sec_per_gpu_range[0]
-    run = plan_run(recipe, thr.step_time_s, thr.step_time_s * thr.tokens_per_sec_per_gpu / low_tps)
+    slow_step = thr.step_time_s * thr.tokens_per_sec_per_gpu / low_tps
+    run = plan_run(recipe, thr.step_time_s, slow_step, thr.micro_step_time_s)
     unit = price(recipe)
     cost = _cost(recipe, thr, run, unit)
     rec = recommend(recipe, recipe_throughput=thr)

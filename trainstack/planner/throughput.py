@@ -182,6 +182,9 @@ class ThroughputPlan:
     limited_by: tuple[str, ...] = ()  # "FP8 gain cap", "sanity bound"
     compile: bool = False
     backend: str = ""  # the block the trainer runs (trainer_backend): its checkpoint sets the recompute
+    # One accumulation micro-step: its compute and exposed FSDP traffic (stretched with the step by the
+    # FP8 cap or the sanity bound); what the trainer may still run after SIGTERM (trainstack.run_plan).
+    micro_step_time_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -190,6 +193,7 @@ class _Step:
     by_kind: dict[str, float]
     compute_micro: float
     exposed_comm: float
+    micro: float  # one micro-step: compute plus its exposed FSDP traffic
 
 
 def _linear_seconds(
@@ -340,6 +344,7 @@ def _step(
         by_kind=by_kind,
         compute_micro=compute_micro,
         exposed_comm=accum * fsdp_micro + all_reduce,
+        micro=compute_micro + fsdp_micro,
     )
 
 
@@ -461,4 +466,5 @@ def throughput(
         limited_by=tuple(limited),
         compile=compile,
         backend=backend,
+        micro_step_time_s=step.micro * seconds / step.seconds,
     )
