@@ -94,7 +94,7 @@ def test_vpc_and_encryption_are_explicit_choices() -> None:
         (
             {
                 "recipe": "30b-fp8",
-                # 30b-fp8 checkpoints with policy op, which mode none does not take
+                # policy block: mode none takes no other policy, whatever the recipe sets
                 "set": "activation_checkpointing.mode=none,activation_checkpointing.policy=block,"
                 "training.micro_batch=4",
             },

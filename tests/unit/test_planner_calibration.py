@@ -80,3 +80,33 @@ def test_the_fit_is_close_on_every_case_and_megatron_is_never_exceeded(bench):
             assert abs(row["throughput_error"]) < math.exp(max(abs(v) for v in LOO_LOG_ERROR)) - 1, row["id"]
         elif row["role"] == "upper-bound":
             assert row["planned_tokens_per_sec_per_gpu"] <= row["measured_tokens_per_sec_per_gpu"], row["id"]
+
+
+def test_the_cases_recompute_as_torchtitans_blocks_do_not_as_ours(bench, monkeypatch):
+    # torchtitan's op policy keeps its own set (trainer_memory.torchtitan_op_selective_*), and its full
+    # checkpointing is torch's non-reentrant checkpoint (fc2 not replayed), not our TE block's.
+    from trainstack import trainer_memory
+
+    throughput_module = importlib.import_module("trainstack.planner.throughput")
+
+    seen = []
+    real = throughput_module.recompute_share
+    monkeypatch.setattr(
+        throughput_module,
+        "recompute_share",
+        lambda m, policy, backend=None: seen.append((policy, backend)) or real(m, policy, backend),
+    )
+    cases = {c["id"]: c for c in bench.load_cases()}
+    for case_id in (
+        "torchtitan-llama3-8b-h100-fsdp-bf16",
+        "torchtitan-llama3-8b-h100-fsdp-float8-compile-32k-full-ckpt",
+    ):
+        seen.clear()
+        bench.predict_tps(cases[case_id], CALIBRATION)
+        assert seen and all(backend == "pytorch" for _, backend in seen), case_id
+    assert {policy.torchtitan for policy, _ in seen} == {False}  # the full case
+    op = ActivationPolicy.torchtitan_op_selective()
+    m = bench.LLAMA_1B
+    assert throughput_module.recompute_share(m, op) == trainer_memory.torchtitan_op_selective_recompute_share(
+        m
+    )
