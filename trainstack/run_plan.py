@@ -111,8 +111,8 @@ class RunPlan:
 
     @property
     def overhead_hours(self) -> float:
-        """Instance hours on top of training: starting and restoring jobs, waiting for checkpoint
-        staging, and the expected cost of failures."""
+        """Instance hours on top of training: starting and restoring jobs, waiting for saves (interval
+        staging, the final save, SIGTERM saves at job boundaries), and the expected cost of failures."""
         restarts = self.jobs * self.startup_hours_per_job + max(0, self.jobs - 1) * (
             self.checkpoint.restore_seconds / HOUR_S
         )
