@@ -3,7 +3,8 @@
     .venv/bin/python bench/planner_speed.py [--repeat N]
 
 Prints, per pass over all base recipes: wall and CPU time for resolve (YAML + validation) and for
-plan() (memory, throughput, cost and the recommendation search), best and median of N passes.
+plan() (memory, throughput with its range, cost, the run plan and the joint recommendation search),
+best and median of N passes; then `plan --compare` (a search per catalogued instance type) per recipe.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ sys.path.insert(0, str(ROOT))
 
 from trainstack.loader import base_recipe_names, resolve  # noqa: E402
 from trainstack.planner import plan  # noqa: E402
+from trainstack.planner.compare import compare  # noqa: E402
 
 
 def timed(fn):
@@ -60,9 +62,17 @@ def main() -> int:
         print(f"{label:32} {min(values) * 1e3:9.2f} {statistics.median(values) * 1e3:10.2f}")
     total = [a + b for a, b in zip(resolve_cpu, plan_cpu, strict=True)]
     print(f"{'resolve + plan CPU':32} {min(total) * 1e3:9.2f} {statistics.median(total) * 1e3:10.2f}")
-    print(f"\n{'recipe':16} {'plan median ms':>15}")
+    compare_ms: dict[str, float] = {}
+    for recipe in recipes:
+        times = []
+        for _ in range(max(1, args.repeat // 4)):
+            t0 = time.perf_counter()
+            compare(recipe)
+            times.append(time.perf_counter() - t0)
+        compare_ms[recipe.name] = statistics.median(times) * 1e3
+    print(f"\n{'recipe':16} {'plan median ms':>15} {'compare median ms':>18}")
     for name, values in per_recipe.items():
-        print(f"{name:16} {statistics.median(values) * 1e3:15.2f}")
+        print(f"{name:16} {statistics.median(values) * 1e3:15.2f} {compare_ms[name]:18.2f}")
     return 0
 
 

@@ -6,7 +6,9 @@ CDK app and the pipelines call `enforce`, so a recipe over its team's cap fails 
     recipes/teams/nlp/30b-fp8.yaml: compute.instance_count: 8 instances is over the team cap
     budget.max_instance_count = 4 (set in recipes/teams/nlp/defaults.yaml)
 
-The caps live in the recipe's `budget` section, normally written once in a team's defaults.yaml.
+The caps live in the recipe's `budget` section, normally written once in a team's defaults.yaml. The
+cost compared is the plan's central figure, at the team's own price per instance-hour when its
+defaults set `compute.usd_per_instance_hour` (the message gives the planner's range beside it).
 """
 
 from __future__ import annotations
@@ -61,13 +63,16 @@ def check(recipe: Recipe, plan: Plan | None) -> BudgetCheck:
     cost = getattr(plan, "cost", None)  # None: no plan (or a test double without costs)
     run_usd = float(cost.total_usd) if cost is not None else None
     if budget.max_run_usd is not None and run_usd is not None and run_usd > budget.max_run_usd:
+        price = (
+            "the team's compute.usd_per_instance_hour" if compute.usd_per_instance_hour else "catalogue price"
+        )
         overruns.append(
             Overrun(
                 "budget.max_run_usd",
                 "budget.max_run_usd",
                 f"planned run cost {usd(run_usd)} ({compute.instance_count} x {compute.instance_type} for "
-                f"{cost.hours:,.1f} h at {usd(cost.usd_per_hour)}/h) is over the team cap "
-                f"budget.max_run_usd = {usd(budget.max_run_usd)}",
+                f"{cost.hours:,.1f} h at {usd(cost.usd_per_hour)}/h, {price}{_range(cost)}) is over the "
+                f"team cap budget.max_run_usd = {usd(budget.max_run_usd)}",
             )
         )
     return BudgetCheck(run_usd=run_usd, approval_usd=budget.approval_usd, overruns=tuple(overruns))
@@ -88,3 +93,9 @@ def enforce(resolved: ResolvedRecipe, plan: Plan | None) -> BudgetCheck:
 
 def usd(value: float) -> str:
     return f"${value:,.0f}"
+
+
+def _range(cost) -> str:
+    """'; planner's range $257,000-$523,000' when the plan carries one (test doubles may not)."""
+    low_high = getattr(cost, "total_usd_range", None)
+    return f"; planner's range {usd(low_high[0])}-{usd(low_high[1])}" if low_high and low_high[1] else ""

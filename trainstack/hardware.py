@@ -1,8 +1,12 @@
 """Hardware catalog: the SageMaker instance types recipes can target.
 
 Figures and their sources are in ../shared/README.md section 2 and docs/planner.md. Peak TFLOP/s are
-*dense* (the sparse marketing figures are twice these). Prices are on-demand estimates; a figure we
-could not verify says so in `price_source`, and the planner prints it next to every cost.
+*dense* (the sparse marketing figures are twice these). Prices are on-demand estimates per
+instance-hour: each names its source and the date it was read (`price_source`, `price_date`); a figure
+we could not verify says so, and the planner prints it next to every cost. SageMaker's training
+prices for these types were not published where we looked: the figures are EC2 on-demand rates, which
+SageMaker's usually exceed. A team that knows its rate (negotiated, or a training plan) sets
+`compute.usd_per_instance_hour` in its defaults.yaml, and plan, diff and the budget guard use that.
 
 Local storage decides two fields of the training job's ResourceConfig (trainstack.request): SageMaker
 refuses `VolumeKmsKeyId` for an instance type with local NVMe storage ("You can't request a
@@ -34,8 +38,9 @@ class Instance:
     gpu: GPU
     gpus: int
     efa_gbps: float  # inter-node network, Gbit/s
-    usd_per_hour: float
+    usd_per_hour: float  # one instance, on demand
     price_source: str
+    price_date: str  # when the figure was read (YYYY-MM)
     # Local NVMe instance store, per instance: disks x GB each (SageMaker counts GB, 10^9 bytes); 0 disks:
     # EBS-only, where ResourceConfig.VolumeSizeInGB sizes an EBS volume and VolumeKmsKeyId encrypts it.
     instance_store_disks: int = 0
@@ -94,8 +99,9 @@ INSTANCES: dict[str, Instance] = {
             instance_store_disk_gb=3840,
             efa_gbps=3200.0,
             usd_per_hour=114.0,
-            price_source="about 114 USD/h EC2 on-demand (unverified third-party figure; "
-            "SageMaker price not published where we looked)",
+            price_source="EC2 on-demand, about 114 USD/h: unverified third-party figure quoted in the "
+            "project notes (../shared/README.md section 2); SageMaker price not found",
+            price_date="2026-11",
         ),
         Instance(
             "ml.p5.48xlarge",
@@ -105,7 +111,9 @@ INSTANCES: dict[str, Instance] = {
             instance_store_disk_gb=3840,
             efa_gbps=3200.0,
             usd_per_hour=55.04,
-            price_source="EC2 on-demand us-east-1 after the June 2025 price cut (estimate)",
+            price_source="EC2 on-demand us-east-1, 98.32 USD/h less AWS's June 2025 P5 cut of up to 45% "
+            "(usage.ai, 'LLM cost optimization on AWS', updated 2026-06-30); estimate",
+            price_date="2026-06",
         ),
         Instance(
             "ml.p5en.48xlarge",
@@ -115,7 +123,9 @@ INSTANCES: dict[str, Instance] = {
             instance_store_disk_gb=3840,
             efa_gbps=3200.0,
             usd_per_hour=63.30,
-            price_source="EC2 on-demand us-east-1 (estimate)",
+            price_source="EC2 on-demand us-east-1 after the June 2025 P5 cut (estimate; source of the "
+            "figure not recorded when it was added)",
+            price_date="2026-11",
         ),
     )
 }

@@ -354,6 +354,15 @@ class Recipe(Section):
                 f"precision.fp8_recipe: mxfp8 needs Blackwell; {self.compute.instance_type} has "
                 f"{self.instance.gpu.name} (use current or delayed)"
             )
+        if self.activation_checkpointing.policy == "op" and self.precision.dtype == "fp8":
+            # Refused here, not at job start: the trainer runs FP8 only in Transformer Engine's fused
+            # modules, and the op policy needs every op visible to PyTorch's dispatcher
+            # (training_image/trainer/activation_checkpointing.py).
+            raise ValueError(
+                "activation_checkpointing.policy: op cannot run with precision.dtype fp8 (a per-op policy "
+                "cannot see inside Transformer Engine's fused FP8 modules); use mode full, or mode "
+                "selective with policy block, or precision.dtype bf16"
+            )
         return self
 
     @property

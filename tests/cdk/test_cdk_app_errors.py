@@ -42,7 +42,12 @@ def run_app(context: dict[str, str], outdir: Path) -> subprocess.CompletedProces
             "error: -c set=training.micro_batch=0: training.micro_batch: Input",
         ),
         (
-            {"recipe": "30b-fp8", "set": "activation_checkpointing.mode=none,training.micro_batch=4"},
+            {
+                "recipe": "30b-fp8",
+                # policy block: mode none takes no other policy, whatever the recipe sets
+                "set": "activation_checkpointing.mode=none,activation_checkpointing.policy=block,"
+                "training.micro_batch=4",
+            },
             "does not fit",
         ),
         ({"recipe": "30b-fp8", "set": "compute.instance_type=ml.g5.xlarge"}, "'ml.g5.xlarge' is not offered"),

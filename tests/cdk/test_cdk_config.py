@@ -92,7 +92,12 @@ def test_vpc_and_encryption_are_explicit_choices() -> None:
             "-c set=compute.instance_type=ml.p9.96xlarge: compute.instance_type: 'ml.p9.96xlarge' is not",
         ),
         (
-            {"recipe": "30b-fp8", "set": "activation_checkpointing.mode=none,training.micro_batch=4"},
+            {
+                "recipe": "30b-fp8",
+                # policy block: mode none takes no other policy, whatever the recipe sets
+                "set": "activation_checkpointing.mode=none,activation_checkpointing.policy=block,"
+                "training.micro_batch=4",
+            },
             "does not fit: peak",
         ),
         ({"recipe": "30b-fp8", "vpc": "maybe"}, "vpc: expected true or false"),
@@ -105,7 +110,8 @@ def test_bad_input_is_one_line_naming_what_is_wrong(context: dict[str, str], exp
 
 def test_a_recipe_that_does_not_fit_names_the_file_and_the_fix() -> None:
     message = one_line_error(
-        recipe="30b-fp8", set="activation_checkpointing.mode=none,training.micro_batch=4"
+        recipe="30b-fp8",
+        set="activation_checkpointing.mode=none,activation_checkpointing.policy=block,training.micro_batch=4",
     )
     assert message.startswith("recipes/30b-fp8.yaml: does not fit") or "30b-fp8" in message.split(":")[0]
     assert "fix:" in message

@@ -54,6 +54,14 @@ def test_sigterm_budget_keeps_the_exit_margin():
     assert just.final_save and not over.final_save and over.resume_step is None
 
 
+def test_the_planner_tells_the_user_with_the_margin_the_trainer_keeps():
+    # run.checkpoint.sigterm_fits and plan_stop spend the same window: one constant, in trainstack.
+    from trainstack import run_plan
+
+    assert EXIT_MARGIN_S is run_plan.EXIT_MARGIN_S
+    assert GRACE == run_plan.SIGTERM_GRACE_S
+
+
 def test_prefetcher_yields_the_plans_micro_batches_in_order_and_equal_to_direct_reads():
     source = SyntheticTokens(vocab=64, seq_len=8, seed=3)
     plan = micro_batch_plan(position=32, grad_accum=2, global_batch=16, rank=1, world=2, micro_batch=4)

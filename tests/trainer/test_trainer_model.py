@@ -4,6 +4,7 @@ selective checkpointing."""
 
 from __future__ import annotations
 
+import json
 import types
 
 import numpy as np
@@ -20,8 +21,10 @@ from trainer import model as model_module
 from trainer.activation_checkpointing import (
     ATTENTION_OPS,
     apply_activation_checkpointing,
-    check_activation_checkpointing,
+    checkpointed_blocks,
+    is_op_level,
 )
+from trainer.config import recipe_from_json
 from trainer.data import SyntheticTokens
 from trainer.model import (
     SDPA_PRIORITY,
@@ -39,9 +42,9 @@ from trainer.model import (
 from trainer.parallel import shard_model
 from trainer_helpers import TINY
 
-from trainstack.errors import TrainstackError
+from trainstack.errors import RecipeError
 from trainstack.loader import resolve
-from trainstack.recipe import ActivationCheckpointing, Precision
+from trainstack.recipe import ActivationCheckpointing, Recipe, to_hyperparameters
 
 
 @pytest.fixture(scope="module")
@@ -270,10 +273,54 @@ def test_op_level_checkpointing_changes_memory_not_math(tiny):
         assert torch.allclose(op_level[name], plain[name], atol=1e-6), name
 
 
-def test_op_level_policy_with_fp8_is_refused_at_start():
-    op = ActivationCheckpointing(mode="selective", policy="op")
-    with pytest.raises(TrainstackError, match="^activation_checkpointing.policy: op needs the pure-PyTorch"):
-        check_activation_checkpointing(op, Precision(dtype="fp8", fp8_recipe="current"))
-    check_activation_checkpointing(op, Precision(dtype="bf16"))
-    fp8 = Precision(dtype="fp8", fp8_recipe="current")
-    check_activation_checkpointing(ActivationCheckpointing(mode="full"), fp8)
+@pytest.mark.parametrize(
+    "precision, checkpointing, backend, blocks",
+    [
+        ({"dtype": "bf16"}, {"mode": "selective", "policy": "op"}, "pytorch", [0, 1]),
+        ({"dtype": "bf16"}, {"mode": "full"}, "transformer_engine", [0, 1]),
+        ({"dtype": "bf16"}, {"mode": "none"}, "transformer_engine", []),
+        ({"dtype": "fp8", "fp8_recipe": "current"}, {"mode": "full"}, "transformer_engine", [0, 1]),
+        (
+            {"dtype": "fp8", "fp8_recipe": "current"},
+            {"mode": "selective", "every": 2},
+            "transformer_engine",
+            [0],
+        ),
+        ({"dtype": "fp8", "fp8_recipe": "current"}, {"mode": "none"}, "transformer_engine", []),
+    ],
+)
+def test_every_pair_the_schema_accepts_starts_on_the_gpu_as_before(
+    monkeypatch, tiny, precision, checkpointing, backend, blocks
+):
+    # The trainer's own FP8 + op refusal moved into the recipe schema; for every recipe the schema
+    # accepts, the choices the trainer makes at start are what they were: the backend (op-level
+    # checkpointing needs the pure-PyTorch block, anything else gets Transformer Engine on a GPU where
+    # it imports) and the blocks that recompute.
+    data = tiny.model_dump()
+    data.update(precision=precision, activation_checkpointing=checkpointing)
+    recipe = Recipe.model_validate(data)
+    fake = types.SimpleNamespace(name="transformer_engine")
+    monkeypatch.setattr(model_module, "transformer_engine_backend", lambda: fake)
+    ac = recipe.activation_checkpointing
+    assert select_backend("cuda", needs_pytorch_ops=is_op_level(ac)).name == backend
+    assert checkpointed_blocks(ac, recipe.model.layers) == blocks
+
+
+def test_sagemaker_hyperparameters_with_fp8_and_the_op_policy_stop_at_load_naming_the_field(tiny, tmp_path):
+    # What the launcher could still be handed by hand (a hyperparameters file written outside
+    # trainstack): the trainer reads it through the same schema, so it stops before building anything.
+    encoded = to_hyperparameters(tiny)
+    encoded.update(
+        {
+            "precision.dtype": '"fp8"',
+            "precision.fp8_recipe": '"current"',
+            "activation_checkpointing.mode": '"selective"',
+            "activation_checkpointing.policy": '"op"',
+        }
+    )
+    path = tmp_path / "hyperparameters.json"
+    path.write_text(json.dumps(encoded))
+    with pytest.raises(
+        RecipeError, match="activation_checkpointing.policy: op cannot run with precision.dtype fp8"
+    ):
+        recipe_from_json(path)

@@ -311,7 +311,7 @@ def test_bad_hyperparameters_name_file_and_field(tiny, tmp_path):
         (
             ["--recipe", str(TINY), "--set", "precision.dtype=fp8", "--set", "precision.fp8_recipe=current"]
             + ["--set", "activation_checkpointing.policy=op"],
-            "activation_checkpointing.policy: op needs the pure-PyTorch block",
+            "activation_checkpointing.policy: op cannot run with precision.dtype fp8",
         ),
     ],
 )

@@ -76,6 +76,26 @@ def test_fp8_needs_a_scaling_recipe_and_mxfp8_needs_blackwell():
         Recipe.model_validate(data)
 
 
+def test_fp8_with_the_op_level_policy_is_refused_by_the_schema_and_bf16_keeps_it():
+    # training_image/trainer/activation_checkpointing.py: a per-op policy cannot see inside Transformer
+    # Engine's fused FP8 modules, so the trainer could only fail at start; the schema says so first.
+    data = resolve("8b-fp8").recipe.model_dump()
+    data["activation_checkpointing"] = {"mode": "selective", "policy": "op"}
+    with pytest.raises(ValidationError) as refused:
+        Recipe.model_validate(data)
+    (error,) = refused.value.errors()
+    message = error["msg"].removeprefix("Value error, ")
+    assert message.startswith("activation_checkpointing.policy: op cannot run with precision.dtype fp8")
+    assert "Transformer Engine" in message and "use mode full, or mode selective with policy block" in message
+    assert "\n" not in message
+    for allowed in ({"mode": "full"}, {"mode": "selective", "every": 2}, {"mode": "none"}):
+        data["activation_checkpointing"] = allowed
+        Recipe.model_validate(data)
+    data["precision"] = {"dtype": "bf16"}
+    data["activation_checkpointing"] = {"mode": "selective", "policy": "op"}
+    assert Recipe.model_validate(data).activation_checkpointing.policy == "op"
+
+
 def test_schema_command_prints_the_recipe_json_schema():
     result = CliRunner().invoke(app, ["schema"])
     assert result.exit_code == 0

@@ -18,8 +18,10 @@ the real block.
 
 The op policy needs every op to pass through PyTorch's dispatcher, so it runs on the pure-PyTorch
 block (train.py selects it); Transformer Engine's fused modules are opaque to it, which is why an FP8
-recipe (TE only) cannot use it. A TE block recomputes with TE's own checkpoint, which replays the FP8
-scaling state exactly; otherwise torch's non-reentrant checkpoint.
+recipe (TE only) cannot use it: the recipe schema (trainstack.recipe.Recipe) refuses that pair, so
+`trainstack validate`, `plan` and `cdk synth` say so before any node is paid for. A TE block
+recomputes with TE's own checkpoint, which replays the FP8 scaling state exactly; otherwise torch's
+non-reentrant checkpoint.
 """
 
 from __future__ import annotations
@@ -31,8 +33,7 @@ import torch
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 from trainer.model import Transformer
-from trainstack.errors import TrainstackError
-from trainstack.recipe import ActivationCheckpointing, Precision
+from trainstack.recipe import ActivationCheckpointing
 
 _aten = torch.ops.aten
 MATMUL_OPS = frozenset({_aten.mm.default, _aten.linear.default})
@@ -86,16 +87,6 @@ def recompute_function(backend_name: str, op_level: bool = False) -> Callable:
 
 def is_op_level(config: ActivationCheckpointing) -> bool:
     return config.mode == "selective" and config.policy == "op"
-
-
-def check_activation_checkpointing(config: ActivationCheckpointing, precision: Precision) -> None:
-    """Refuse at start a combination this trainer cannot run as written."""
-    if is_op_level(config) and precision.dtype == "fp8":
-        raise TrainstackError(
-            "activation_checkpointing.policy: op needs the pure-PyTorch block (a per-op policy cannot "
-            "see inside Transformer Engine's fused FP8 modules, so it would recompute all of them); "
-            "with precision.dtype fp8 use mode full, or mode selective with policy block"
-        )
 
 
 def checkpointed_blocks(config: ActivationCheckpointing, layers: int) -> list[int]:

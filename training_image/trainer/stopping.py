@@ -28,11 +28,10 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from trainstack.run_plan import SIGTERM_GRACE_S
-
-# Kept free after the last save for the process to exit: logs flushed, process groups torn down,
-# torchrun and the entrypoint exiting (seen: about 2 s on CPU; GPU teardown is slower).
-EXIT_MARGIN_S = 15.0
+# EXIT_MARGIN_S: kept free after the last save for the process to exit (logs flushed, process groups
+# torn down, torchrun and the entrypoint exiting). Defined with SageMaker's grace in trainstack.run_plan,
+# so the planner's `run.checkpoint.sigterm_fits` uses the very figure the trainer keeps.
+from trainstack.run_plan import EXIT_MARGIN_S, SIGTERM_GRACE_S
 
 
 class StopRequest:

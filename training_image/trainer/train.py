@@ -35,7 +35,6 @@ from torch.optim.lr_scheduler import LRScheduler
 
 from trainer.activation_checkpointing import (
     apply_activation_checkpointing,
-    check_activation_checkpointing,
     is_op_level,
 )
 from trainer.checkpoint import CheckpointManager, TrainerState
@@ -177,7 +176,6 @@ def _train(
             world,
         )
     ac = recipe.activation_checkpointing
-    check_activation_checkpointing(ac, recipe.precision)
     backend = select_backend(device.type, needs_pytorch_ops=is_op_level(ac))
     check_precision(recipe.precision, device.type, backend.name)
     log.info("comms gate: %s", check_efa(device, rank, world))

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from trainstack.commands.plan_options import RecipesDirOpt, console
+from trainstack.commands.plan_options import PLAN_WIDTH, RecipesDirOpt, console, duration, rate
 
 
 def register(app: typer.Typer) -> None:
@@ -27,6 +27,7 @@ def recipes(
     """
     from rich.table import Table
 
+    from trainstack.commands.plan_options import verdict_word
     from trainstack.errors import TrainstackError
     from trainstack.loader import (
         TEAM_DEFAULTS,
@@ -54,13 +55,14 @@ def recipes(
         ("recipe", "left"),
         ("team", "left"),
         ("params", "right"),
-        ("precision", "left"),
+        ("prec", "left"),
         ("nodes", "right"),
-        ("micro", "right"),
+        ("mb", "right"),
         ("ckpt", "left"),
         ("shard", "right"),
-        ("peak GiB", "right"),
+        ("GiB", "right"),
         ("tok/s/GPU", "right"),
+        ("time", "right"),
         ("verdict", "left"),
     ):
         table.add_column(column, justify=justify, no_wrap=column not in ("verdict",))  # type: ignore[arg-type]
@@ -71,11 +73,15 @@ def recipes(
             r = resolve(name, team=t, recipes_dir=root).recipe
         except TrainstackError as error:
             invalid += 1
-            rows.append(
-                (float("inf"), (name, t or "", "", "", "", "", "", "", "", "", f"invalid: {error}"), "red")
-            )
+            rows.append((float("inf"), (name, t or "", *[""] * 10, f"invalid: {error}"), "red"))
             continue
-        p = plan(r)
+        try:
+            p = plan(r)
+        except TrainstackError as error:  # e.g. a checkpoint interval shorter than one save
+            invalid += 1
+            rows.append((float("inf"), (name, t or "", *[""] * 10, f"invalid: {error}"), "red"))
+            continue
+        thr = p.throughput
         rows.append(
             (
                 r.model.total_params,
@@ -89,19 +95,21 @@ def recipes(
                     activation_label(r),
                     str(r.parallelism.shard_group),
                     f"{p.memory.peak_gib:.1f}",
-                    f"{p.throughput.tokens_per_sec_per_gpu:,.0f}",
-                    "fits" if p.fits else "DOES NOT FIT",
+                    rate(thr.tokens_per_sec_per_gpu, *thr.tokens_per_sec_per_gpu_range),
+                    duration(p.run.hours).replace(" days", " d"),
+                    verdict_word(p).lower() if p.fits else "DOES NOT FIT",
                 ),
                 None if p.fits else "red",
             )
         )
     for _, cells, style in sorted(rows, key=lambda row: (row[1][1], row[0], row[1][0])):
         table.add_row(*cells, style=style)
-    console().print(table)
+    console(PLAN_WIDTH).print(table)
     if invalid:
         raise typer.Exit(2)
 
 
 def activation_label(recipe) -> str:
-    ac = recipe.activation_checkpointing
-    return f"selective 1/{ac.every}" if ac.mode == "selective" else ac.mode
+    from trainstack.planner import checkpointing_label
+
+    return checkpointing_label(recipe.activation_checkpointing)
