@@ -51,6 +51,16 @@ def test_a_team_deploys_only_the_base_recipes_it_selects_plus_its_variants(tree)
     assert resolve("small", team="nlp", recipes_dir=tree).recipe.tags.cost_center == "nlp"
 
 
+def test_recipes_with_team_lists_only_what_the_team_deploys(tree):
+    result = CliRunner().invoke(
+        app, ["recipes", "--team", "nlp", "--recipes-dir", str(tree)], terminal_width=200
+    )
+    assert result.exit_code == 0, result.output
+    cells = [[c.strip() for c in line.split("│")[1:3]] for line in result.stdout.splitlines() if "│" in line]
+    assert {recipe for recipe, team in cells if team == "nlp"} == {"medium", "small", "small-long"}
+    assert {recipe for recipe, team in cells if not team} == {"large", "medium", "small"}  # the base recipes
+
+
 def test_validate_checks_only_the_selected_recipes(tree):
     result = CliRunner().invoke(app, ["validate", "--recipes-dir", str(tree)])
     assert result.exit_code == 0, result.output

@@ -49,21 +49,26 @@ def test_learning_rate_warns_only_beyond_ten_times_the_compute_optimal_rate():
 
 
 def test_warmup_warns_past_half_the_run_and_says_when_it_is_longer_than_the_run():
-    assert "training.warmup_steps" not in concerns("8b-fp8", "training.warmup_steps=5000")  # 10,000 steps
-    half = concerns("8b-fp8", "training.warmup_steps=5001")["training.warmup_steps"]
-    assert "more than 50% of the 10,000 steps" in half
-    longer = concerns("8b-fp8", "training.warmup_steps=20000")["training.warmup_steps"]
-    assert "longer than the run (10,000 steps): the learning rate never reaches its peak" in longer
+    steps = resolve("8b-fp8").recipe.training.steps
+    assert "training.warmup_steps" not in concerns("8b-fp8", f"training.warmup_steps={steps // 2}")
+    half = concerns("8b-fp8", f"training.warmup_steps={steps // 2 + 1}")["training.warmup_steps"]
+    assert f"more than 50% of the {steps:,} steps" in half
+    longer = concerns("8b-fp8", f"training.warmup_steps={2 * steps}")["training.warmup_steps"]
+    assert f"longer than the run ({steps:,} steps): the learning rate never reaches its peak" in longer
 
 
 def test_global_batch_warns_ten_times_away_from_the_compute_optimal_batch_for_the_budget():
-    # 8b-fp8: 512 x 8192 tokens per step, 10,000 steps. 64x the batch at the same steps is far above.
-    recipe = resolve("8b-fp8", overrides=["training.global_batch=32768"]).recipe
+    # 8b-fp8 at 64x its global batch for the same steps: far above the compute-optimal batch.
+    base = resolve("8b-fp8").recipe.training
+    batch = 64 * base.global_batch
+    recipe = resolve("8b-fp8", overrides=[f"training.global_batch={batch}"]).recipe
     best = sanity.optimal_batch_tokens(recipe)
     assert recipe.tokens_per_step > 10 * best
-    message = concerns("8b-fp8", "training.global_batch=32768")["training.global_batch"]
-    assert message.startswith(f"32,768 sequences ({recipe.tokens_per_step / 1e6:,.3g}M tokens) per step is")
-    assert "above 10 x that, the token budget buys only 10,000 optimizer steps" in message
+    message = concerns("8b-fp8", f"training.global_batch={batch}")["training.global_batch"]
+    assert message.startswith(
+        f"{batch:,} sequences ({recipe.tokens_per_step / 1e6:,.3g}M tokens) per step is"
+    )
+    assert f"above 10 x that, the token budget buys only {base.steps:,} optimizer steps" in message
     assert "training.global_batch" not in concerns("8b-fp8")
 
 
@@ -129,3 +134,14 @@ def test_the_cdk_app_prints_warnings_unless_quiet(tmp_path, quiet):
     else:
         (line,) = warned
         assert line.startswith("warning: -c set: training.lr: 30 is ") and line.endswith("[1b-bf16]")
+
+
+def test_plan_prints_warnings_keeps_its_exit_status_and_quiet_silences_them(recipes_dir):
+    (recipes_dir / "teams" / "nlp" / "small.yaml").write_text("training: {lr: 30}\n")
+    loud = CliRunner().invoke(app, ["plan", "small", "--team", "nlp", "--recipes-dir", str(recipes_dir)])
+    quiet = CliRunner().invoke(
+        app, ["plan", "small", "--team", "nlp", "-q", "--recipes-dir", str(recipes_dir)]
+    )
+    assert loud.exit_code == quiet.exit_code
+    assert any(x.startswith("warning: ") and "training.lr: 30 is " in x for x in loud.stderr.splitlines())
+    assert "warning" not in quiet.stderr

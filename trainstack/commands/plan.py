@@ -44,13 +44,17 @@ def plan(
         ),
     ] = False,
     recipes_dir: RecipesDirOpt = None,
+    quiet: Annotated[
+        bool, typer.Option("--quiet", "-q", help="No warnings about values that look wrong.")
+    ] = False,
 ) -> None:
     """Plan a recipe: per-GPU memory breakdown and verdict, tokens/s, MFU, time and cost with their
     ranges, the run (jobs, checkpoints), and one recommendation beside the recipe's own values.
 
     Every tokens/s, hours and cost figure carries a range from the calibration's leave-one-out errors
     and the published runs that bracket the GPU (docs/planner.md). A recommended change is printed as
-    --set flags that can be pasted.
+    --set flags that can be pasted. Values that are legal but almost surely wrong (learning rate, warmup,
+    batch against the token budget, volume) are warned about on stderr (--quiet: not).
 
     Exit status: 0 fits, 1 does not fit, 2 invalid input (or over a team's budget cap, or a request
     AWS would refuse).
@@ -59,7 +63,7 @@ def plan(
 
       trainstack plan 30b-fp8
 
-      trainstack plan 8b-fp8 --team nlp --set training.micro_batch=4 --json
+      trainstack plan 8b-fp8 --team nlp --set training.micro_batch=2 --json
 
       trainstack plan 64b-fp8 --plot mem.png
 
@@ -76,6 +80,9 @@ def plan(
         result = make_plan(resolved.recipe)
     except IntervalError as error:  # name the file that set the interval
         raise RecipeError(resolved.source_of(error.field), error.field, error.message) from None
+    from trainstack import sanity
+
+    sanity.print_warnings(resolved, result, quiet)  # legal but almost surely wrong; exit status unchanged
     if compare:
         _compare(resolved.recipe, result, as_json)
     else:

@@ -35,6 +35,7 @@ def recipes(
         recipes_dir_or_default,
         resolve,
         team_names,
+        team_recipe_names,
     )
     from trainstack.planner import plan
 
@@ -45,10 +46,13 @@ def recipes(
         )
     entries: list[tuple[str, str | None]] = [(name, None) for name in base_recipe_names(root)]
     for t in [team] if team else team_names(root):
-        own = sorted(p.stem for p in (root / "teams" / t).glob("*.yaml") if p.name != TEAM_DEFAULTS)
-        # Without --team, list only what a team changed per recipe; with it, everything the team can run.
-        names = base_recipe_names(root) if team else []
-        entries += [(name, t) for name in sorted({*names, *own})]
+        # Without --team, list only what a team changed per recipe; with it, everything the team deploys
+        # (the base recipes its defaults select with `recipes:`, and its own variants).
+        if team:
+            entries += [(name, t) for name in team_recipe_names(t, root)]
+        else:
+            own = sorted(p.stem for p in (root / "teams" / t).glob("*.yaml") if p.name != TEAM_DEFAULTS)
+            entries += [(name, t) for name in own]
 
     table = Table(title=f"recipes in {root}", title_justify="left")
     for column, justify in (
