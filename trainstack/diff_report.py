@@ -24,18 +24,25 @@ STACK_PREFIX = "Trainstack-"
 MAX_LISTED = 10  # template changes and files listed per note before "and N more"
 
 
-def _figures(t: TargetDiff) -> list[tuple]:
+def _figures(t: TargetDiff, ranges: bool = False) -> list[tuple]:
+    """Each figure before and after; with `ranges`, speed, hours and cost with the planner's range."""
     b = t.before.figures if t.before else None
     a = t.after.figures if t.after else None
+
+    def ranged(value: float, bounds: tuple[float, float], spec: str, unit: str = "") -> str:
+        central = f"{unit}{value:{spec}}"
+        low, high = bounds
+        return f"{central} ({unit}{low:{spec}}-{high:{spec}})" if ranges and high > 0 else central
+
     fields = (
-        (lambda f: f.fits, lambda v: "yes" if v else "NO"),
-        (lambda f: f.peak_gib, lambda v: f"{v:.1f}"),
-        (lambda f: f.tokens_per_sec_per_gpu, lambda v: f"{v:,.0f}"),
-        (lambda f: f.mfu, lambda v: f"{100 * v:.1f}%"),
-        (lambda f: f.hours, lambda v: f"{v:,.1f}"),
-        (lambda f: f.total_usd, lambda v: f"${v:,.0f}"),
+        lambda f: "yes" if f.fits else "NO",
+        lambda f: f"{f.peak_gib:.1f}",
+        lambda f: ranged(f.tokens_per_sec_per_gpu, f.tokens_per_sec_per_gpu_range, ",.0f"),
+        lambda f: f"{100 * f.mfu:.1f}%",
+        lambda f: ranged(f.hours, f.hours_range, ",.1f"),
+        lambda f: ranged(f.total_usd, f.total_usd_range, ",.0f", "$"),
     )
-    return [(fmt(get(b)) if b else "-", fmt(get(a)) if a else "-") for get, fmt in fields]
+    return [(shown(b) if b else "-", shown(a) if a else "-") for shown in fields]
 
 
 def _approval(t: TargetDiff) -> str:
@@ -55,7 +62,7 @@ def row(t: TargetDiff) -> list[str]:
     change = (
         f"invalid: {t.after.error}" if t.status == "invalid" and t.after and t.after.error else _change(t)
     )
-    cells = [left if left == right else f"{left}{ARROW}{right}" for left, right in _figures(t)]
+    cells = [left if left == right else f"{left}{ARROW}{right}" for left, right in _figures(t, ranges=True)]
     return [t.stack, change, *cells, _approval(t)]
 
 

@@ -61,6 +61,10 @@ class Figures:
     mfu: float
     hours: float
     total_usd: float
+    # The planner's ranges ([low, high], trainstack.planner): every speed, time and cost is an estimate.
+    tokens_per_sec_per_gpu_range: tuple[float, float] = (0.0, 0.0)
+    hours_range: tuple[float, float] = (0.0, 0.0)
+    total_usd_range: tuple[float, float] = (0.0, 0.0)
 
 
 @dataclass(frozen=True)
@@ -263,7 +267,10 @@ def _side(recipes_dir: Path, recipe: str, team: str | None) -> Side:
         return Side(stack=_fallback_stack(recipe, team), error=str(exc).replace(str(root) + "/", ""))
     files = tuple(_relative(f, root) for f in resolved.files)
     stack = stack_prefix(resolved.recipe, team)
-    p = plan(resolved.recipe)
+    try:
+        p = plan(resolved.recipe)
+    except TrainstackError as exc:  # a checkpoint interval the run cannot keep (run_plan.IntervalError)
+        return Side(stack=stack_prefix(resolved.recipe, team), error=str(exc), files=files)
     figures = Figures(
         fits=bool(p.fits),
         peak_gib=p.memory.peak_gib,
@@ -272,6 +279,9 @@ def _side(recipes_dir: Path, recipe: str, team: str | None) -> Side:
         mfu=p.throughput.mfu,
         hours=p.cost.hours,
         total_usd=p.cost.total_usd,
+        tokens_per_sec_per_gpu_range=tuple(p.throughput.tokens_per_sec_per_gpu_range),
+        hours_range=tuple(p.cost.hours_range),
+        total_usd_range=tuple(p.cost.total_usd_range),
     )
     error = None
     try:

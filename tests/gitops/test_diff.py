@@ -54,6 +54,9 @@ def expected_figures(recipes_dir: Path, recipe: str, team: str | None) -> gitdif
         mfu=p.throughput.mfu,
         hours=p.cost.hours,
         total_usd=p.cost.total_usd,
+        tokens_per_sec_per_gpu_range=tuple(p.throughput.tokens_per_sec_per_gpu_range),
+        hours_range=tuple(p.cost.hours_range),
+        total_usd_range=tuple(p.cost.total_usd_range),
     )
 
 
@@ -159,8 +162,15 @@ def test_markdown_json_and_cli_tell_the_same_story(repo):
     for t in diff.deploys:
         b, a = t.before.figures, t.after.figures
         assert f"| {t.stack} | changed (recipes/teams/vision/defaults.yaml) |" in markdown
-        assert f"{b.hours:,.1f}{diff_report.ARROW}{a.hours:,.1f}" in markdown
-        assert f"${b.total_usd:,.0f}{diff_report.ARROW}${a.total_usd:,.0f}" in markdown
+        # every speed, time and cost with the planner's range
+        hours = [f"{f.hours:,.1f} ({f.hours_range[0]:,.1f}-{f.hours_range[1]:,.1f})" for f in (b, a)]
+        assert diff_report.ARROW.join(hours) in markdown
+        usd = [
+            f"${f.total_usd:,.0f} (${f.total_usd_range[0]:,.0f}-{f.total_usd_range[1]:,.0f})" for f in (b, a)
+        ]
+        assert diff_report.ARROW.join(usd) in markdown
+        low, high = a.tokens_per_sec_per_gpu_range
+        assert low < a.tokens_per_sec_per_gpu < high
 
     cli = shutil.which("trainstack", path=str(Path(sys.executable).parent))
     done = subprocess.run(

@@ -92,6 +92,12 @@ def _print_table(result) -> None:
         table.add_row(*diff_report.terminal_row(target), style=style)
     if result.shown:
         console.print(table)
+        console.print(
+            "tok/s/GPU, hours and cost are the planner's central estimates; --markdown and --json give "
+            "their ranges (docs/planner.md).",
+            markup=False,
+            highlight=False,
+        )
     for note in diff_report.notes(result):
         console.print(note, markup=False, highlight=False)
     console.print(diff_report.headline(result), markup=False, highlight=False, soft_wrap=True)
