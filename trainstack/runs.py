@@ -186,8 +186,10 @@ def latest_from_results(results: list[dict[str, Any]]) -> dict[str, Sample]:
     return out
 
 
-def latest_metrics(cloudwatch: Any, job: Job, now: datetime | None = None) -> dict[str, Sample]:
-    """The newest value of each trainer metric SageMaker extracted for `job`."""
+def metric_data(
+    cloudwatch: Any, job: Job, now: datetime | None = None, scan_by: str = "TimestampDescending"
+) -> list[dict[str, Any]]:
+    """Every GetMetricData result for the trainer metrics of `job` over its lifetime, all pages."""
     now = now or datetime.now(UTC)
     start = (job.started or job.created) - timedelta(minutes=5)
     end = (job.ended or now) + timedelta(minutes=5)
@@ -198,7 +200,7 @@ def latest_metrics(cloudwatch: Any, job: Job, now: datetime | None = None) -> di
             "MetricDataQueries": metric_queries(job.name),
             "StartTime": start,
             "EndTime": end,
-            "ScanBy": "TimestampDescending",
+            "ScanBy": scan_by,
         }
         if token:
             kwargs["NextToken"] = token
@@ -206,8 +208,12 @@ def latest_metrics(cloudwatch: Any, job: Job, now: datetime | None = None) -> di
         results.extend(response.get("MetricDataResults", []))
         token = response.get("NextToken")
         if not token:
-            break
-    return latest_from_results(results)
+            return results
+
+
+def latest_metrics(cloudwatch: Any, job: Job, now: datetime | None = None) -> dict[str, Sample]:
+    """The newest value of each trainer metric SageMaker extracted for `job`."""
+    return latest_from_results(metric_data(cloudwatch, job, now))
 
 
 # --- How a run compares to its plan ---------------------------------------------------------------

@@ -51,6 +51,7 @@ RECIPE_COMMAND = re.compile(
     r"\btrainstack (?:launch|status|logs|runs|stop|resume) (?P<recipe>[a-z0-9][a-z0-9-]*)"
 )
 TEAM = re.compile(r"--team[ =](?P<team>[a-z][a-z0-9]*)")
+STOP_COMMAND = re.compile(r"\btrainstack stop (?P<run>ts-[a-z0-9-]+)")
 TRY_NEXT = re.compile(r"^  (?P<command>\S.*?)\s+# ")
 
 
@@ -75,6 +76,10 @@ def _block_of(command: Command) -> int:
 def adapt_for_emulator(text: str) -> str:
     if re.search(r"\bnpx cdk deploy\b", text) and "--method" not in text:
         text = re.sub(r"\bnpx cdk deploy\b", "npx cdk deploy --method=direct --require-approval=never", text)
+    if re.search(r"\btrainstack status\b.*--watch\b", text) and "--count" not in text:
+        # The emulator's jobs run until something ends them, as on AWS, so a watch would never return:
+        # two refreshes, a second apart, show that it refreshes.
+        text = re.sub(r"--watch\b", "--watch --count 2 --interval 1", text, count=1)
     return text
 
 
@@ -253,6 +258,40 @@ def _run_block(ws: Workspace, commands: list[Command]) -> None:
         ws.done[key] = command.where
         if re.search(r"\bmake demo\b", text):
             ws.demo_output = out
+        if aws and (stopped := STOP_COMMAND.search(text)):
+            _deliver_job_ends(ws, stopped.group("run"))
+
+
+def _deliver_job_ends(ws: Workspace, run: str) -> None:
+    """EMULATOR: what EventBridge does on AWS once `trainstack stop` has ended a job: deliver its state
+    change to the deployed rules, so the run supervisor records the run stopped (and a documented
+    `resume` then finds it stopped, as it would after the job ended on AWS)."""
+    import time
+
+    import boto3
+
+    from trainstack.emulator_events import deliver_job_state_change
+
+    env = ws.aws_env
+    kw = dict(
+        endpoint_url=env["AWS_ENDPOINT_URL"],
+        region_name=env["AWS_REGION"],
+        aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
+    )
+    sagemaker, sfn = boto3.client("sagemaker", **kw), boto3.client("stepfunctions", **kw)
+    jobs = sagemaker.list_training_jobs(NameContains=run)["TrainingJobSummaries"]
+    ended = [
+        j for j in jobs if j["TrainingJobName"].startswith(f"{run}-") and j["TrainingJobStatus"] == "Stopped"
+    ]
+    deadline = time.monotonic() + 120
+    for job in ended:
+        for arn in deliver_job_state_change(env, job["TrainingJobName"]):
+            while (
+                sfn.describe_execution(executionArn=arn)["status"] == "RUNNING"
+                and time.monotonic() < deadline
+            ):
+                time.sleep(0.5)
 
 
 def _demo_next_steps(ws: Workspace) -> None:

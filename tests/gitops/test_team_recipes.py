@@ -51,12 +51,14 @@ def test_a_team_deploys_only_the_base_recipes_it_selects_plus_its_variants(tree)
     assert resolve("small", team="nlp", recipes_dir=tree).recipe.tags.cost_center == "nlp"
 
 
-def test_recipes_with_team_lists_only_what_the_team_deploys(tree):
+def test_recipes_with_team_lists_only_what_the_team_deploys(tree, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")  # wide enough that no recipe name is cut
     result = CliRunner().invoke(
         app, ["recipes", "--team", "nlp", "--recipes-dir", str(tree)], terminal_width=200
     )
     assert result.exit_code == 0, result.output
-    cells = [[c.strip() for c in line.split("│")[1:3]] for line in result.stdout.splitlines() if "│" in line]
+    rows = [re.split(r"[│|]", line) for line in result.stdout.splitlines() if re.match(r"^[│|] ", line)]
+    cells = [[c.strip() for c in row[1:3]] for row in rows]
     assert {recipe for recipe, team in cells if team == "nlp"} == {"medium", "small", "small-long"}
     assert {recipe for recipe, team in cells if not team} == {"large", "medium", "small"}  # the base recipes
 

@@ -185,7 +185,7 @@ def test_bad_set_override_names_set_and_the_field(recipes_dir):
 
 def test_fp8_set_on_an_op_policy_recipe_is_refused_before_any_plan(recipes_dir, small_text):
     # A BF16 recipe with policy op, made FP8 by an override: refused by the schema (exit 2, one line
-    # naming the file that chose the policy), not at job start after the nodes are paid for.
+    # naming the overrides that made it so), not at job start after the nodes are paid for.
     (recipes_dir / "opsmall.yaml").write_text(
         "name: opsmall\n" + small_text.replace("{mode: none}", "{mode: selective, policy: op}")
     )
@@ -193,7 +193,12 @@ def test_fp8_set_on_an_op_policy_recipe_is_refused_before_any_plan(recipes_dir, 
     assert ok.exit_code == 0, ok.output
     sets = ["--set", "precision.dtype=fp8", "--set", "precision.fp8_recipe=mxfp8"]
     result = CliRunner().invoke(app, ["plan", "opsmall", *sets, "--recipes-dir", str(recipes_dir)])
-    assert_one_line_error(result, "opsmall.yaml", "activation_checkpointing.policy", "use mode full")
+    assert_one_line_error(
+        result,
+        "--set precision.dtype=fp8, --set precision.fp8_recipe=mxfp8",
+        "activation_checkpointing.policy",
+        "use mode full",
+    )
 
 
 def test_console_script_prints_one_line_and_exits_2(tmp_path):

@@ -188,30 +188,11 @@ def _collect(clients: Any, prefix: str, recipe: Any, team: str | None, plan: Any
 
 def metric_history(cloudwatch: Any, job: Any, now: datetime) -> dict[str, list]:
     """Every trainer metric point CloudWatch holds for the job, oldest first (trainstack.trends)."""
-    from datetime import timedelta
-
     from trainstack.metrics import FIELDS
-    from trainstack.runs import metric_queries
+    from trainstack.runs import metric_data
     from trainstack.trends import series_from_results
 
-    start = (job.started or job.created) - timedelta(minutes=5)
-    end = (job.ended or now) + timedelta(minutes=5)
-    results: list[dict[str, Any]] = []
-    token: str | None = None
-    while True:
-        kwargs: dict[str, Any] = {
-            "MetricDataQueries": metric_queries(job.name),
-            "StartTime": start,
-            "EndTime": end,
-            "ScanBy": "TimestampAscending",
-        }
-        if token:
-            kwargs["NextToken"] = token
-        response = cloudwatch.get_metric_data(**kwargs)
-        results.extend(response.get("MetricDataResults", []))
-        token = response.get("NextToken")
-        if not token:
-            break
+    results = metric_data(cloudwatch, job, now, scan_by="TimestampAscending")
     return series_from_results(results, {f.key.lower(): f.key for f in FIELDS})
 
 
