@@ -141,7 +141,13 @@ class Emulator:
         self._process = None
 
     def __enter__(self) -> Emulator:
-        return self.start()
+        # `with Emulator().start(timeout_s=...) as e:` is started already: a second start would leak the
+        # first server (only the second is stopped on exit).
+        return self if self.running else self.start()
+
+    @property
+    def running(self) -> bool:
+        return self._process is not None and self._process.poll() is None
 
     def __exit__(self, *exc: object) -> None:
         self.stop()

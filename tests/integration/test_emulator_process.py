@@ -46,3 +46,20 @@ def test_sigterm_stops_the_server_and_removes_the_state_file(tmp_path: Path) -> 
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_a_started_emulator_used_as_a_context_manager_runs_one_server_and_stops_it() -> None:
+    from trainstack.emulator import Emulator
+
+    with Emulator().start(timeout_s=120) as emulator:
+        pid = emulator._process.pid
+        servers = subprocess.run(
+            ["pgrep", "-f", f"trainstack.emulator --serve --port {emulator.port}$"],
+            capture_output=True,
+            text=True,
+        ).stdout.split()
+        assert servers == [str(pid)]  # `start()` then `with`: not a second server
+    deadline = time.monotonic() + 15
+    while is_emulator_process(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not is_emulator_process(pid)

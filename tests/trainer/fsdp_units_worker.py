@@ -68,6 +68,10 @@ def main() -> None:
     if dist.get_rank() == 0:
         with open(sys.argv[1], "w") as f:
             json.dump(out, f)
+    # Both ranks done with every collective before either tears gloo down: a rank that exits while its
+    # peer's gloo thread still holds the connection can abort it ("terminate called without an active
+    # exception", seen on a loaded 2-core machine).
+    dist.barrier()
     dist.destroy_process_group()
 
 
