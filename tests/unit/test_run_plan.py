@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -218,3 +219,43 @@ def test_spot_lowers_the_price_by_the_stated_assumption_and_shows_interruptions(
     assert spot.cost.hours > on_demand.cost.hours  # interruptions cost restarts and lost work
     assert any("interruptions expected" in a for a in spot.assumptions)
     assert "spot assumed at 50% of on-demand" in spot.cost.price_source
+
+
+def _doc_row(doc: str, label: str) -> str:
+    row = next(line for line in doc.splitlines() if line.startswith(f"| {label} |"))
+    return row.split("|")[2]
+
+
+def _numbers(text: str) -> list[float]:
+    return [float(n.replace(",", "")) for n in re.findall(r"\d[\d,]*(?:\.\d+)?", text)]
+
+
+def test_the_64b_run_table_in_the_docs_shows_the_planners_current_figures():
+    doc = (ROOT / "docs" / "runs.md").read_text()
+    doc = doc[doc.index("## What a 64b-fp8 run takes") :]
+    p = plan(resolve("64b-fp8").recipe)
+    run, ck, cost = p.run, p.run.checkpoint, p.cost
+
+    assert _numbers(_doc_row(doc, "training"))[0] == round(run.hours)
+    assert _numbers(_doc_row(doc, "training"))[2:4] == [round(h) for h in cost.hours_range]
+    assert _numbers(_doc_row(doc, "job limit"))[0] == round(run.max_runtime_hours)
+    assert _numbers(_doc_row(doc, "jobs planned")) == [run.jobs]
+    assert _numbers(_doc_row(doc, "checkpoint"))[:3] == [
+        round(ck.gib_per_node),
+        round(ck.save_seconds),
+        round(ck.stage_seconds),
+    ]
+    assert _numbers(_doc_row(doc, "restore")) == [round(ck.restore_seconds), round(ck.restore_gib_per_node)]
+    assert _numbers(_doc_row(doc, "save interval"))[:2] == [round(ck.interval_minutes), ck.node_mtbf_hours]
+    assert _numbers(_doc_row(doc, "unplanned jobs expected"))[0] == round(run.expected_failures, 2)
+    assert _numbers(_doc_row(doc, "overheads"))[0] == round(run.overhead_hours, 1)
+    usd, low, high = _numbers(_doc_row(doc, "cost"))[:3]
+    assert usd == round(cost.total_usd, -2)
+    assert (low, high) == tuple(round(x / 1000) for x in cost.total_usd_range)
+
+    capped = plan(resolve("64b-fp8", overrides=["compute.max_runtime_hours=72"]).recipe)
+    text = doc[doc.index("max_runtime_hours=72") :].split("\n\n")[0]
+    jobs, restores, overheads, usd = _numbers(text.split("`", 1)[1])[:4]
+    assert (jobs, restores) == (capped.run.jobs, capped.run.jobs - 1)
+    assert overheads == round(capped.run.overhead_hours, 1)
+    assert usd == round(capped.cost.total_usd, -2)

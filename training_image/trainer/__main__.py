@@ -8,7 +8,8 @@ import sys
 from pathlib import Path
 
 from trainer.checkpoint import CheckpointError
-from trainer.train import EXIT_NON_FINITE, NonFiniteLoss, RunOptions, run
+from trainer.health import EXIT_NON_FINITE, NonFiniteLoss
+from trainer.train import RunOptions, run
 from trainstack import exit_codes
 from trainstack.errors import TrainstackError
 

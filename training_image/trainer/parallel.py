@@ -20,11 +20,18 @@ of every unit to BF16, the FP32 rotary tables included; the activations are BF16
 embedding's weight is gathered in BF16. When the shard group is smaller than the world, the mesh is
 (replicate, shard): parameters are sharded inside each group (one node's NVLink for shard_group 8)
 and replicated across groups, so only gradient all-reduces cross EFA.
+
+The process group itself (`init_distributed`): NCCL on CUDA, gloo on CPU, and a world of one for a
+plain `python -m trainer` without torchrun.
 """
 
 from __future__ import annotations
 
+import os
+import socket
+
 import torch
+import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -101,3 +108,26 @@ def set_gradient_sync(model: Transformer, mesh: DeviceMesh, last_micro_step: boo
     runs on the last micro-step only (FSDP2's documented `set_requires_all_reduce`)."""
     if mesh.ndim == 2:
         model.set_requires_all_reduce(last_micro_step)  # FSDPModule method, recursive over the units
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def init_distributed(device_type: str) -> tuple[int, int, torch.device]:
+    """(rank, world, device); a single process without torchrun becomes a world of one."""
+    if "RANK" not in os.environ:
+        os.environ.update(
+            RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port())
+        )
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if device_type == "cuda":
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+        dist.init_process_group("nccl", device_id=device)
+    else:
+        device = torch.device("cpu")
+        dist.init_process_group("gloo")
+    return dist.get_rank(), dist.get_world_size(), device

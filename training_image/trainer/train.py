@@ -17,11 +17,8 @@ trips it.
 from __future__ import annotations
 
 import gc
-import json
 import logging
-import math
 import os
-import socket
 import sys
 import time
 from collections.abc import Callable
@@ -41,9 +38,10 @@ from trainer.checkpoint import CheckpointManager, TrainerState
 from trainer.comms import check_efa
 from trainer.config import Layout, load_recipe, resolve_layout
 from trainer.data import Prefetcher, TokenSource, micro_batch_indices, micro_batch_plan, open_source
+from trainer.health import NonFiniteWatch, Trace
 from trainer.model import Transformer, build_model, compile_blocks, compile_decision, select_backend
 from trainer.optim import build_optimizer, build_scheduler
-from trainer.parallel import build_mesh, mesh_description, set_gradient_sync, shard_model
+from trainer.parallel import build_mesh, init_distributed, mesh_description, set_gradient_sync, shard_model
 from trainer.precision import autocast_factory, check_precision
 from trainer.stopping import EXIT_MARGIN_S, StopPlan, StopRequest, StopVote, plan_stop
 from trainer.storage import open_storage
@@ -55,7 +53,6 @@ from trainer.throughput import (
     peak_tflops,
     slowest_rank,
 )
-from trainstack import exit_codes
 from trainstack.errors import TrainstackError
 from trainstack.metrics import format_line
 from trainstack.planner import flops_per_token, plan
@@ -63,12 +60,7 @@ from trainstack.recipe import Recipe
 from trainstack.run_plan import SIGTERM_GRACE_S
 
 log = logging.getLogger("trainer")
-EXIT_NON_FINITE = exit_codes.NON_FINITE
 GC_EVERY_STEPS = 50  # torchtitan's default gc_freq
-
-
-class NonFiniteLoss(Exception):
-    exit_code = EXIT_NON_FINITE
 
 
 class AbandonedSave(Exception):
@@ -88,29 +80,6 @@ class RunOptions:
     async_checkpoint: bool = True
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def init_distributed(device_type: str) -> tuple[int, int, torch.device]:
-    """(rank, world, device); a single process without torchrun becomes a world of one."""
-    if "RANK" not in os.environ:
-        os.environ.update(
-            RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port())
-        )
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    if device_type == "cuda":
-        device = torch.device("cuda", local_rank)
-        torch.cuda.set_device(device)
-        dist.init_process_group("nccl", device_id=device)
-    else:
-        device = torch.device("cpu")
-        dist.init_process_group("gloo")
-    return dist.get_rank(), dist.get_world_size(), device
-
-
 def setup_logging(rank: int) -> None:
     logging.basicConfig(
         level=logging.INFO if rank == 0 else logging.WARNING,
@@ -118,21 +87,6 @@ def setup_logging(rank: int) -> None:
         force=True,
         format=f"%(asctime)s rank{rank} %(levelname)s %(name)s: %(message)s",
     )
-
-
-class Trace:
-    """Per-step loss (full precision) and sample indices, one JSON line per step per rank; for tests."""
-
-    def __init__(self, directory: Path | None, rank: int):
-        self.file = None
-        if directory is not None:
-            directory.mkdir(parents=True, exist_ok=True)
-            self.file = open(directory / f"rank{rank}.jsonl", "a")  # noqa: SIM115
-
-    def write(self, step: int, loss: float, samples: list[int]) -> None:
-        if self.file is not None:
-            self.file.write(json.dumps({"step": step, "loss": loss, "samples": samples}) + "\n")
-            self.file.flush()
 
 
 def run(options: RunOptions) -> int:
@@ -336,38 +290,6 @@ def _forward_backward(
             return MicroSteps(loss_sum, used, True, micro_step + 1, False)
     stopped, due = vote.result()
     return MicroSteps(loss_sum, used, stopped, layout.grad_accum, due)
-
-
-class NonFiniteWatch:
-    """Per-step (loss, grad norm) kept on the device and checked only when the host reads anyway (log
-    steps, saves): a check per step would be a host sync per step. Every rank agrees on the result."""
-
-    def __init__(self, control: dist.ProcessGroup):
-        self.control = control
-        self.first_step = 1
-        self.values: list[torch.Tensor] = []
-
-    def add(self, step: int, loss: torch.Tensor, grad_norm: torch.Tensor) -> None:
-        if not self.values:
-            self.first_step = step
-        self.values.append(torch.stack([loss.float(), grad_norm.float()]))
-
-    def check(self) -> None:
-        if not self.values:
-            return
-        values = torch.stack(self.values).cpu()  # the one host sync
-        bad = (~torch.isfinite(values).all(dim=1)).nonzero()
-        first = torch.tensor([self.first_step + int(bad[0]) if len(bad) else 2**62], dtype=torch.int64)
-        dist.all_reduce(first, op=dist.ReduceOp.MIN, group=self.control)
-        self.values = []
-        if int(first) < 2**62:
-            index = min(int(first) - self.first_step, len(values) - 1)
-            loss, norm = values[index].tolist() if index >= 0 else [math.nan, math.nan]
-            raise NonFiniteLoss(
-                f"non-finite loss or gradient at step {int(first)} (loss={loss}, grad_norm={norm}); "
-                "stopped, nothing saved from that step on "
-                "(lower training.lr or raise warmup_steps, and check the data)"
-            )
 
 
 def _loop(ctx: LoopContext, state: TrainerState, max_steps: int, stop: StopRequest) -> int:
