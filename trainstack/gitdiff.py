@@ -46,7 +46,6 @@ INFRA_PATHS = (
     "package.json",
     "package-lock.json",
 )
-IMAGE_CONTEXT = ("trainstack/", "training_image/", ".dockerignore")  # besides recipes/, held equal
 DEPLOYING = ("added", "changed", "code")
 
 
@@ -186,7 +185,7 @@ def compute(
         except TrainstackError as exc:
             note = f"templates not compared ({exc}): every target redeploys"
         else:
-            per_stack = _by_stack_set(stacks, images, tuple(f for f in code if f.startswith(IMAGE_CONTEXT)))
+            per_stack = _by_stack_set(stacks, images, image_context_files(root, code))
             note = "templates of both sides synthesized with the same CDK CLI and compared"
     elif code:
         note = "templates not compared (--no-synth): every target redeploys"
@@ -207,6 +206,21 @@ def compute(
         infra_files=code,
         templates=note,
     )
+
+
+def image_context_files(root: Path, files: tuple[str, ...]) -> tuple[str, ...]:
+    """Which of `files` the training image is built from: .dockerignore itself and what its `!` lines let
+    into the build context (recipes/ aside: template comparison holds them equal on both sides)."""
+    ignore = root / ".dockerignore"
+    lines = ignore.read_text().splitlines() if ignore.is_file() else []
+    context = [line[1:] for line in lines if line.startswith("!") and not line.startswith(f"!{RECIPES}/")]
+
+    def held(path: str) -> bool:
+        return path == ".dockerignore" or any(
+            path == entry or (entry.endswith("/") and path.startswith(entry)) for entry in context
+        )
+
+    return tuple(f for f in files if held(f))
 
 
 def _by_stack_set(

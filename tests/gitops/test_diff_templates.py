@@ -66,12 +66,15 @@ def test_normalising_drops_only_location_and_cdk_bookkeeping():
 @pytest.mark.slow
 @pytest.mark.xdist_group("cdk-synth")
 def test_only_stack_sets_whose_templates_change_deploy(project, h, tmp_path, monkeypatch):
-    """Committed: a refactor that keeps every template (a helper renamed, a comment). Uncommitted on top:
-    a change that reaches the 3b-bf16 stack set only. One diff against the base, two syntheses."""
+    """Committed: a refactor that keeps every template (a helper renamed, a comment, a CLI change, which
+    is outside the training image's build context). Uncommitted on top: a change that reaches the
+    3b-bf16 stack set only. One diff against the base, two syntheses."""
     app_py = project / "stacks" / "app.py"
     text = app_py.read_text()
     assert "def stack_names(" in text and "        for stack in (data, launcher):\n" in text
     app_py.write_text(text.replace("stack_names(", "stack_names_of(") + "\n# refactored\n")
+    cli_py = project / "trainstack" / "cli.py"
+    cli_py.write_text(cli_py.read_text() + "\n# a CLI refactor: the image is not rebuilt\n")
     h.git(project, "commit", "--quiet", "-am", "refactor")
     anchor = "        for stack in (data, launcher):\n"
     tagged = (
@@ -95,19 +98,42 @@ def test_only_stack_sets_whose_templates_change_deploy(project, h, tmp_path, mon
     for before in unchanged:
         assert before.read_bytes() == (keep / "head.out" / before.name).read_bytes(), before.name
 
-    assert diff.infra_files == ("stacks/app.py",)
+    assert diff.infra_files == ("stacks/app.py", "trainstack/cli.py")
     assert [t.stack for t in diff.deploys] == ["Trainstack-platform-3b-bf16"]  # not 1b-bf16: identical
     (target,) = diff.deploys
-    assert target.status == "code" and target.reasons == ("stacks/app.py",)
+    assert target.status == "code" and target.reasons == ("stacks/app.py", "trainstack/cli.py")
     assert target.resources and all(
         r.startswith("Data: ") and r.endswith(" modified") for r in target.resources
     )
     assert any("(AWS::S3::Bucket)" in r for r in target.resources)
     assert [m["stack"] for m in diff.to_dict()["matrix"]["include"]] == ["Trainstack-platform-3b-bf16"]
     notes = diff_report.notes(diff)
-    assert "Infrastructure files changed: stacks/app.py." in notes
+    assert "Infrastructure files changed: stacks/app.py, trainstack/cli.py." in notes
     assert any(n.startswith("Template changes in Trainstack-platform-3b-bf16: Data: ") for n in notes)
-    assert "Infrastructure files changed: `stacks/app.py`." in diff_report.to_markdown(diff)
+    assert "Infrastructure files changed: `stacks/app.py`, `trainstack/cli.py`." in diff_report.to_markdown(
+        diff
+    )
+    assert not any("training image rebuilt" in n for n in notes)
+
+
+def test_the_diff_names_as_image_files_only_what_the_build_context_holds(tmp_path):
+    (tmp_path / ".dockerignore").write_text(
+        "*\n!trainstack/recipe.py\n!trainstack/planner/\n!recipes/\n**/*.pyc\n"
+    )
+    changed = (
+        "trainstack/cli.py",
+        "trainstack/recipe.py",
+        "trainstack/recipe_keys.py",
+        "trainstack/planner/core.py",
+        "recipes/1b-bf16.yaml",
+        ".dockerignore",
+        "stacks/app.py",
+    )
+    assert gitdiff.image_context_files(tmp_path, changed) == (
+        "trainstack/recipe.py",
+        "trainstack/planner/core.py",
+        ".dockerignore",
+    )
 
 
 def test_identical_templates_are_said_in_the_headline():
