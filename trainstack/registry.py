@@ -80,6 +80,7 @@ class Run:
     creator: str
     created: datetime
     updated: datetime
+    crashes: int = 0  # jobs in a row that ended by a crash (trainstack.supervisor.MAX_CONSECUTIVE_CRASHES)
 
     @property
     def name(self) -> RunName | None:
@@ -128,6 +129,7 @@ def run_from_item(item: dict[str, Any]) -> Run:
         creator=a.get("creator", ""),
         created=_time(a["created"]),
         updated=_time(a["updated"]),
+        crashes=int(a.get("crashes", 0)),
     )
 
 
@@ -160,6 +162,7 @@ class RunView:
             "why": r.why,
             "next": r.next_step,
             "stop_requested": r.stop_requested,
+            "crashes_in_a_row": r.crashes,
             "jobs": [
                 {"name": j.name, "index": j.index, "status": j.status, "secondary_status": j.secondary_status}
                 for j in self.jobs

@@ -24,7 +24,9 @@ MaxWaitTimeExceeded, ...):
   `InternalServerError` and EC2 `InsufficientCapacityError` (`CapacityError: ...`) as worth a new job
   (SageMaker developer guide, "Retry Policy for Pipeline Steps"); a capacity error waits first. Any
   other failure (a node or a collective lost, the trainer killed) is worth the next job, which resumes
-  from the newest complete checkpoint; `compute.max_jobs` bounds how often that can repeat.
+  from the newest complete checkpoint on new instances. A crash that repeats is not a lost node: after
+  MAX_CONSECUTIVE_CRASHES such jobs in a row the run fails and waits for a person (CRASH_LOOP), and
+  `compute.max_jobs` bounds every other repetition.
 
 The patterns are Step Functions `StringMatches` globs (only `*` is special), so the deployed Choice
 states apply them exactly as `string_matches` below does.
@@ -40,6 +42,10 @@ from enum import StrEnum
 from trainstack.exit_codes import FATAL_MARKER
 
 CAPACITY_WAIT_MINUTES = 15  # after a capacity failure, before the next job asks again
+# Jobs in a row that may end "Crashed" before the run stops for a person. A lost node or a collective
+# timeout is gone in the next job, which gets new instances; the same crash three times over is a bug
+# or bad data that more jobs would only pay for again (each one a cluster start-up and a restore).
+MAX_CONSECUTIVE_CRASHES = 3
 
 
 class Outcome(StrEnum):
@@ -153,6 +159,11 @@ assert all(rule.id.isalpha() for rule in RULES) and len(RULE_BY_ID) == len(RULES
 assert all(REASON not in r.why or r.status == ("Failed",) for r in RULES)  # only Failed has a reason
 
 JOB_LIMIT = "JobLimit"  # the id of the decision that ends a run at compute.max_jobs
+CRASH_LOOP = "CrashLoop"  # the id of the decision that ends a run after repeated crashes
+CRASH_LOOP_WHY = (
+    "{crashes} jobs of the run in a row failed without a trainstack-fatal reason, so the next would "
+    "most likely fail the same way"
+)
 JOB_LIMIT_WHY = (
     "the run reached its job limit (job {job} of at most {last} since it was launched or resumed; "
     "compute.max_jobs)"
@@ -187,6 +198,7 @@ class RunRecord:
     job: int  # that job's index
     last_job: int  # the highest index it may reach before a person must resume it
     stop_requested: bool = False
+    crashes: int = 0  # jobs in a row, up to the previous one, that ended by the Crashed rule
 
 
 @dataclass(frozen=True)
@@ -197,6 +209,7 @@ class Action:
     next_step: str  # what happens next, in words
     next_job: int | None = None  # NEXT_JOB: the index of the job to start
     wait_minutes: int = 0
+    crashes: int = 0  # NEXT_JOB: the crashes in a row, this job included, recorded with the next job
 
     @property
     def run_state(self) -> str | None:
@@ -221,6 +234,10 @@ def next_action(run: RunRecord, job: EndedJob) -> Action:
     rule = next(r for r in RULES if r.matches(job, run.stop_requested))  # Crashed or Stopped* catch all
     why = rule.why.replace(REASON, job.failure_reason or "")
     if rule.outcome is Outcome.NEXT_JOB:
+        crashes = run.crashes + 1 if rule.id == "Crashed" else 0
+        if crashes >= MAX_CONSECUTIVE_CRASHES:
+            why = CRASH_LOOP_WHY.format(crashes=crashes) + f"; this job ended because {why}"
+            return Action(Outcome.FAILED, CRASH_LOOP, why, NEXT[Outcome.FAILED].format(run=run.run))
         if run.job >= run.last_job:
             why = JOB_LIMIT_WHY.format(job=run.job, last=run.last_job) + f"; this job ended because {why}"
             return Action(Outcome.FAILED, JOB_LIMIT, why, NEXT[Outcome.FAILED].format(run=run.run))
@@ -232,6 +249,7 @@ def next_action(run: RunRecord, job: EndedJob) -> Action:
             next_job_text(run.run, index, rule.wait_minutes),
             next_job=index,
             wait_minutes=rule.wait_minutes,
+            crashes=crashes,
         )
     return Action(rule.outcome, rule.id, why, NEXT[rule.outcome].format(run=run.run))
 

@@ -82,6 +82,7 @@ REGISTRY_ATTRIBUTES = {
     "overrides": "S",  # HyperParameterOverrides as JSON
     "keep_alive": "N",
     "stop_requested": "BOOL",
+    "crashes": "N",  # jobs in a row that ended by the Crashed rule (trainstack.supervisor); 0 on resume
     "why": "S",  # why the newest job ended (or was started), in words
     "next_step": "S",  # what happens next, in words
     "recipe_hash": "S",  # the deployed recipe's hash when the run was launched

@@ -172,6 +172,7 @@ def job_ended_definition(
                 "Run.$": "$.Registry.Item.run.S",
                 "Job.$": "States.StringToJson($.Registry.Item.job_index.N)",
                 "Last.$": "States.StringToJson($.Registry.Item.last_job.N)",
+                "Crashes.$": "States.StringToJson($.Registry.Item.crashes.N)",
             },
             "ResultPath": "$.Numbers",
             "Next": "Current",
@@ -214,15 +215,17 @@ def job_ended_definition(
     for rule in supervisor.RULES:
         if rule.outcome is supervisor.Outcome.NEXT_JOB:
             when = f" in {rule.wait_minutes} minutes" if rule.wait_minutes else ""
+            crashed = rule.id == "Crashed"  # counts toward the crash loop; any other end resets it
             parameters = _decision(
                 rule.id,
                 rule.outcome,
                 _why(rule.why),
                 When=when,
                 WaitSeconds=rule.wait_minutes * 60,
+                **({"Crashes.$": "States.MathAdd($.Numbers.Crashes, 1)"} if crashed else {"Crashes": 0}),
                 **checkpoint,
             )
-            after = "WithinJobLimit"
+            after = "WithinCrashLimit" if crashed else "WithinJobLimit"
         else:
             parameters = _decision(
                 rule.id, rule.outcome, _why(rule.why), **_next_text(rule.outcome), **checkpoint
@@ -241,6 +244,35 @@ def job_ended_definition(
         supervisor.NEXT[supervisor.Outcome.NEXT_JOB].replace("{next_job}", "{}-{}").replace("{when}", "{}")
     )
     states |= {
+        "WithinCrashLimit": {
+            "Type": "Choice",
+            "Choices": [
+                {
+                    "Variable": "$.Decision.Crashes",
+                    "NumericGreaterThanEquals": supervisor.MAX_CONSECUTIVE_CRASHES,
+                    "Next": supervisor.CRASH_LOOP,
+                }
+            ],
+            "Default": "WithinJobLimit",
+        },
+        supervisor.CRASH_LOOP: {
+            "Type": "Pass",
+            "Parameters": _decision(
+                supervisor.CRASH_LOOP,
+                failed,
+                {
+                    "Why.$": fmt(
+                        supervisor.CRASH_LOOP_WHY.replace("{crashes}", "{}") + "; this job ended because {}",
+                        "$.Decision.Crashes",
+                        "$.Decision.Why",
+                    )
+                },
+                **_next_text(failed),
+                **{"CheckpointUri.$": "$.Decision.CheckpointUri"},
+            ),
+            "ResultPath": "$.Decision",
+            "Next": "RecordEnd",
+        },
         "WithinJobLimit": {
             "Type": "Choice",
             "Choices": [
@@ -276,6 +308,7 @@ def job_ended_definition(
                 "State.$": "$.Decision.State",
                 "Why.$": "$.Decision.Why",
                 "WaitSeconds.$": "$.Decision.WaitSeconds",
+                "Crashes.$": "$.Decision.Crashes",
                 "CheckpointUri.$": "$.Decision.CheckpointUri",
                 "Index.$": "States.MathAdd($.Numbers.Job, 1)",
                 "NextJob.$": fmt("{}-{}", "$.Numbers.Run", "States.MathAdd($.Numbers.Job, 1)"),
@@ -291,13 +324,17 @@ def job_ended_definition(
             {
                 **recorded,
                 "UpdateExpression": (
-                    "SET #ended.#job = :entry, #why = :why, #next_step = :next, #updated = :now"
+                    "SET #ended.#job = :entry, #crashes = :crashes, #why = :why, #next_step = :next, "
+                    "#updated = :now"
                 ),
                 "ExpressionAttributeNames": {
-                    **names("ended", "why", "next_step", "updated", "current_job", "run_state"),
+                    **names("ended", "crashes", "why", "next_step", "updated", "current_job", "run_state"),
                     "#job.$": "$.Ended.Name",
                 },
-                "ExpressionAttributeValues": common_values,
+                "ExpressionAttributeValues": {
+                    **common_values,
+                    ":crashes": {"N.$": fmt("{}", "$.Decision.Crashes")},
+                },
             },
             ResultPath=None,
             Catch=changed_meanwhile,

@@ -87,6 +87,7 @@ def start_job_states(
         "overrides": {"S.$": "$.Names.Overrides"},
         "keep_alive": {"N.$": "$.Names.KeepAlive"},
         "stop_requested": {"BOOL": False},
+        "crashes": {"N": "0"},
         "why": {"S": "launched"},
         "next_step": {"S.$": fmt("job {} starts", JOB_NAME_PATH)},
         "recipe_hash": {"S": c.recipe_hash},
@@ -153,8 +154,8 @@ def start_job_states(
                 "UpdateExpression": (
                     "SET #run_state = :running, #current_job = :job, #job_index = :index, "
                     "#last_job = :last, #jobs = list_append(#jobs, :jobs), #stop_requested = :false, "
-                    "#overrides = :overrides, #keep_alive = :keep, #why = :why, #next_step = :next, "
-                    "#creator = :creator, #updated = :now"
+                    "#crashes = :zero, #overrides = :overrides, #keep_alive = :keep, #why = :why, "
+                    "#next_step = :next, #creator = :creator, #updated = :now"
                 ),
                 "ConditionExpression": (
                     "#job_index = :previous AND (#run_state = :stopped OR #run_state = :failed)"
@@ -166,6 +167,7 @@ def start_job_states(
                     "last_job",
                     "jobs",
                     "stop_requested",
+                    "crashes",
                     "overrides",
                     "keep_alive",
                     "why",
@@ -177,6 +179,7 @@ def start_job_states(
                     **entry_values,
                     ":last": {"N.$": "$.Names.LastJob"},
                     ":false": {"BOOL": False},
+                    ":zero": {"N": "0"},
                     ":overrides": {"S.$": "$.Names.Overrides"},
                     ":keep": {"N.$": "$.Names.KeepAlive"},
                     ":why": {"S": "resumed"},

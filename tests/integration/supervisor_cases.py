@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from trainstack.exit_codes import failure_line
+from trainstack.supervisor import MAX_CONSECUTIVE_CRASHES
 
 
 @dataclass(frozen=True)
@@ -19,6 +20,7 @@ class Case:
     at_job_limit: bool = False  # the job is the last the run may start before a person resumes it
     stale: bool = False  # the run's newest job is another one (a repeated or late event)
     run_state: str = "running"
+    crashes: int = 0  # jobs in a row before this one that ended by the Crashed rule
     outcome: str = ""  # expected trainstack.supervisor.Outcome value
     rule: str = ""  # expected rule id
 
@@ -82,6 +84,32 @@ CASES = [
         "AlgorithmError: trainstack exit=1: NCCL watchdog timeout on rank 17",
         outcome="next_job",
         rule="Crashed",
+    ),
+    Case(
+        "crashed-again",
+        "Failed",
+        "Failed",
+        "AlgorithmError: trainstack exit=1: NCCL watchdog timeout on rank 17",
+        crashes=MAX_CONSECUTIVE_CRASHES - 2,
+        outcome="next_job",
+        rule="Crashed",
+    ),
+    Case(
+        "crash-loop",
+        "Failed",
+        "Failed",
+        "AlgorithmError: ExecuteUserScriptError: IndexError: index out of range",
+        crashes=MAX_CONSECUTIVE_CRASHES - 1,
+        outcome="failed",
+        rule="CrashLoop",
+    ),
+    Case(
+        "max-runtime-after-crashes",  # a job that trained to its limit: the crashes were not a loop
+        "Stopped",
+        "MaxRuntimeExceeded",
+        crashes=MAX_CONSECUTIVE_CRASHES - 1,
+        outcome="next_job",
+        rule="MaxRuntime",
     ),
     Case(
         "job-limit",

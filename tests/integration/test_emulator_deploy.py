@@ -35,6 +35,7 @@ from trainstack.request import (
     job_name,
     stopping_condition,
 )
+from trainstack.supervisor import CRASH_LOOP, MAX_CONSECUTIVE_CRASHES
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("emulator")]
 ROOT = Path(__file__).resolve().parents[2]
@@ -360,6 +361,28 @@ def test_a_failure_the_next_job_would_repeat_ends_the_run_with_its_reason(cloud:
     listed = cloud.run_of("1b-bf16", "ts-platform-1b-bf16--nan-run")
     assert listed["state"] == "failed" and "loss became nan at step 40" in listed["why"]
     assert [j["name"] for j in listed["jobs"]] == [first]  # no next job
+
+
+def test_a_crash_that_repeats_fails_the_run_and_a_resume_starts_counting_again(cloud: Cloud) -> None:
+    cloud.deploy("1b-bf16")
+    job, _ = cloud.launch("1b-bf16", None, "--name", "crash-loop")
+    run = "ts-platform-1b-bf16--crash-loop"
+    crash = "AlgorithmError: ExecuteUserScriptError: IndexError: index out of range"
+    for n in range(1, MAX_CONSECUTIVE_CRASHES + 1):
+        decided = cloud.end_and_deliver(job, "Failed", "Failed", crash)
+        if n < MAX_CONSECUTIVE_CRASHES:
+            assert (decided["Outcome"], decided["Rule"]) == ("next_job", "Crashed")
+            assert cloud.run_of("1b-bf16", run)["crashes_in_a_row"] == n
+            job = f"{run}-{n + 1}"
+    assert (decided["Outcome"], decided["Rule"]) == ("failed", CRASH_LOOP)
+    listed = cloud.run_of("1b-bf16", run)
+    assert listed["state"] == "failed" and "in a row failed" in listed["why"] and crash in listed["why"]
+    assert len(listed["jobs"]) == MAX_CONSECUTIVE_CRASHES  # no job after the loop was seen
+
+    resumed = cloud.cli_json("resume", run, "--local")  # a person fixed the cause
+    assert cloud.run_of("1b-bf16", run)["crashes_in_a_row"] == 0
+    decided = cloud.end_and_deliver(resumed["job"], "Failed", "Failed", crash)
+    assert (decided["Outcome"], decided["Rule"]) == ("next_job", "Crashed")
 
 
 def test_a_run_is_stopped_and_resumed_from_its_checkpoint(cloud: Cloud) -> None:

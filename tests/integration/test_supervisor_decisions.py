@@ -39,6 +39,7 @@ def run_record(case: Case, run: str = "ts-platform-1b-bf16--abc-r1") -> RunRecor
         job=job,
         last_job=job if case.at_job_limit else 20,
         stop_requested=case.stop_requested,
+        crashes=case.crashes,
     )
 
 
@@ -265,3 +266,21 @@ def test_the_decision_choice_is_the_rule_table_in_order() -> None:
         assert {k: v for k, v in choice.items() if k != "Next"} == rule_condition(rule)
         decided = states[f"Rule{rule.id}"]["Parameters"]
         assert decided["Outcome"] == rule.outcome.value and decided["Rule"] == rule.id
+
+
+def test_a_crash_that_repeats_ends_the_run_and_any_other_end_resets_the_count() -> None:
+    crash = "AlgorithmError: ExecuteUserScriptError: IndexError: index out of range"
+    ends = [("Failed", "Failed", crash), ("Stopped", "MaxRuntimeExceeded", None)]
+    ends += [("Failed", "Failed", crash)] * supervisor.MAX_CONSECUTIVE_CRASHES
+    run, outcomes = RunRecord("ts-p-r--x", "running", "ts-p-r--x-1", 1, 20), []
+    for status, secondary, reason in ends:
+        action = next_action(run, EndedJob(run.current_job, status, secondary, reason))
+        outcomes.append((action.rule, action.crashes))
+        if action.outcome is Outcome.NEXT_JOB:  # as the registry records it with the next job
+            index = action.next_job
+            run = RunRecord(run.run, "running", f"{run.run}-{index}", index, 20, crashes=action.crashes)
+    repeats = [("Crashed", n) for n in range(1, supervisor.MAX_CONSECUTIVE_CRASHES)]
+    assert outcomes == [("Crashed", 1), ("MaxRuntime", 0), *repeats, (supervisor.CRASH_LOOP, 0)]
+    assert action.outcome is Outcome.FAILED
+    assert action.why.startswith(f"{supervisor.MAX_CONSECUTIVE_CRASHES} jobs of the run in a row failed")
+    assert crash in action.why and f"trainstack resume {run.run}" in action.next_step

@@ -116,6 +116,10 @@ def set_up(cloud: Cloud, run: str, case: Case) -> None:
         sets.append("#current = :other")
         values[":other"] = {"S": f"{run}-2"}
         names["#current"] = "current_job"
+    if case.crashes:
+        sets.append("#crashes = :crashes")
+        values[":crashes"] = {"N": str(case.crashes)}
+        names["#crashes"] = "crashes"
     if case.run_state != "running":
         sets.append("#state = :state")
         values[":state"] = {"S": case.run_state}
@@ -154,7 +158,13 @@ def test_the_state_machine_decides_every_case_as_the_pure_function_does(
     decision, _ = job_ended(cloud, job)
 
     record = RunRecord(
-        run, before.state, before.current_job, before.job_index, before.last_job, before.stop_requested
+        run,
+        before.state,
+        before.current_job,
+        before.job_index,
+        before.last_job,
+        before.stop_requested,
+        before.crashes,
     )
     expected = next_action(record, EndedJob(job, case.status, case.secondary, case.reason))
     assert (decision["Outcome"], decision["Rule"]) == (expected.outcome.value, expected.rule)
@@ -182,6 +192,7 @@ def test_the_state_machine_decides_every_case_as_the_pure_function_does(
         )
         assert nxt["Environment"]["TRAINSTACK_RUN"] == run
         assert after.current_job == f"{run}-2" and after.job_index == 2
+        assert after.crashes == expected.crashes  # counted by a crash, reset by any other end
 
 
 def test_a_repeated_event_starts_no_second_job(cloud) -> None:

@@ -77,7 +77,9 @@ def test_trainer_imports_only_what_the_image_installs():
         for line in (REPO / ".dockerignore").read_text().splitlines()
         if line.startswith("!trainstack/")
     ]
-    probe = f"IN_CONTEXT = {in_context!r}\n" + """
+    probe = (
+        f"IN_CONTEXT = {in_context!r}\n"
+        + """
 import importlib.abc, sys
 class Block(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path, target=None):
@@ -93,5 +95,6 @@ sys.meta_path.insert(0, Block())
 import trainer.__main__, trainer.entrypoint, trainer.make_shards, trainer.train
 import s3torchconnector.dcp  # the S3 checkpoint backend, imported only for s3:// locations
 """
+    )
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-2000:]
