@@ -4,6 +4,7 @@ parameter bytes that is, then finish the step. Rank 0 writes the record as JSON 
 
 from __future__ import annotations
 
+import gc
 import json
 import sys
 
@@ -68,9 +69,12 @@ def main() -> None:
     if dist.get_rank() == 0:
         with open(sys.argv[1], "w") as f:
             json.dump(out, f)
-    # Both ranks done with every collective before either tears gloo down: a rank that exits while its
-    # peer's gloo thread still holds the connection can abort it ("terminate called without an active
-    # exception", seen on a loaded 2-core machine).
+    # The sharded models are cyclic garbage that still holds the mesh's process groups: collect them
+    # now, while gloo is up, not at interpreter exit after it is torn down, where a group's worker
+    # thread can abort the process ("terminate called without an active exception", about 1 run in
+    # 12 on a loaded 2-core machine). Then both ranks finish every collective before either tears
+    # gloo down.
+    gc.collect()
     dist.barrier()
     dist.destroy_process_group()
 

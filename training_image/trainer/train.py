@@ -107,6 +107,10 @@ def run(options: RunOptions) -> int:
         sys.stderr.flush()
         os._exit(0)
     finally:
+        # The sharded model and optimizer are cyclic garbage holding the mesh's process groups: free
+        # them while the groups are up. Left to interpreter exit, a group's worker thread can abort the
+        # process after a finished run (seen with gloo under load), which SageMaker reports as a crash.
+        gc.collect()
         dist.destroy_process_group()
 
 
