@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from trainer.checkpoint import (
@@ -26,13 +25,6 @@ from trainer.storage import S3_WRITER_THREADS, S3Storage, open_storage, s3_setti
 from trainstack.errors import TrainstackError
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture
-def world_of_one(tmp_path):
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
 
 
 def tiny_training(seed: int = 0):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule
 from trainer.data import SyntheticTokens, load_batch, micro_batch_indices
@@ -13,13 +12,6 @@ from trainer.parallel import set_gradient_sync, shard_model
 from trainer_helpers import TINY
 
 from trainstack.loader import resolve
-
-
-@pytest.fixture
-def world_of_one(tmp_path):
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
 
 
 def unsharded_gradients_held(model: torch.nn.Module) -> list[str]:
