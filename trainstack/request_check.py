@@ -86,23 +86,28 @@ class Finding:
 
 def check_request(request: Mapping[str, Any]) -> list[Finding]:
     """Everything SageMaker would refuse in this CreateTrainingJob request (run-time `.$` values aside)."""
-    shape = _input_shape()
-    findings = _param_validator(request, shape)
-    findings += _constraints(request, shape, "")
-    findings += _cross_field(request)
-    return findings
+    return check_against_model("sagemaker", OPERATION, request) + _cross_field(request)
 
 
-@lru_cache(maxsize=1)
-def _input_shape() -> Shape:
+def check_against_model(service: str, operation: str, params: Mapping[str, Any]) -> list[Finding]:
+    """`params` of any AWS API call against botocore's model of it: `ParamValidator`, then every
+    member's min/max, pattern and enum (what the service enforces and the emulator does not)."""
+    shape = _input_shape(service, operation)
+    owner = SERVICE_NAMES.get(service, service)
+    return _param_validator(params, shape, operation) + _constraints(params, shape, "", owner)
+
+
+SERVICE_NAMES = {"sagemaker": "SageMaker", "cloudwatch": "CloudWatch", "stepfunctions": "Step Functions"}
+
+
+@lru_cache(maxsize=8)
+def _input_shape(service: str, operation: str) -> Shape:
     import botocore.session
 
-    return (
-        botocore.session.get_session().get_service_model("sagemaker").operation_model(OPERATION).input_shape
-    )
+    return botocore.session.get_session().get_service_model(service).operation_model(operation).input_shape
 
 
-def _param_validator(request: Mapping[str, Any], shape: Shape) -> list[Finding]:
+def _param_validator(request: Mapping[str, Any], shape: Shape, operation: str) -> list[Finding]:
     """botocore's own check: unknown members, types, required members (run-time values as placeholders).
 
     Its minimum lengths and values are left to `_constraints`, which checks both ends of every range.
@@ -113,7 +118,7 @@ def _param_validator(request: Mapping[str, Any], shape: Shape) -> list[Finding]:
     if not report.has_errors():
         return []
     return [
-        Finding(OPERATION, line.split(", must be one of:")[0])
+        Finding(operation, line.split(", must be one of:")[0])
         for line in report.generate_report().splitlines()
         if line.strip() and not line.startswith(("Invalid length", "Invalid range"))
     ]
@@ -157,7 +162,7 @@ _PLACEHOLDER_OF_TYPE: dict[str, Any] = {
 }
 
 
-def _constraints(value: Any, shape: Shape, path: str) -> list[Finding]:
+def _constraints(value: Any, shape: Shape, path: str, owner: str) -> list[Finding]:
     """Every member against its shape's min/max, pattern and enum (what ParamValidator leaves out)."""
     found: list[Finding] = []
     kind = shape.type_name
@@ -167,30 +172,28 @@ def _constraints(value: Any, shape: Shape, path: str) -> list[Finding]:
             for key, member_value in value.items():
                 member = shape.members.get(key)
                 if member is not None:  # unknown and run-time keys: ParamValidator / check_recipe
-                    found += _constraints(member_value, member, _join(path, key))
+                    found += _constraints(member_value, member, _join(path, key), owner)
         return found
     if kind in ("list", "map") and isinstance(value, list | Mapping):
-        found += _length(path, len(value), meta, "items" if kind == "list" else "entries")
+        found += _length(path, len(value), meta, "items" if kind == "list" else "entries", owner)
         if kind == "list":
             for i, item in enumerate(value):
-                found += _constraints(item, shape.member, f"{path}[{i}]")
+                found += _constraints(item, shape.member, f"{path}[{i}]", owner)
         else:
             for key, item in value.items():
                 name = key.removesuffix(RUNTIME_SUFFIX)  # a run-time entry: its key is known, not its value
-                found += _constraints(name, shape.key, f"{path}[{name}] key")
+                found += _constraints(name, shape.key, f"{path}[{name}] key", owner)
                 if not key.endswith(RUNTIME_SUFFIX):
-                    found += _constraints(item, shape.value, f"{path}[{name}]")
+                    found += _constraints(item, shape.value, f"{path}[{name}]", owner)
         return found
     if kind == "string" and isinstance(value, str):
-        found += _length(path, len(value), meta, "characters")
+        found += _length(path, len(value), meta, "characters", owner)
         if "enum" in meta and value not in meta["enum"]:
             found.append(
-                Finding(path, f"{value!r} is not one of the {len(meta['enum'])} values SageMaker accepts")
+                Finding(path, f"{value!r} is not one of the {len(meta['enum'])} values {owner} accepts")
             )
         if "pattern" in meta and not java_pattern(meta["pattern"]).fullmatch(value):
-            found.append(
-                Finding(path, f"{_shown(value)} does not match SageMaker's pattern {meta['pattern']}")
-            )
+            found.append(Finding(path, f"{_shown(value)} does not match {owner}'s pattern {meta['pattern']}"))
         return found
     if (
         kind in ("integer", "long", "float", "double")
@@ -198,17 +201,17 @@ def _constraints(value: Any, shape: Shape, path: str) -> list[Finding]:
         and not isinstance(value, bool)
     ):
         if "min" in meta and value < meta["min"]:
-            found.append(Finding(path, f"{value:,} is below SageMaker's minimum of {meta['min']:,}"))
+            found.append(Finding(path, f"{value:,} is below {owner}'s minimum of {meta['min']:,}"))
         if "max" in meta and value > meta["max"]:
-            found.append(Finding(path, f"{value:,} is above SageMaker's maximum of {meta['max']:,}"))
+            found.append(Finding(path, f"{value:,} is above {owner}'s maximum of {meta['max']:,}"))
     return found
 
 
-def _length(path: str, length: int, meta: Mapping[str, Any], unit: str) -> list[Finding]:
+def _length(path: str, length: int, meta: Mapping[str, Any], unit: str, owner: str) -> list[Finding]:
     if "min" in meta and length < meta["min"]:
-        return [Finding(path, f"{length:,} {unit}, fewer than SageMaker's minimum of {meta['min']:,}")]
+        return [Finding(path, f"{length:,} {unit}, fewer than {owner}'s minimum of {meta['min']:,}")]
     if "max" in meta and length > meta["max"]:
-        return [Finding(path, f"{length:,} {unit}, more than SageMaker's maximum of {meta['max']:,}")]
+        return [Finding(path, f"{length:,} {unit}, more than {owner}'s maximum of {meta['max']:,}")]
     return []
 
 
@@ -575,7 +578,7 @@ def _category_spans() -> dict[str, list[tuple[int, int]]]:
 
 def all_patterns(shape: Shape | None = None, seen: set[str] | None = None) -> Iterator[tuple[str, str]]:
     """(shape name, pattern) for every pattern in the CreateTrainingJob input, nested shapes included."""
-    shape = shape or _input_shape()
+    shape = shape or _input_shape("sagemaker", OPERATION)
     seen = set() if seen is None else seen
     if shape.name in seen:
         return

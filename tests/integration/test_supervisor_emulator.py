@@ -226,3 +226,82 @@ def test_history_events_per_execution_stay_far_below_the_limit(cloud, capsys) ->
     with capsys.disabled():
         print(f"\nhistory events: {counts}; per 28-day job {per_job} ({per_job / job_hours:.2f} per hour)")
     assert max(counts.values()) < HISTORY_LIMIT / 100
+
+
+STATE_PAYLOAD_MAX = 262_144  # bytes of UTF-8: any state's input or output (Step Functions quotas)
+ITEM_MAX = 400 * 1024  # bytes: one DynamoDB item (DynamoDB developer guide, "Item sizes and formats")
+
+
+def payload_sizes(events: list[dict]) -> list[int]:
+    """The size of every state's (and the execution's) input and output in a history."""
+    return [
+        len(text.encode())
+        for event in events
+        for key, details in event.items()
+        if key.endswith("EventDetails") and isinstance(details, dict)
+        for field in ("input", "output")
+        if isinstance(text := details.get(field), str)
+    ]
+
+
+def item_bytes(value: dict) -> int:
+    """A DynamoDB attribute value's size by the documented rule: strings and binaries their UTF-8
+    length, numbers about one byte per two digits plus one, booleans and nulls one byte, lists and
+    maps 3 bytes plus their elements (and each map key's length)."""
+    ((kind, raw),) = value.items()
+    if kind == "S":
+        return len(raw.encode())
+    if kind == "N":
+        return (len(raw.lstrip("-").replace(".", "")) + 1) // 2 + 1
+    if kind in ("BOOL", "NULL"):
+        return 1
+    if kind == "L":
+        return 3 + sum(1 + item_bytes(v) for v in raw)
+    assert kind == "M", kind
+    return 3 + sum(len(k.encode()) + 1 + item_bytes(v) for k, v in raw.items())
+
+
+def test_state_payloads_and_the_run_record_stay_within_what_aws_accepts(cloud, capsys) -> None:
+    """The emulator accepts payloads and items of any size. Measured here on a run whose first job
+    crashed with a failure reason of SageMaker's full 1,024 characters; the record is then extrapolated
+    to a run's most jobs (naming.JOB_INDEX_MAX) and the largest overrides a request may carry."""
+    from botocore.session import get_session
+
+    from trainstack.exit_codes import FAILURE_REASON_MAX
+    from trainstack.naming import JOB_INDEX_MAX
+
+    run, start = launch(cloud, "limits")
+    one_job = item_size(cloud, run)
+    reason = ("AlgorithmError: " + "x" * FAILURE_REASON_MAX)[:FAILURE_REASON_MAX]
+    emulator_events.end_training_job(cloud.env, f"{run}-1", "Failed", "Failed", reason)
+    _, next_job = job_ended(cloud, f"{run}-1")
+    two_jobs = item_size(cloud, run)
+    emulator_events.end_training_job(cloud.env, f"{run}-2", "Completed", "Completed")
+    _, completed = job_ended(cloud, f"{run}-2")
+
+    payload = max(size for arn in (start, next_job, completed) for size in payload_sizes(cloud.events(arn)))
+    assert payload < STATE_PAYLOAD_MAX / 4
+
+    # The record grows by one job's name and end per job (an over-estimate here: the growth measured
+    # also holds the 1,024-character `why`, which is replaced, not appended); `overrides` holds
+    # HyperParameterOverrides,
+    # which cannot exceed SageMaker's HyperParameters map (entries x (key + value) as JSON).
+    hyperparameters = (
+        get_session().get_service_model("sagemaker").operation_model("CreateTrainingJob").input_shape
+    ).members["HyperParameters"]
+    overrides_max = hyperparameters.metadata["max"] * (
+        hyperparameters.key.metadata["max"] + hyperparameters.value.metadata["max"] + 6
+    )
+    largest = two_jobs + (two_jobs - one_job) * (JOB_INDEX_MAX - 2) + overrides_max
+    assert largest < ITEM_MAX
+    with capsys.disabled():
+        print(
+            f"\nlargest state payload {payload:,} B (limit {STATE_PAYLOAD_MAX:,}); run record {one_job:,} B "
+            f"with 1 job, {two_jobs:,} B with 2, at most {largest:,} B with {JOB_INDEX_MAX} jobs and the "
+            f"largest overrides (limit {ITEM_MAX:,})"
+        )
+
+
+def item_size(cloud: Cloud, run: str) -> int:
+    item = cloud.ddb.get_item(TableName="runs", Key={"run": {"S": run}}, ConsistentRead=True)["Item"]
+    return sum(len(name.encode()) + item_bytes(value) for name, value in item.items())

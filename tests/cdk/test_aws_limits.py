@@ -1,0 +1,124 @@
+"""AWS's documented limits on what the project asks of AWS besides CreateTrainingJob (that one is
+test_request_check.py's), which the local emulator does not enforce: the per-run CloudWatch alarms,
+the state machines' definitions and state names, and the names of the executions the CLI starts.
+The supervisor's state payloads and run record are measured in the emulator
+(tests/integration/test_supervisor_emulator.py)."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import pytest
+from cdk_helpers import resources
+
+from stacks.monitoring import run_alarm_specs
+from trainstack.loader import base_recipe_names, resolve, team_names, team_recipe_names
+from trainstack.planner import plan
+from trainstack.request_check import (
+    PLACEHOLDER_ACCOUNT,
+    PLACEHOLDER_REGION,
+    check_against_model,
+    longest_job_name,
+)
+
+ALL = [(n, None) for n in base_recipe_names()] + [(n, t) for t in team_names() for n in team_recipe_names(t)]
+# SNS topic names have at most 256 characters (SNS CreateTopic).
+TOPIC = f"arn:aws:sns:{PLACEHOLDER_REGION}:{PLACEHOLDER_ACCOUNT}:" + "t" * 256
+# CloudWatch, "Limits that apply to alarms based on metric math expressions": at most 10 metrics, a hard
+# limit; PutMetricAlarm reference: at most 20 MetricDataQuery entries, 10 of them expressions.
+ALARM_METRICS_MAX, ALARM_QUERIES_MAX, ALARM_EXPRESSIONS_MAX = 10, 20, 10
+# Step Functions quotas: a definition of at most 1 MB (hard); state machine, execution and state names
+# of at most 80 characters without white space, brackets, wildcards, special or control characters.
+DEFINITION_MAX = 1_048_576
+NAME_FORBIDDEN = re.compile(r"[\s<>{}\[\]?*\"#%\\^|~`$&,;:/\x00-\x1f\x7f-\x9f]")
+ARN_MAX = 2048  # the longest ARN a CloudFormation reference can resolve to (IAM's ARN limit)
+
+
+@pytest.mark.parametrize("name,team", ALL, ids=[f"{t or 'platform'}-{n}" for n, t in ALL])
+def test_every_run_alarm_is_one_cloudwatch_accepts(name: str, team: str | None) -> None:
+    recipe = resolve(name, team).recipe
+    job = longest_job_name(recipe, team)
+    hosts = range(1, recipe.compute.instance_count + 1)
+    job_alarms, host_alarms = [], []
+    for spec in run_alarm_specs(recipe, plan(recipe)):
+        for host in hosts if spec.per_host else [None]:
+            request = spec.request(job, TOPIC, host)
+            assert check_against_model("cloudwatch", "PutMetricAlarm", request) == [], request["AlarmName"]
+            metrics = request.get("Metrics", [])
+            assert sum("MetricStat" in m for m in metrics) <= ALARM_METRICS_MAX
+            assert sum("Expression" in m for m in metrics) <= ALARM_EXPRESSIONS_MAX
+            assert len(metrics) <= ALARM_QUERIES_MAX
+        (host_alarms if spec.per_host else job_alarms).append(spec.name)
+    # The alarm manager deletes the job's alarms in one DeleteAlarms call and each host's in another.
+    for names in (job_alarms, host_alarms):
+        assert check_against_model("cloudwatch", "DeleteAlarms", {"AlarmNames": names}) == []
+
+
+def test_the_model_check_names_cloudwatchs_own_limit() -> None:
+    (finding,) = check_against_model(
+        "cloudwatch",
+        "PutMetricAlarm",
+        {"AlarmName": "a" * 256, "EvaluationPeriods": 1, "ComparisonOperator": "GreaterThanThreshold"},
+    )
+    assert finding.path == "AlarmName" and "more than CloudWatch's maximum of 255" in finding.message
+    (finding,) = check_against_model("cloudwatch", "DeleteAlarms", {"AlarmNames": ["a"] * 101})
+    assert "101 items, more than CloudWatch's maximum of 100" in finding.message
+
+
+def _rendered_bytes(value: Any) -> int:
+    """A DefinitionString's size once deployed, each CloudFormation reference at its longest."""
+    if isinstance(value, str):
+        return len(value.encode())
+    if isinstance(value, dict) and "Fn::Join" in value:
+        separator, parts = value["Fn::Join"]
+        return sum(_rendered_bytes(p) for p in parts) + len(separator) * max(len(parts) - 1, 0)
+    return ARN_MAX
+
+
+def _state_names(definition: dict[str, Any]) -> list[str]:
+    names = []
+    for name, state in definition.get("States", {}).items():
+        names.append(name)
+        for nested in [state.get("ItemProcessor"), state.get("Iterator"), *state.get("Branches", [])]:
+            if nested:
+                names += _state_names(nested)
+    return names
+
+
+def _placeholders(value: Any) -> Any:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dict) and "Fn::Join" in value:
+        separator, parts = value["Fn::Join"]
+        return separator.join(_placeholders(p) for p in parts)
+    return "x"  # a reference: never inside a state name here (the names are literals)
+
+
+def test_every_state_machine_fits_step_functions_limits(all_templates: dict[str, dict]) -> None:
+    machines = {
+        f"{stack}/{key}": machine
+        for stack, template in all_templates.items()
+        for key, machine in resources(template, "AWS::StepFunctions::StateMachine").items()
+    }
+    assert any("SupervisorJobEnded" in key for key in machines)
+    largest = 0
+    for key, machine in machines.items():
+        body = machine["Properties"]["DefinitionString"]
+        size = _rendered_bytes(body)
+        largest = max(largest, size)
+        assert size <= DEFINITION_MAX, key
+        for state in _state_names(json.loads(_placeholders(body))):
+            assert len(state) <= 80 and not NAME_FORBIDDEN.search(state), (key, state)
+    assert largest < DEFINITION_MAX / 4  # room to grow: the JobEnded machine embeds the whole request
+
+
+@pytest.mark.parametrize("name,team", ALL, ids=[f"{t or 'platform'}-{n}" for n, t in ALL])
+def test_the_executions_the_cli_starts_have_names_step_functions_accepts(name: str, team: str | None) -> None:
+    """`launch` and `resume` name the StartJob execution after the job it creates."""
+    execution = longest_job_name(resolve(name, team).recipe, team)
+    machine = f"arn:aws:states:{PLACEHOLDER_REGION}:{PLACEHOLDER_ACCOUNT}:stateMachine:StartJob"
+    params = {"stateMachineArn": machine, "name": execution}
+    assert check_against_model("stepfunctions", "StartExecution", params) == []
+    assert not NAME_FORBIDDEN.search(execution)
