@@ -208,12 +208,18 @@ def compute(
     )
 
 
-def image_context_files(root: Path, files: tuple[str, ...]) -> tuple[str, ...]:
-    """Which of `files` the training image is built from: .dockerignore itself and what its `!` lines let
-    into the build context (recipes/ aside: template comparison holds them equal on both sides)."""
+def image_context(root: Path) -> tuple[str, ...]:
+    """What the root .dockerignore lets into the training image's build context (its `!` lines:
+    files, and directories ending in `/`)."""
     ignore = root / ".dockerignore"
     lines = ignore.read_text().splitlines() if ignore.is_file() else []
-    context = [line[1:] for line in lines if line.startswith("!") and not line.startswith(f"!{RECIPES}/")]
+    return tuple(line[1:] for line in lines if line.startswith("!"))
+
+
+def image_context_files(root: Path, files: tuple[str, ...]) -> tuple[str, ...]:
+    """Which of `files` the training image is built from: .dockerignore itself and its build context
+    (recipes/ aside: template comparison holds them equal on both sides)."""
+    context = [entry for entry in image_context(root) if not entry.startswith(f"{RECIPES}/")]
 
     def held(path: str) -> bool:
         return path == ".dockerignore" or any(

@@ -11,7 +11,7 @@ import re
 from typing import Any
 
 import pytest
-from cdk_helpers import resources
+from cdk_helpers import flatten_join, resources
 
 from stacks.monitoring import run_alarm_specs
 from trainstack.loader import base_recipe_names, resolve, team_names, team_recipe_names
@@ -87,15 +87,6 @@ def _state_names(definition: dict[str, Any]) -> list[str]:
     return names
 
 
-def _placeholders(value: Any) -> Any:
-    if isinstance(value, str):
-        return value
-    if isinstance(value, dict) and "Fn::Join" in value:
-        separator, parts = value["Fn::Join"]
-        return separator.join(_placeholders(p) for p in parts)
-    return "x"  # a reference: never inside a state name here (the names are literals)
-
-
 def test_every_state_machine_fits_step_functions_limits(all_templates: dict[str, dict]) -> None:
     machines = {
         f"{stack}/{key}": machine
@@ -109,7 +100,7 @@ def test_every_state_machine_fits_step_functions_limits(all_templates: dict[str,
         size = _rendered_bytes(body)
         largest = max(largest, size)
         assert size <= DEFINITION_MAX, key
-        for state in _state_names(json.loads(_placeholders(body))):
+        for state in _state_names(json.loads(flatten_join(body))):
             assert len(state) <= 80 and not NAME_FORBIDDEN.search(state), (key, state)
     assert largest < DEFINITION_MAX / 4  # room to grow: the JobEnded machine embeds the whole request
 

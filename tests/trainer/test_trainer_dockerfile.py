@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 from trainer import te_requirements
 
+from trainstack.gitdiff import image_context
+
 REPO = Path(__file__).resolve().parents[2]
 DOCKERFILE = REPO / "training_image" / "Dockerfile"
 HADOLINT = Path(sys.executable).parent / "hadolint"
@@ -73,9 +75,9 @@ def test_trainer_imports_only_what_the_image_installs():
     # The image has torch and numpy (base image), pydantic and pyyaml (pinned); no CDK, AWS SDK or CLI libs,
     # and of trainstack only the modules .dockerignore lets into the build context (as module paths).
     in_context = [
-        line[1:].removesuffix(".py").removesuffix("/")
-        for line in (REPO / ".dockerignore").read_text().splitlines()
-        if line.startswith("!trainstack/")
+        entry.removesuffix(".py").removesuffix("/")
+        for entry in image_context(REPO)
+        if entry.startswith("trainstack/")
     ]
     probe = (
         f"IN_CONTEXT = {in_context!r}\n"
