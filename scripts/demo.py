@@ -206,21 +206,9 @@ def main() -> int:
     return 0
 
 
-def _clients(env: dict[str, str], *services: str) -> list:
-    import boto3
-
-    kw = dict(
-        endpoint_url=env["AWS_ENDPOINT_URL"],
-        region_name=env["AWS_REGION"],
-        aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
-        aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
-    )
-    return [boto3.client(s, **kw) for s in services]
-
-
 def deliver(env: dict[str, str], job: str, run_name: str) -> dict:
     """Deliver the job's state-change event to the deployed rules and wait for the supervisor's decision."""
-    (sfn,) = _clients(env, "stepfunctions")
+    (sfn,) = emu.clients(env, "stepfunctions")
     started = emulator_events.deliver_job_state_change(env, job)
     decisions = []
     deadline = time.monotonic() + 120
@@ -238,7 +226,7 @@ def deliver(env: dict[str, str], job: str, run_name: str) -> dict:
 
 
 def wait_for_job(env: dict[str, str], job: str, timeout_s: float = 60) -> None:
-    (sagemaker,) = _clients(env, "sagemaker")
+    (sagemaker,) = emu.clients(env, "sagemaker")
     deadline = time.monotonic() + timeout_s
     while True:
         try:
@@ -283,18 +271,11 @@ def next_steps(recipe: str, team: str | None, endpoint: str, reused: dict | None
 
 
 def show_job(env: dict[str, str], job_name: str, execution_arn: str, first_job: str | None = None) -> None:
-    import boto3
-
     from trainstack.aws import training_job_request_sent
 
-    kw = dict(
-        endpoint_url=env["AWS_ENDPOINT_URL"],
-        region_name=env["AWS_REGION"],
-        aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
-        aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
-    )
-    job = boto3.client("sagemaker", **kw).describe_training_job(TrainingJobName=job_name)
-    sent = training_job_request_sent(boto3.client("stepfunctions", **kw), execution_arn) or {}
+    sagemaker, sfn = emu.clients(env, "sagemaker", "stepfunctions")
+    job = sagemaker.describe_training_job(TrainingJobName=job_name)
+    sent = training_job_request_sent(sfn, execution_arn) or {}
     resources = job["ResourceConfig"]
     hyper = job.get("HyperParameters", {})
     print("    as SageMaker (the emulator) stored it:")
@@ -306,7 +287,7 @@ def show_job(env: dict[str, str], job_name: str, execution_arn: str, first_job: 
     checkpoints = job["Environment"]["TRAINSTACK_CHECKPOINT_URI"]
     print(f"      checkpoints      {checkpoints} (TRAINSTACK_CHECKPOINT_URI; every rank writes there)")
     if first_job:
-        first = boto3.client("sagemaker", **kw).describe_training_job(TrainingJobName=first_job)
+        first = sagemaker.describe_training_job(TrainingJobName=first_job)
         same = first["Environment"]["TRAINSTACK_CHECKPOINT_URI"] == checkpoints
         print(
             f"      run              {job['Environment']['TRAINSTACK_RUN']}; job {first_job} had "

@@ -37,9 +37,12 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Mapping
 from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
 
 from trainstack.errors import TrainstackError
 
@@ -70,6 +73,11 @@ class Emulator:
     @property
     def endpoint(self) -> str:
         return f"http://localhost:{self.port}"
+
+    def client(self, service: str) -> Any:
+        """A boto3 client for this emulator only."""
+        (made,) = clients(self.env(), service)
+        return made
 
     def env(self) -> dict[str, str]:
         """Environment for any AWS client (boto3, the CDK CLI) to talk to this emulator only."""
@@ -273,21 +281,35 @@ def export_line(env: dict[str, str]) -> str:
 # --- EventBridge for CloudFormation stack status events (moto does not publish them) -------------
 
 
-def deliver_stack_status(env: dict[str, str], stack_name: str, status: str = "UPDATE_COMPLETE") -> list[str]:
-    """Do what EventBridge does on real AWS when `stack_name` reaches `status`: start every Step
-    Functions target of every rule whose pattern matches that event, with the target's Input.
-    Returns the execution ARNs started. Only the pattern fields our rules use are matched."""
+def local_endpoint(env: Mapping[str, str]) -> str:
+    """`env`'s AWS_ENDPOINT_URL, which must be on this machine (what everything emulator-only checks)."""
+    endpoint = env.get("AWS_ENDPOINT_URL", "")
+    if urlsplit(endpoint).hostname not in ("localhost", "127.0.0.1"):
+        raise TrainstackError(f"not a local emulator endpoint: {endpoint or '(AWS_ENDPOINT_URL unset)'}")
+    return endpoint
+
+
+def clients(env: Mapping[str, str], *services: str) -> list[Any]:
+    """boto3 clients for the local emulator `env` names (`Emulator.env()`, or the environment of the one
+    `trainstack emulator start` recorded); refuses any endpoint that is not on this machine, so its
+    dummy credentials never reach AWS."""
     import boto3
 
+    endpoint = local_endpoint(env)
     session = boto3.session.Session(
         region_name=env["AWS_REGION"],
         aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
         aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
+        aws_session_token=env.get("AWS_SESSION_TOKEN"),
     )
-    endpoint = env["AWS_ENDPOINT_URL"]
-    cfn = session.client("cloudformation", endpoint_url=endpoint)
-    events = session.client("events", endpoint_url=endpoint)
-    sfn = session.client("stepfunctions", endpoint_url=endpoint)
+    return [session.client(service, endpoint_url=endpoint) for service in services]
+
+
+def deliver_stack_status(env: dict[str, str], stack_name: str, status: str = "UPDATE_COMPLETE") -> list[str]:
+    """Do what EventBridge does on real AWS when `stack_name` reaches `status`: start every Step
+    Functions target of every rule whose pattern matches that event, with the target's Input.
+    Returns the execution ARNs started. Only the pattern fields our rules use are matched."""
+    cfn, events, sfn = clients(env, "cloudformation", "events", "stepfunctions")
     stack_id = cfn.describe_stacks(StackName=stack_name)["Stacks"][0]["StackId"]
     event = {
         "source": "aws.cloudformation",

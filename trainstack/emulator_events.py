@@ -23,8 +23,8 @@ import json
 import uuid
 from datetime import UTC, datetime
 from typing import Any
-from urllib.parse import urlsplit
 
+from trainstack.emulator import clients, local_endpoint
 from trainstack.errors import TrainstackError
 
 ROUTE = "/_trainstack/"
@@ -156,19 +156,12 @@ def _routes(app: Any) -> Any:
 # --- Client side: what tests, the demo and `trainstack ... --local` call --------------------------
 
 
-def _endpoint(env: dict[str, str]) -> str:
-    endpoint = env.get("AWS_ENDPOINT_URL", "")
-    if urlsplit(endpoint).hostname not in ("localhost", "127.0.0.1"):
-        raise TrainstackError(f"not a local emulator endpoint: {endpoint or '(AWS_ENDPOINT_URL unset)'}")
-    return endpoint
-
-
 def _post(env: dict[str, str], what: str, body: dict[str, Any]) -> dict[str, Any]:
     import urllib.error
     import urllib.request
 
     request = urllib.request.Request(
-        f"{_endpoint(env)}{ROUTE}{what}",
+        f"{local_endpoint(env)}{ROUTE}{what}",
         data=json.dumps(body).encode(),
         method="POST",
         headers={"Content-Type": "application/json"},
@@ -202,17 +195,6 @@ def end_training_job(
             "failure_reason": failure_reason,
         },
     )
-
-
-def _clients(env: dict[str, str], *services: str) -> list[Any]:
-    import boto3
-
-    session = boto3.session.Session(
-        region_name=env["AWS_REGION"],
-        aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
-        aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
-    )
-    return [session.client(s, endpoint_url=_endpoint(env)) for s in services]
 
 
 def _plain(value: Any) -> Any:
@@ -262,7 +244,7 @@ def deliver_job_state_change(env: dict[str, str], job_name: str) -> list[str]:
 
     from trainstack.emulator import ACCOUNT
 
-    sagemaker, events, sfn = _clients(env, "sagemaker", "events", "stepfunctions")
+    sagemaker, events, sfn = clients(env, "sagemaker", "events", "stepfunctions")
     event = job_state_change_event(
         sagemaker.describe_training_job(TrainingJobName=job_name), env["AWS_REGION"], ACCOUNT
     )

@@ -11,7 +11,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import boto3
 import pytest
 from cdk_helpers import ENV, ROOT
 
@@ -69,13 +68,7 @@ def test_the_real_cli_bootstraps_without_a_recipe_and_refuses_to_deploy(tmp_path
         )
         assert boot.returncode == 0, boot.stdout[-2000:] + boot.stderr[-2000:]
         assert "no recipe in context" in boot.stderr
-        cfn = boto3.client(
-            "cloudformation",
-            endpoint_url=emulator.endpoint,
-            region_name=env["AWS_REGION"],
-            aws_access_key_id="testing",
-            aws_secret_access_key="testing",
-        )
+        cfn = emulator.client("cloudformation")
         assert [s["StackName"] for s in cfn.describe_stacks()["Stacks"]] == ["CDKToolkit"]
 
         deploy = subprocess.run(

@@ -88,7 +88,9 @@ def test_the_recipes_request_passes_botocores_own_validator_too() -> None:
     assert "TrainingJobName" not in launcher and "TrainingJobName.$" in launcher
     broken = {k: v for k, v in launcher.items() if k not in ("TrainingJobName.$", "RoleArn")}
     assert any("RoleArn" in f.message or "TrainingJobName" in f.message for f in check_request(broken))
-    report = ParamValidator().validate(broken, request_check._input_shape("sagemaker", request_check.OPERATION))
+    report = ParamValidator().validate(
+        broken, request_check._input_shape("sagemaker", request_check.OPERATION)
+    )
     assert report.has_errors()  # the same finding botocore makes
 
 

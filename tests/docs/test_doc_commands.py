@@ -195,20 +195,12 @@ def workspace(top: Path) -> Iterator[Workspace]:
 
 def _ensure_deployed(ws: Workspace, commands: list[Command]) -> str | None:
     """Deploy every recipe/team the block's trainstack commands name, unless deployed already."""
-    import boto3
-
-    from trainstack.emulator import ACCOUNT, REGION
+    from trainstack.emulator import ACCOUNT, REGION, clients
     from trainstack.loader import resolve
     from trainstack.naming import parse_run_name, stack_prefix
 
     env = ws.aws_env
-    cfn = boto3.client(
-        "cloudformation",
-        endpoint_url=env["AWS_ENDPOINT_URL"],
-        region_name=env["AWS_REGION"],
-        aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
-        aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
-    )
+    (cfn,) = clients(env, "cloudformation")
     existing = {s["StackName"] for s in cfn.describe_stacks()["Stacks"]}
     if "CDKToolkit" not in existing:  # a doc may run `status` before any doc bootstraps
         status, out, _ = ws.shell(f"npx cdk bootstrap aws://{ACCOUNT}/{REGION}", env)
@@ -268,18 +260,11 @@ def _deliver_job_ends(ws: Workspace, run: str) -> None:
     `resume` then finds it stopped, as it would after the job ended on AWS)."""
     import time
 
-    import boto3
-
+    from trainstack.emulator import clients
     from trainstack.emulator_events import deliver_job_state_change
 
     env = ws.aws_env
-    kw = dict(
-        endpoint_url=env["AWS_ENDPOINT_URL"],
-        region_name=env["AWS_REGION"],
-        aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
-        aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
-    )
-    sagemaker, sfn = boto3.client("sagemaker", **kw), boto3.client("stepfunctions", **kw)
+    sagemaker, sfn = clients(env, "sagemaker", "stepfunctions")
     jobs = sagemaker.list_training_jobs(NameContains=run)["TrainingJobSummaries"]
     ended = [
         j for j in jobs if j["TrainingJobName"].startswith(f"{run}-") and j["TrainingJobStatus"] == "Stopped"

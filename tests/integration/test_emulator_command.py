@@ -103,8 +103,6 @@ def test_status_draws_the_metric_history_cloudwatch_holds(tmp_path: Path) -> Non
     """The trend rows come from GetMetricData over the job's whole history (here: six points)."""
     from datetime import UTC, datetime, timedelta
 
-    import boto3
-
     from trainstack.emulator import Emulator
     from trainstack.loader import resolve
     from trainstack.metrics import FIELD_BY_KEY
@@ -114,13 +112,7 @@ def test_status_draws_the_metric_history_cloudwatch_holds(tmp_path: Path) -> Non
     name = job_name(recipe, None, "trend1")
     with Emulator(log_path=tmp_path / "moto.log").start(timeout_s=240) as emulator:
         env = emulator.env()
-        kw = dict(
-            endpoint_url=emulator.endpoint,
-            region_name=env["AWS_REGION"],
-            aws_access_key_id="testing",
-            aws_secret_access_key="testing",
-        )
-        boto3.client("sagemaker", **kw).create_training_job(
+        emulator.client("sagemaker").create_training_job(
             TrainingJobName=name,
             AlgorithmSpecification={
                 "TrainingImage": "123456789012.dkr.ecr.us-east-1.amazonaws.com/t:1",
@@ -137,7 +129,7 @@ def test_status_draws_the_metric_history_cloudwatch_holds(tmp_path: Path) -> Non
             HyperParameters={"training.steps": "1000"},
         )
         now = datetime.now(UTC)
-        boto3.client("cloudwatch", **kw).put_metric_data(
+        emulator.client("cloudwatch").put_metric_data(
             Namespace="/aws/sagemaker/TrainingJobs",
             MetricData=[
                 {

@@ -20,12 +20,11 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import boto3
 import pytest
 
 from trainstack import emulator_events, naming
 from trainstack.aws import training_job_request_sent
-from trainstack.emulator import ACCOUNT, REGION, Emulator, deliver_stack_status
+from trainstack.emulator import ACCOUNT, REGION, Emulator, clients, deliver_stack_status
 from trainstack.exit_codes import failure_line
 from trainstack.loader import resolve
 from trainstack.request import (
@@ -52,15 +51,9 @@ class Cloud:
             "CDK_DISABLE_CLI_TELEMETRY": "true",
         }
         self.outdir = outdir
-        kw = dict(
-            endpoint_url=emulator.endpoint,
-            region_name=REGION,
-            aws_access_key_id="testing",
-            aws_secret_access_key="testing",
+        self.cfn, self.sfn, self.sagemaker, self.events = clients(
+            emulator.env(), "cloudformation", "stepfunctions", "sagemaker", "events"
         )
-        self.cfn, self.sfn = boto3.client("cloudformation", **kw), boto3.client("stepfunctions", **kw)
-        self.sagemaker = boto3.client("sagemaker", **kw)
-        self.events = boto3.client("events", **kw)
 
     def run(self, *cmd: str) -> str:
         result = subprocess.run(

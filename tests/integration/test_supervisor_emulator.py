@@ -14,13 +14,12 @@ import json
 import time
 import uuid
 
-import boto3
 import pytest
 from supervisor_cases import CASES, Case
 from test_supervisor_decisions import HISTORY_LIMIT, definitions, history_bound
 
 from trainstack import emulator_events
-from trainstack.emulator import ACCOUNT, REGION, Emulator
+from trainstack.emulator import ACCOUNT, REGION, Emulator, clients
 from trainstack.loader import resolve
 from trainstack.registry import read_run
 from trainstack.request import execution_input, last_job
@@ -34,15 +33,9 @@ PREFIX = "ts-platform-1b-bf16--"
 class Cloud:
     def __init__(self, emulator: Emulator) -> None:
         self.env = emulator.env()
-        kw = dict(
-            endpoint_url=emulator.endpoint,
-            region_name=REGION,
-            aws_access_key_id="testing",
-            aws_secret_access_key="testing",
+        self.sfn, self.ddb, self.sagemaker, self.sns, self.sqs = clients(
+            self.env, "stepfunctions", "dynamodb", "sagemaker", "sns", "sqs"
         )
-        self.sfn, self.ddb = boto3.client("stepfunctions", **kw), boto3.client("dynamodb", **kw)
-        self.sagemaker, self.sns, self.sqs = (boto3.client(s, **kw) for s in ("sagemaker", "sns", "sqs"))
-        self.sagemaker_kw = kw
 
     def wait(self, arn: str, timeout_s: float = 120) -> dict:
         deadline = time.monotonic() + timeout_s

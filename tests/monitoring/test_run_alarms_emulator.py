@@ -14,7 +14,6 @@ import time
 import uuid
 from pathlib import Path
 
-import boto3
 import pytest
 from monitoring_helpers import definition, synth, topic_ref
 
@@ -24,17 +23,6 @@ from trainstack.request import job_name
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("monitoring-emulator")]
 SAMPLE = json.loads((Path(__file__).parent / "data" / "sagemaker_training_job_state_change.json").read_text())
-
-
-def client(emu: Emulator, service: str):
-    return boto3.client(
-        service,
-        endpoint_url=emu.endpoint,
-        region_name="us-east-1",
-        aws_access_key_id="testing",
-        aws_secret_access_key="testing",
-        aws_session_token="testing",
-    )
 
 
 def event(name: str, status: str, secondary: str) -> dict:
@@ -49,9 +37,9 @@ def setup(tmp_path_factory):
     # A generous start timeout: CI machines are shared and moto's first import is slow under load.
     emu = Emulator(log_path=tmp_path_factory.mktemp("moto") / "moto.log").start(timeout_s=180)
     try:
-        topic = client(emu, "sns").create_topic(Name="trainstack-notifications")["TopicArn"]
+        topic = emu.client("sns").create_topic(Name="trainstack-notifications")["TopicArn"]
         asl = definition(s, {topic_ref(s)["Ref"]: topic})
-        machine = client(emu, "stepfunctions").create_state_machine(
+        machine = emu.client("stepfunctions").create_state_machine(
             name="alarm-manager",
             definition=json.dumps(asl),
             roleArn="arn:aws:iam::123456789012:role/alarm-manager",
@@ -62,7 +50,7 @@ def setup(tmp_path_factory):
 
 
 def run(emu: Emulator, machine: str, payload: dict) -> dict:
-    sfn = client(emu, "stepfunctions")
+    sfn = emu.client("stepfunctions")
     arn = sfn.start_execution(stateMachineArn=machine, name=uuid.uuid4().hex, input=json.dumps(payload))[
         "executionArn"
     ]
@@ -76,7 +64,7 @@ def run(emu: Emulator, machine: str, payload: dict) -> dict:
 
 
 def alarms_of(emu: Emulator, job: str) -> dict[str, dict]:
-    found = client(emu, "cloudwatch").describe_alarms(AlarmNamePrefix=job)["MetricAlarms"]
+    found = emu.client("cloudwatch").describe_alarms(AlarmNamePrefix=job)["MetricAlarms"]
     return {a["AlarmName"]: a for a in found}
 
 

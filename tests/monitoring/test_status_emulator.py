@@ -16,7 +16,6 @@ import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-import boto3
 import pytest
 
 from trainstack.emulator import Emulator
@@ -40,18 +39,6 @@ def emulator(tmp_path_factory):
         emu.stop()
 
 
-def client(emu: Emulator, service: str):
-    env = emu.env()
-    return boto3.client(
-        service,
-        endpoint_url=emu.endpoint,
-        region_name=env["AWS_REGION"],
-        aws_access_key_id="testing",
-        aws_secret_access_key="testing",
-        aws_session_token="testing",
-    )
-
-
 def cli(emu: Emulator, *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, **emu.env(), "COLUMNS": "160", "NO_COLOR": "1"}
     return subprocess.run(
@@ -65,7 +52,7 @@ def cli(emu: Emulator, *args: str) -> subprocess.CompletedProcess:
 
 
 def create_job(emu: Emulator, name: str, recipe) -> None:
-    client(emu, "sagemaker").create_training_job(
+    emu.client("sagemaker").create_training_job(
         TrainingJobName=name,
         AlgorithmSpecification={
             "TrainingImage": "123456789012.dkr.ecr.us-east-1.amazonaws.com/trainstack:1",
@@ -120,7 +107,7 @@ def test_status_reports_a_run_below_the_slow_threshold_as_slow(emulator):
         "mem_gib": the_plan.memory.peak_gib,
         "step_time_s": the_plan.throughput.step_time_s / 0.55,
     }
-    client(emulator, "cloudwatch").put_metric_data(
+    emulator.client("cloudwatch").put_metric_data(
         Namespace="/aws/sagemaker/TrainingJobs",
         MetricData=[
             {
@@ -157,7 +144,7 @@ def test_logs_prints_the_jobs_stream(emulator):
     recipe = resolve(RECIPE).recipe
     name = job_name(recipe, None, "logs1")
     create_job(emulator, name, recipe)
-    logs = client(emulator, "logs")
+    logs = emulator.client("logs")
     try:
         logs.create_log_group(logGroupName="/aws/sagemaker/TrainingJobs")
     except logs.exceptions.ResourceAlreadyExistsException:
@@ -189,7 +176,7 @@ def test_a_launch_still_waiting_for_its_job_shows_as_pending(emulator):
     from trainstack.naming import stack_prefix
 
     recipe = resolve(RECIPE).recipe
-    machine = client(emulator, "stepfunctions").create_state_machine(
+    machine = emulator.client("stepfunctions").create_state_machine(
         name="launcher",
         roleArn="arn:aws:iam::123456789012:role/launcher",
         definition=json.dumps(
@@ -204,11 +191,11 @@ def test_a_launch_still_waiting_for_its_job_shows_as_pending(emulator):
         "Resources": {"Placeholder": {"Type": "AWS::CloudFormation::WaitConditionHandle"}},
         "Outputs": {"StateMachineArn": {"Value": machine}},
     }
-    client(emulator, "cloudformation").create_stack(
+    emulator.client("cloudformation").create_stack(
         StackName=f"{stack_prefix(recipe, None)}-Launcher", TemplateBody=json.dumps(template)
     )
     pending = job_name(recipe, None, "pend1")
-    client(emulator, "stepfunctions").start_execution(stateMachineArn=machine, name=pending, input="{}")
+    emulator.client("stepfunctions").start_execution(stateMachineArn=machine, name=pending, input="{}")
 
     result = cli(emulator, "status", RECIPE, "--json")
     assert result.returncode == 0, result.stderr

@@ -198,19 +198,11 @@ def test_s3_location_needs_a_region_and_an_s3_uri(monkeypatch):
 @pytest.fixture(scope="module")
 def s3_bucket():
     """The local emulator's S3 with one bucket; yields (environment, bucket name)."""
-    boto3 = pytest.importorskip("boto3")
+    pytest.importorskip("boto3")
     from trainstack.emulator import Emulator
 
     with Emulator() as emulator:
-        env = emulator.env()
-        client = boto3.client(
-            "s3",
-            endpoint_url=emulator.endpoint,
-            region_name=env["AWS_REGION"],
-            aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
-            aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
-            aws_session_token=env["AWS_SESSION_TOKEN"],
-        )
+        env, client = emulator.env(), emulator.client("s3")
         client.create_bucket(Bucket="trainstack-checkpoints")
         yield env, "trainstack-checkpoints", client
 

@@ -421,19 +421,11 @@ def test_node_local_checkpoint_directories_resume_after_an_s3_style_merge(straig
 def test_checkpoints_go_straight_to_the_emulators_s3_and_resume_exactly(straight, tmp_path):
     """TRAINSTACK_CHECKPOINT_URI as the launcher sets it: both ranks write their shards straight to
     S3 (the local emulator's, through s3torchconnector), a second job resumes from S3 exactly."""
-    boto3 = pytest.importorskip("boto3")
+    pytest.importorskip("boto3")
     from trainstack.emulator import Emulator
 
     with Emulator() as emulator:
-        env = emulator.env()
-        s3 = boto3.client(
-            "s3",
-            endpoint_url=emulator.endpoint,
-            region_name=env["AWS_REGION"],
-            aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
-            aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
-            aws_session_token=env["AWS_SESSION_TOKEN"],
-        )
+        env, s3 = emulator.env(), emulator.client("s3")
         s3.create_bucket(Bucket="trainstack-ck")
         env |= {
             "TRAINSTACK_CHECKPOINT_URI": "s3://trainstack-ck/checkpoints/platform/tiny-cpu/run-1/",
