@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """The CDK app: `npx cdk deploy -c recipe=30b-fp8 [-c team=nlp] [-c set=k=v,...]`.
 
-Context is read and validated once, here (trainstack.config); a bad or non-fitting recipe prints one
-line and exits 2 before any stack exists. Options: see trainstack/config.py and docs/cdk.md.
+Context is read and validated once, here (trainstack.aws.deployment); a bad or non-fitting recipe prints one
+line and exits 2 before any stack exists. Options: see trainstack/aws/deployment.py and docs/cdk.md.
 
 `npx cdk bootstrap` needs no recipe: without one, commands that deploy nothing (bootstrap, ls, destroy)
 get a single stack without resources, so the CDK CLI can read the account and region from it.
@@ -22,7 +22,7 @@ NO_RECIPE_STACK = "Trainstack-NoRecipe"
 def main() -> int:
     from aws_cdk import App
 
-    from trainstack import config
+    from trainstack.aws import deployment as config
     from trainstack.errors import TrainstackError
 
     app = App()
@@ -50,7 +50,9 @@ def main() -> int:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
     if not config.flag(config.user_context(app.node.get_all_context()), "quiet"):
-        for deployment in deployment_config.deployments:  # legal but almost surely wrong (trainstack.sanity)
+        for (
+            deployment
+        ) in deployment_config.deployments:  # legal but almost surely wrong (trainstack.planner.sanity)
             for line in deployment.warnings:
                 print(line, file=sys.stderr)
 

@@ -16,7 +16,7 @@ settings our recipes do not have):
   B200s "power limited", so each kind of GPU gets its own fitted GEMM efficiency; plans use the H200's
   (the only runs at rated power), and the throttled ones set the slow end of every range.
 - activation_checkpointing: "selective-op" -> torchtitan's op-level policy
-  (ActivationPolicy.torchtitan_op_selective: trainstack.trainer_memory's torchtitan terms),
+  (ActivationPolicy.torchtitan_op_selective: trainstack.planner.trainer_memory's torchtitan terms),
   "full" -> every block recomputed, absent or "none" -> no recompute.
 - Loss: these trainers materialise the micro-batch's logits whole (one chunk = micro_batch x seq_len).
 - precision: fp8-tensorwise and fp8-current-scaling -> fp8 "current"; mxfp8 -> "mxfp8".
@@ -50,7 +50,6 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from trainstack.hardware import INSTANCES  # noqa: E402
 from trainstack.planner import (  # noqa: E402
     CALIBRATION,
     ActivationPolicy,
@@ -60,7 +59,8 @@ from trainstack.planner import (  # noqa: E402
     throughput,
 )
 from trainstack.planner import calibration as calibration_module  # noqa: E402
-from trainstack.recipe import ModelShape  # noqa: E402
+from trainstack.recipes.hardware import INSTANCES  # noqa: E402
+from trainstack.recipes.schema import ModelShape  # noqa: E402
 
 SHARED = ROOT.parent / "shared" / "calibration" / "published.yaml"
 CASES = Path(__file__).resolve().parent / "calibration_published.yaml"

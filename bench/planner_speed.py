@@ -20,9 +20,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from trainstack.loader import base_recipe_names, resolve  # noqa: E402
 from trainstack.planner import plan  # noqa: E402
 from trainstack.planner.compare import compare  # noqa: E402
+from trainstack.recipes.loader import base_recipe_names, resolve  # noqa: E402
 
 
 def timed(fn):

@@ -1,6 +1,6 @@
 """Count what a module really keeps for backward: bytes of tensor storage alive between forward and
 backward, deduplicated by storage, at their dtype sizes. Used by tests/trainer/test_trainer_memory.py
-(on CPU, against trainstack.trainer_memory) and by bench/trainer_gpu.py (the same count on a GPU).
+(on CPU, against trainstack.planner.trainer_memory) and by bench/trainer_gpu.py (the same count on a GPU).
 
 Two counts, which must agree where both apply:
 

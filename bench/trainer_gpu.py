@@ -17,7 +17,7 @@ Each section prints its rows as it finishes (and goes on after a section fails, 
                  and per-block slopes (10 minus 2, over 8) of time and memory against the plan's.
   compile        the 2-layer case eager, against compiled.
   checkpointing  4 layers, eager: none, full and op-level selective; time, peak, and the activation
-                 memory held after forward per block against trainstack.trainer_memory.
+                 memory held after forward per block against trainstack.planner.trainer_memory.
   attention      causal GQA attention at the block's shape, forward + backward: cuDNN against flash
                  (and the trainer's priority order), then the 2-layer model with each.
   long_context   128K tokens, full checkpointing, 2 layers (1 if 2 do not fit), against the plan.
@@ -26,12 +26,12 @@ Each section prints its rows as it finishes (and goes on after a section fails, 
                  on what FP8 GEMMs can buy (no quantization, no casts), with the share of the step
                  they are.
   saved_tensors  one eager block's saved-for-backward bytes on this device (bench/saved_tensors.py)
-                 for none / full / op against trainstack.trainer_memory.
+                 for none / full / op against trainstack.planner.trainer_memory.
 
 The planner is asked about a one-node recipe with shard_group 1 (each GPU holds the whole model, as
 the one benchmark GPU does). The planner models shard_group 1 as unsharded (BF16 copies of every
 block resident) while FSDP2 over a world of one gathers its units one or two at a time; the rows
-show both that planner line and trainstack.trainer_memory.fsdp_units_in_flight_bytes. Record the
+show both that planner line and trainstack.planner.trainer_memory.fsdp_units_in_flight_bytes. Record the
 results in docs/benchmarks.md (## Trainer).
 """
 
@@ -76,9 +76,12 @@ from trainer.optim import build_optimizer  # noqa: E402
 from trainer.parallel import build_mesh, shard_model  # noqa: E402
 from trainer.throughput import GIB, detected_gpu, peak_tflops  # noqa: E402
 
-from trainstack import trainer_memory  # noqa: E402
-from trainstack.planner import flops_per_token, plan  # noqa: E402
-from trainstack.recipe import ActivationCheckpointing, ModelShape, Recipe  # noqa: E402
+from trainstack.planner import (  # noqa: E402
+    flops_per_token,
+    plan,
+    trainer_memory,  # noqa: E402
+)
+from trainstack.recipes.schema import ActivationCheckpointing, ModelShape, Recipe  # noqa: E402
 
 INSTANCE_FOR_GPU = {"B200": "ml.p6-b200.48xlarge", "H100": "ml.p5.48xlarge", "H200": "ml.p5en.48xlarge"}
 SLICE_8B = {"hidden": 4096, "heads": 32, "kv_heads": 8, "ffn": 14336, "vocab": 128256, "rope_theta": 500000.0}

@@ -2,7 +2,7 @@
 """`make demo`: deploy a recipe into a local AWS emulator, then launch, stop, resume and list a run; no
 AWS account needed.
 
-1. start moto in server mode on localhost (trainstack.emulator), jobs that run until ended
+1. start moto in server mode on localhost (trainstack.emulator.endpoint), jobs that run until ended
 2. `npx cdk bootstrap`, then the real `npx cdk deploy --all -c recipe=RECIPE` against it
 3. `trainstack launch RECIPE --local --name demo` (the run supervisor's StartJob, interpreted by the
    emulator, creates job 1 of run ts-<team>-<recipe>--demo)
@@ -33,9 +33,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from trainstack import emulator as emu  # noqa: E402
-from trainstack import emulator_events  # noqa: E402
-from trainstack.emulator import ACCOUNT, REGION, Emulator  # noqa: E402
+from trainstack.emulator import endpoint as emu  # noqa: E402
+from trainstack.emulator import events as emulator_events  # noqa: E402
+from trainstack.emulator.endpoint import ACCOUNT, REGION, Emulator  # noqa: E402
 from trainstack.errors import TrainstackError  # noqa: E402
 
 NODE_NOISE = (
@@ -271,7 +271,7 @@ def next_steps(recipe: str, team: str | None, endpoint: str, reused: dict | None
 
 
 def show_job(env: dict[str, str], job_name: str, execution_arn: str, first_job: str | None = None) -> None:
-    from trainstack.aws import training_job_request_sent
+    from trainstack.aws.session import training_job_request_sent
 
     sagemaker, sfn = emu.clients(env, "sagemaker", "stepfunctions")
     job = sagemaker.describe_training_job(TrainingJobName=job_name)

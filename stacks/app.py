@@ -7,8 +7,8 @@ from aws_cdk import App, DefaultStackSynthesizer, Environment, Tags
 from stacks import nag
 from stacks.data_stack import DataStack
 from stacks.launcher_stack import LauncherStack
-from trainstack.config import Deployment, DeploymentConfig
-from trainstack.request import tags
+from trainstack.aws.deployment import Deployment, DeploymentConfig
+from trainstack.aws.request import tags
 
 DATA = "Data"
 LAUNCHER = "Launcher"

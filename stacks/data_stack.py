@@ -19,7 +19,7 @@ from constructs import Construct
 
 from stacks.registry import RunRegistry
 from stacks.storage import CheckpointBucket, EncryptionKey, ImageRepository
-from trainstack.config import Deployment
+from trainstack.aws.deployment import Deployment
 
 
 @dataclass(frozen=True)

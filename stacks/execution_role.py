@@ -17,9 +17,9 @@ from constructs import Construct, IValidation
 
 from stacks import nag
 from stacks.network import TrainingNetwork
-from trainstack import naming
-from trainstack.config import Deployment
-from trainstack.request import output_prefix
+from trainstack.aws.deployment import Deployment
+from trainstack.aws.request import output_prefix
+from trainstack.recipes import naming
 
 TRAINING_LOG_GROUP = "/aws/sagemaker/TrainingJobs"
 TRAINING_METRICS_NAMESPACE = "/aws/sagemaker/TrainingJobs"
@@ -107,7 +107,7 @@ class ExecutionRole(Construct):
         )
         self.policy = policy
         if not recipe.instance.has_instance_store:
-            # An EBS volume encrypted with the key (trainstack.request sends VolumeKmsKeyId only for types
+            # An EBS volume encrypted with the key (trainstack.aws.request sends VolumeKmsKeyId only for types
             # without local NVMe): EBS creates a grant for the attached volume. kms:GrantIsForAWSResource
             # applies to CreateGrant, ListGrants and RevokeGrant only (KMS developer guide, grants).
             policy.add_statements(

@@ -11,7 +11,7 @@ from aws_cdk import aws_ecr_assets as ecr_assets
 from aws_cdk import aws_iam as iam
 from constructs import Construct
 
-from trainstack.config import ImageSource
+from trainstack.aws.deployment import ImageSource
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DOCKERFILE = "training_image/Dockerfile"

@@ -25,10 +25,10 @@ from stacks.supervisor.asl import (
     RUN_PATH,
     constants_for,
 )
-from trainstack import naming
-from trainstack.config import Deployment, Network
-from trainstack.recipe import to_hyperparameters
-from trainstack.request import Runtime, create_training_job_request, execution_input, last_job
+from trainstack.aws.deployment import Deployment, Network
+from trainstack.aws.request import Runtime, create_training_job_request, execution_input, last_job
+from trainstack.recipes import naming
+from trainstack.recipes.schema import to_hyperparameters
 
 
 class LauncherStack(Stack):

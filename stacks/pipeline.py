@@ -32,9 +32,9 @@ from constructs import Construct
 
 from stacks import nag
 from stacks.storage import add_logged_kms_bucket
-from trainstack import budget
-from trainstack.config import CONTEXT, CONTEXT_KEYS, Deployment, DeploymentConfig
+from trainstack.aws.deployment import CONTEXT, CONTEXT_KEYS, Deployment, DeploymentConfig
 from trainstack.errors import TrainstackError
+from trainstack.planner import budget
 
 PIPELINE_STACK = "Trainstack-Pipeline"
 CONNECTION_ARN = re.compile(

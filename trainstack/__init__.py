@@ -1,3 +1,19 @@
-"""trainstack: recipes, a planner and AWS CDK infrastructure for LLM training on SageMaker P6-B200."""
+"""trainstack: recipes, a planner and AWS CDK infrastructure for LLM training on SageMaker P6-B200.
+
+Packages, by concern; each may import only the ones below it (tests/test_architecture.py enforces it):
+
+    cli/        the `trainstack` command line, its completion and its commands
+    aws/        recipe -> CreateTrainingJob request and its checks, boto3 access, the run registry,
+                the runs view, the supervisor's decision, the CDK app's deployment configuration
+    gitops/     what a merge deploys: the plan diff against a git ref, the template diff, their report
+    emulator/   the local AWS endpoint (moto) and the events it does not send
+    planner/    recipe -> plan: memory, throughput, cost, the run, budgets and sanity warnings
+    recipes/    the recipe schema, its files and layering, overrides, names, the instance catalogue
+    protocol/   what a training job and the control plane agree on: exit codes, the metric line
+    errors.py   the one-line user errors every layer raises
+
+docs/architecture.md draws the data flow. `stacks/` (the CDK constructs) and `training_image/trainer`
+sit outside this package and import from it, never the other way round.
+"""
 
 __version__ = "0.1.0"

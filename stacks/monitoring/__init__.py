@@ -4,7 +4,7 @@ A P6-B200 cluster costs on the order of a hundred dollars an hour per node, so a
 silently slow run has to reach a person within minutes. Composed into the launcher stack as
 `Monitoring(...)`; it reads nothing from the environment, only the typed values it is given.
 
-Job names exist only at run time (`ts-<team>-<recipe>--<run id>-<n>`, see trainstack.naming), so:
+Job names exist only at run time (`ts-<team>-<recipe>--<run id>-<n>`, see trainstack.recipes.naming), so:
 - the dashboard uses SEARCH expressions over `/aws/sagemaker/TrainingJobs` filtered on the prefix;
 - the per-run alarms (idle GPUs, near OOM, slow, stalled, disk) are put for the exact job by a small
   state machine when SageMaker reports the job Training, and deleted when it ends (see RunAlarms);
@@ -13,7 +13,7 @@ Job names exist only at run time (`ts-<team>-<recipe>--<run id>-<n>`, see trains
 - the run supervisor (stacks/supervisor/) publishes one message per ended job to the topic.
 Known limit: SEARCH matches tokens, not string prefixes (see `search_expression`), so the dashboard of
 `8b-fp8` also draws the jobs of a recipe whose name extends it (`8b-fp8-128k`); the rules, the alarms'
-IAM scope and `trainstack status` and `logs` (trainstack.runs.is_recipe_job) use the exact prefix.
+IAM scope and `trainstack status` and `logs` (trainstack.aws.runs.is_recipe_job) use the exact prefix.
 
 One module per construct family: patterns (pure), notifications, run_alarms, alarms, dashboard; this
 module composes them in two steps, because the supervisor needs the topic and the alarms and the
@@ -43,7 +43,7 @@ from stacks.monitoring.patterns import (
     this_recipe,
 )
 from stacks.monitoring.run_alarms import AlarmSpec, RunAlarms, Thresholds, run_alarm_specs
-from trainstack.recipe import Recipe
+from trainstack.recipes.schema import Recipe
 
 if TYPE_CHECKING:
     from trainstack.planner import Plan

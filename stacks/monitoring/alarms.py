@@ -15,7 +15,7 @@ from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
 from stacks.monitoring.run_alarms import RunAlarms, Thresholds
-from trainstack.recipe import Recipe
+from trainstack.recipes.schema import Recipe
 
 if TYPE_CHECKING:
     from trainstack.planner import Plan

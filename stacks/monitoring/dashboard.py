@@ -12,10 +12,10 @@ from constructs import Construct
 
 from stacks.monitoring.patterns import search_expression
 from stacks.monitoring.run_alarms import AlarmSpec
-from trainstack.metrics import FIELD_BY_KEY
-from trainstack.naming import job_name_prefix
-from trainstack.recipe import Recipe
-from trainstack.runs import HOST_DIMENSION, JOB_DIMENSION
+from trainstack.aws.runs import HOST_DIMENSION, JOB_DIMENSION
+from trainstack.protocol.metrics import FIELD_BY_KEY
+from trainstack.recipes.naming import job_name_prefix
+from trainstack.recipes.schema import Recipe
 
 if TYPE_CHECKING:
     from trainstack.planner import Plan

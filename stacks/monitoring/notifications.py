@@ -10,7 +10,7 @@ from aws_cdk import aws_sns as sns
 from aws_cdk import aws_sns_subscriptions as subs
 from constructs import Construct
 
-from trainstack.recipe import Recipe
+from trainstack.recipes.schema import Recipe
 
 
 def alarm_arns() -> str:

@@ -6,7 +6,7 @@ from typing import Any
 
 from aws_cdk import aws_events as events
 
-from trainstack.runs import NAMESPACE
+from trainstack.aws.runs import NAMESPACE
 
 JOB_STATE_CHANGE = "SageMaker Training Job State Change"
 NOTIFY_STATES = ("Failed", "Stopped", "Completed")  # Completed is information; the others need a person

@@ -20,10 +20,10 @@ from stacks import nag
 from stacks.monitoring.patterns import as_event_pattern, run_state_pattern
 from stacks.retries import TRANSIENT, TRANSIENT_ERRORS
 from stacks.state_machine import logged_state_machine, service_role
-from trainstack.metrics import FIELD_BY_KEY
-from trainstack.naming import job_name_prefix
-from trainstack.recipe import Recipe
-from trainstack.runs import HOST_DIMENSION, JOB_DIMENSION, NAMESPACE
+from trainstack.aws.runs import HOST_DIMENSION, JOB_DIMENSION, NAMESPACE
+from trainstack.protocol.metrics import FIELD_BY_KEY
+from trainstack.recipes.naming import job_name_prefix
+from trainstack.recipes.schema import Recipe
 
 if TYPE_CHECKING:
     from trainstack.planner import Plan

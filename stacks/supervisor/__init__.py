@@ -4,7 +4,7 @@ machines whose executions are short and end (the definitions: start_job.py, job_
 - **StartJob** registers job n of a run in the run registry and creates the training job. `trainstack
   launch` and `resume`, and the launch-on-deploy rule, start it.
 - **JobEnded** is started by an EventBridge rule on `SageMaker Training Job State Change` (this recipe's
-  exact job-name prefix, Completed | Failed | Stopped). It decides with trainstack.supervisor's table,
+  exact job-name prefix, Completed | Failed | Stopped). It decides with trainstack.aws.supervisor's table,
   records the decision, notifies, and starts the run's next job when the decision says so.
 
 No execution waits on a job, so none comes near Step Functions' 25,000-event history limit however long
@@ -34,7 +34,7 @@ from stacks.state_machine import logged_state_machine, service_role
 from stacks.supervisor.asl import SupervisorConstants
 from stacks.supervisor.job_ended import job_ended_definition
 from stacks.supervisor.start_job import start_job_definition
-from trainstack.supervisor import CAPACITY_WAIT_MINUTES
+from trainstack.aws.supervisor import CAPACITY_WAIT_MINUTES
 
 # EventBridge retries a failed delivery to a target for up to 24 hours and 185 attempts (EventBridge user
 # guide, "Retrying events": RetryPolicy MaximumEventAgeInSeconds 60-86400, MaximumRetryAttempts 0-185).

@@ -9,7 +9,7 @@ StartJob (started by `trainstack launch` / `resume`, the launch-on-deploy rule, 
     LoadRecipe -> Names -> HowStarted? launch: RegisterRun (new registry item; exists -> AlreadyLaunched)
                                        resume: RegisterResume (run stopped or failed, at that job index)
                                        next:   RegisterNextJob (run running, at that index, no stop asked)
-      -> CreateTrainingJob (the request from trainstack.request; capacity and transient retries)
+      -> CreateTrainingJob (the request from trainstack.aws.request; capacity and transient retries)
            ResourceInUse -> JobExists; anything else -> NotCreated -> RecordNotCreated -> Notify -> Fail
       -> Started
 
@@ -17,7 +17,7 @@ JobEnded (started by the rule on `SageMaker Training Job State Change`, this rec
 Completed | Failed | Stopped):
     DescribeJob -> HasReason? -> ReadFailure | NoReason -> Supervised? -> ReadRun -> Registered? -> Numbers
       -> Current? (the run's newest job, the run running; else Ignored)
-      -> Decide (one Choice rule per row of trainstack.supervisor.RULES, in order) -> Rule<Id> (Pass)
+      -> Decide (one Choice rule per row of trainstack.aws.supervisor.RULES, in order) -> Rule<Id> (Pass)
          next job: WithinJobLimit? -> NextJob -> RecordNextJob -> Notify -> Wait? -> NextInput
                    -> the StartJob states (RegisterNextJob -> CreateTrainingJob ...), in this execution
                                    -> JobLimit -> RecordEnd -> Notify
@@ -36,13 +36,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from stacks.retries import retriers
-from trainstack import naming, supervisor
-from trainstack.recipe import Recipe
-from trainstack.request import (
+from trainstack.aws import supervisor
+from trainstack.aws.request import (
     INPUT_HYPERPARAMETER_OVERRIDES,
     INPUT_KEEP_ALIVE,
     INPUT_RUN,
 )
+from trainstack.recipes import naming
+from trainstack.recipes.schema import Recipe
 
 CREATE = "arn:aws:states:::aws-sdk:sagemaker:createTrainingJob"
 DESCRIBE = "arn:aws:states:::aws-sdk:sagemaker:describeTrainingJob"
@@ -82,7 +83,7 @@ REGISTRY_ATTRIBUTES = {
     "overrides": "S",  # HyperParameterOverrides as JSON
     "keep_alive": "N",
     "stop_requested": "BOOL",
-    "crashes": "N",  # jobs in a row that ended by the Crashed rule (trainstack.supervisor); 0 on resume
+    "crashes": "N",  # jobs in a row that ended by the Crashed rule (trainstack.aws.supervisor); 0 on resume
     "why": "S",  # why the newest job ended (or was started), in words
     "next_step": "S",  # what happens next, in words
     "recipe_hash": "S",  # the deployed recipe's hash when the run was launched

@@ -1,4 +1,4 @@
-"""The "job ended" state machine definition: Choice states generated from trainstack.supervisor.RULES."""
+"""The "job ended" state machine definition: Choice states generated from trainstack.aws.supervisor.RULES."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from stacks.supervisor.asl import (
     task,
 )
 from stacks.supervisor.start_job import START_AT, start_job_states
-from trainstack import supervisor
-from trainstack.request import (
+from trainstack.aws import supervisor
+from trainstack.aws.request import (
     INPUT_HYPERPARAMETER_OVERRIDES,
     INPUT_JOB,
     INPUT_KEEP_ALIVE,
@@ -209,7 +209,7 @@ def job_ended_definition(
         "Undecided": {
             "Type": "Fail",
             "Error": "Undecided",
-            "Cause": "no rule of trainstack.supervisor.RULES matches the job's status",
+            "Cause": "no rule of trainstack.aws.supervisor.RULES matches the job's status",
         },
     }
     for rule in supervisor.RULES:

@@ -22,8 +22,8 @@ from stacks.supervisor.asl import (
     notify,
     task,
 )
-from trainstack import supervisor
-from trainstack.request import (
+from trainstack.aws import supervisor
+from trainstack.aws.request import (
     INPUT_HYPERPARAMETER_OVERRIDES,
     INPUT_JOB,
     INPUT_LAST_JOB,
@@ -56,7 +56,7 @@ def start_job_states(
     hyperparameters: dict[str, str],
     output_path: str | None = None,
 ) -> dict[str, Any]:
-    """The states that start a job, from START_AT; the input is trainstack.request.execution_input
+    """The states that start a job, from START_AT; the input is trainstack.aws.request.execution_input
     (plus `Steps`). JobEnded embeds them for the run's next job, with `output_path` on its ends."""
     ends = {"OutputPath": output_path} if output_path else {}
     now = "$.Names.Now"

@@ -18,7 +18,7 @@ def synth(context: dict[str, str], outdir: Path, env: dict[str, str] | None = No
     from aws_cdk import App
 
     from stacks.app import build
-    from trainstack import config
+    from trainstack.aws import deployment as config
 
     deployment_config = config.load(context, {**ENV, **(env or {})})
     app = App(outdir=str(outdir))

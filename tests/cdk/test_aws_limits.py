@@ -14,14 +14,14 @@ import pytest
 from cdk_helpers import flatten_join, resources
 
 from stacks.monitoring import run_alarm_specs
-from trainstack.loader import base_recipe_names, resolve, team_names, team_recipe_names
-from trainstack.planner import plan
-from trainstack.request_check import (
+from trainstack.aws.request_check import (
     PLACEHOLDER_ACCOUNT,
     PLACEHOLDER_REGION,
     check_against_model,
     longest_job_name,
 )
+from trainstack.planner import plan
+from trainstack.recipes.loader import base_recipe_names, resolve, team_names, team_recipe_names
 
 ALL = [(n, None) for n in base_recipe_names()] + [(n, t) for t in team_names() for n in team_recipe_names(t)]
 # SNS topic names have at most 256 characters (SNS CreateTopic).

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from trainstack.aws import Aws
+from trainstack.aws.session import Aws
 from trainstack.errors import TrainstackError
 
 NO_PROFILE = {"AWS_CONFIG_FILE": "/dev/null", "AWS_SHARED_CREDENTIALS_FILE": "/dev/null"}
@@ -49,7 +49,7 @@ def test_local_refuses_a_remote_endpoint():
 def test_aws_errors_say_what_to_do():
     from botocore.exceptions import ClientError, EndpointConnectionError, NoCredentialsError
 
-    from trainstack.aws import explain
+    from trainstack.aws.session import explain
 
     assert explain(NoCredentialsError()) == (
         "Unable to locate credentials: configure AWS credentials (AWS_PROFILE, `aws configure` or "

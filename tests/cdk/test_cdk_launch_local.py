@@ -7,8 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from trainstack import config
-from trainstack.loader import resolve
+from trainstack.aws import deployment as config
+from trainstack.recipes.loader import resolve
 
 TRAINSTACK = str(Path(sys.executable).parent / "trainstack")
 
@@ -68,7 +68,7 @@ class _FakeClients:
 
 
 def test_launch_wait_shows_progress_then_the_job(monkeypatch, capsys) -> None:
-    from trainstack.commands import launch
+    from trainstack.cli.commands import launch
 
     monkeypatch.setattr(launch.time, "sleep", lambda s: None)
     launch._wait_for_job(_FakeClients(job_after=2), "arn:execution", "ts-x--abc-r1", timeout_s=60)
@@ -80,7 +80,7 @@ def test_launch_wait_shows_progress_then_the_job(monkeypatch, capsys) -> None:
 def test_launch_wait_that_runs_out_says_the_run_started_and_exits_1(monkeypatch, capsys) -> None:
     import pytest
 
-    from trainstack.commands import launch
+    from trainstack.cli.commands import launch
     from trainstack.errors import TrainstackError
 
     monkeypatch.setattr(launch.time, "sleep", lambda s: None)
@@ -97,7 +97,7 @@ def test_launch_wait_says_so_when_the_supervisor_started_no_job(monkeypatch) -> 
     two-minute wait."""
     import pytest
 
-    from trainstack.commands import launch
+    from trainstack.cli.commands import launch
     from trainstack.errors import TrainstackError
 
     monkeypatch.setattr(launch.time, "sleep", lambda s: None)
@@ -122,7 +122,7 @@ def clean_env() -> dict[str, str]:
 def test_dry_run_prints_the_full_request_without_aws_with_marked_placeholders(tmp_path: Path) -> None:
     import json
 
-    from trainstack.request import create_training_job_request
+    from trainstack.aws.request import create_training_job_request
 
     result = subprocess.run(
         [TRAINSTACK, "launch", "30b-fp8", "--dry-run", "--json", "--name", "try-1"],

@@ -56,7 +56,7 @@ def test_deploy_or_synth_without_a_recipe_fails_in_one_line(tmp_path: Path, bund
 @pytest.mark.slow
 @pytest.mark.xdist_group("emulator")
 def test_the_real_cli_bootstraps_without_a_recipe_and_refuses_to_deploy(tmp_path: Path) -> None:
-    from trainstack.emulator import Emulator
+    from trainstack.emulator.endpoint import Emulator
 
     npx = shutil.which("npx")
     assert npx, "npx (Node.js) is needed for the CDK CLI"

@@ -4,12 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from trainstack import naming
-from trainstack.loader import base_recipe_names, resolve, team_names, team_recipe_names
-from trainstack.metrics import metric_definitions
-from trainstack.planner import plan
-from trainstack.recipe import Recipe, from_hyperparameters, to_hyperparameters
-from trainstack.request import (
+from trainstack.aws.request import (
     Runtime,
     checkpoint_uri,
     create_training_job_request,
@@ -18,7 +13,12 @@ from trainstack.request import (
     job_name,
     last_job,
 )
-from trainstack.request_check import check_request
+from trainstack.aws.request_check import check_request
+from trainstack.planner import plan
+from trainstack.protocol.metrics import metric_definitions
+from trainstack.recipes import naming
+from trainstack.recipes.loader import base_recipe_names, resolve, team_names, team_recipe_names
+from trainstack.recipes.schema import Recipe, from_hyperparameters, to_hyperparameters
 
 ARGS = dict(
     role_arn="arn:aws:iam::123456789012:role/exec",
@@ -45,7 +45,7 @@ def job_args(r: Recipe, team: str | None = None, run_id: str = "abc-r1", index: 
 
 def validate_api(request: dict) -> None:
     """The request as SageMaker checks it: botocore's model (names, types, lengths, patterns, enums, ranges)
-    and the documented cross-field rules (trainstack.request_check)."""
+    and the documented cross-field rules (trainstack.aws.request_check)."""
     assert check_request(request) == []
 
 
@@ -58,7 +58,9 @@ def test_every_recipe_gives_a_valid_api_request_carrying_the_recipe(name: str, t
     validate_api(request)
     assert request["ResourceConfig"]["InstanceType"] == r.compute.instance_type
     assert request["ResourceConfig"]["InstanceCount"] == r.compute.instance_count
-    if r.instance.has_instance_store:  # local NVMe: no EBS volume to size or encrypt (trainstack.hardware)
+    if (
+        r.instance.has_instance_store
+    ):  # local NVMe: no EBS volume to size or encrypt (trainstack.recipes.hardware)
         assert "VolumeSizeInGB" not in request["ResourceConfig"]
         assert "VolumeKmsKeyId" not in request["ResourceConfig"]
     else:

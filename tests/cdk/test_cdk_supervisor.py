@@ -122,7 +122,7 @@ def test_alarms_cover_both_supervisor_machines_and_undelivered_job_events(all_te
 
 
 def test_the_job_ended_machine_decides_with_the_rule_table(all_templates: dict) -> None:
-    from trainstack.supervisor import RULES
+    from trainstack.aws.supervisor import RULES
 
     states = state_machine_definition(all_templates[LAUNCHER], "JobEnded")["States"]
     assert [c["Next"] for c in states["Decide"]["Choices"]] == [f"Rule{r.id}" for r in RULES]
@@ -142,13 +142,13 @@ def test_results_discarded_in_the_builder_stay_discarded_in_the_template(all_tem
 
 
 def test_the_supervisor_may_create_grants_only_for_a_volume_it_encrypts(monkeypatch, tmp_path) -> None:
-    """An instance type with an EBS volume gets VolumeKmsKeyId in its request (trainstack.request), and
+    """An instance type with an EBS volume gets VolumeKmsKeyId in its request (trainstack.aws.request), and
     then the roles that create its jobs may create the grant SageMaker makes for that volume."""
     import dataclasses
 
     from cdk_helpers import synth, templates
 
-    from trainstack import hardware
+    from trainstack.recipes import hardware
 
     ebs_only = dataclasses.replace(hardware.INSTANCES["ml.p5.48xlarge"], instance_store_disks=0)
     monkeypatch.setitem(hardware.INSTANCES, "ml.p5.48xlarge", ebs_only)

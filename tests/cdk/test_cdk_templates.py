@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 from cdk_helpers import ENV, flatten_join, resources, state_machine_definition, synth
 
-from trainstack import naming
-from trainstack.config import load
-from trainstack.loader import base_recipe_names, resolve, team_names, team_recipe_names
-from trainstack.metrics import metric_definitions
-from trainstack.recipe import to_hyperparameters
+from trainstack.aws.deployment import load
+from trainstack.protocol.metrics import metric_definitions
+from trainstack.recipes import naming
+from trainstack.recipes.loader import base_recipe_names, resolve, team_names, team_recipe_names
+from trainstack.recipes.schema import to_hyperparameters
 
 pytestmark = pytest.mark.xdist_group("cdk-synth")
 ALL = [(n, None) for n in base_recipe_names()] + [(n, t) for t in team_names() for n in team_recipe_names(t)]
@@ -234,7 +234,7 @@ def test_no_iam_statement_grants_wildcard_actions(all_templates: dict) -> None:
 def test_each_launcher_may_touch_only_its_own_recipes_training_jobs(all_templates: dict) -> None:
     """The IAM resource `training-job/<job-name prefix>*` of one recipe and team matches none of the job
     names of another (`8b-fp8` vs `8b-fp8-128k`, one team vs another), and all of its own."""
-    from trainstack.request import job_name
+    from trainstack.aws.request import job_name
 
     def as_list(value):
         return value if isinstance(value, list) else [value]

@@ -19,7 +19,7 @@ import pytest
 from aws_cdk import aws_ecr as ecr
 
 from stacks import image
-from trainstack.config import ImageSource
+from trainstack.aws.deployment import ImageSource
 
 REPO = Path(__file__).resolve().parents[2]
 TRAINER = REPO / "training_image" / "trainer"
@@ -119,7 +119,11 @@ def test_a_cli_change_keeps_the_image_and_a_change_to_what_the_trainer_imports_r
     before, _ = _stage(tmp_path, monkeypatch)
     (tmp_path / "trainstack" / "cli.py").write_text("# a CLI refactor\n")
     assert _stage(tmp_path, monkeypatch)[0] == before
-    for path in ("trainstack/recipe.py", "trainstack/planner/core.py", "training_image/trainer/train.py"):
+    for path in (
+        "trainstack/recipes/schema.py",
+        "trainstack/planner/core.py",
+        "training_image/trainer/train.py",
+    ):
         changed = tmp_path / path
         changed.write_text(changed.read_text() + "\n# changed\n")
         after, _ = _stage(tmp_path, monkeypatch)

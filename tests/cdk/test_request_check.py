@@ -11,13 +11,10 @@ from pathlib import Path
 import pytest
 from botocore.validate import ParamValidator
 
-from trainstack import hardware, naming, request_check
-from trainstack.config import load
-from trainstack.errors import RecipeError, TrainstackError
-from trainstack.loader import base_recipe_names, resolve, team_names, team_recipe_names
-from trainstack.recipe import RECIPE_NAME_MAX, TEAM_NAME_MAX, Recipe, to_hyperparameters
-from trainstack.request import Runtime, create_training_job_request
-from trainstack.request_check import (
+from trainstack.aws import request_check
+from trainstack.aws.deployment import load
+from trainstack.aws.request import Runtime, create_training_job_request
+from trainstack.aws.request_check import (
     MAX_RUNTIME_SECONDS,
     PLACEHOLDERS,
     Finding,
@@ -28,6 +25,10 @@ from trainstack.request_check import (
     longest_job_name,
     requests_for,
 )
+from trainstack.errors import RecipeError, TrainstackError
+from trainstack.recipes import hardware, naming
+from trainstack.recipes.loader import base_recipe_names, resolve, team_names, team_recipe_names
+from trainstack.recipes.schema import RECIPE_NAME_MAX, TEAM_NAME_MAX, Recipe, to_hyperparameters
 
 ALL = [(n, None) for n in base_recipe_names()] + [(n, t) for t in team_names() for n in team_recipe_names(t)]
 PLAN_ARN = "arn:aws:sagemaker:us-west-2:123456789012:training-plan/p6-b200-reserved-2026"
@@ -271,7 +272,7 @@ def test_the_longest_name_the_supervisor_makes_fits_and_the_check_follows_naming
     assert name.endswith(f"-{naming.JOB_INDEX_MAX}") and len(name) == naming.JOB_NAME_MAX
     assert check_recipe(longest, team) == []
     # Were the supervisor to name jobs past 63 characters, the check would refuse the recipe before deploy.
-    monkeypatch.setattr("trainstack.request_check.longest_job_name", lambda r, t: name + "-x")
+    monkeypatch.setattr("trainstack.aws.request_check.longest_job_name", lambda r, t: name + "-x")
     found = check_recipe(longest, team)
     assert {f.path for f in found} == {"TrainingJobName"} and {f.field for f in found} == {"name"}
 
@@ -333,7 +334,7 @@ def bad_tree(tmp_path: Path) -> Path:
 def test_validate_plan_and_synth_refuse_the_recipe_in_one_line(bad_tree: Path, capsys) -> None:
     from typer.testing import CliRunner
 
-    from trainstack.cli import app
+    from trainstack.cli.main import app
 
     expected = "spotwarm.yaml: compute.keep_alive_seconds: 900: SageMaker warm pools cannot be used"
     runner = CliRunner()

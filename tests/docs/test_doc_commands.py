@@ -195,9 +195,9 @@ def workspace(top: Path) -> Iterator[Workspace]:
 
 def _ensure_deployed(ws: Workspace, commands: list[Command]) -> str | None:
     """Deploy every recipe/team the block's trainstack commands name, unless deployed already."""
-    from trainstack.emulator import ACCOUNT, REGION, clients
-    from trainstack.loader import resolve
-    from trainstack.naming import parse_run_name, stack_prefix
+    from trainstack.emulator.endpoint import ACCOUNT, REGION, clients
+    from trainstack.recipes.loader import resolve
+    from trainstack.recipes.naming import parse_run_name, stack_prefix
 
     env = ws.aws_env
     (cfn,) = clients(env, "cloudformation")
@@ -260,8 +260,8 @@ def _deliver_job_ends(ws: Workspace, run: str) -> None:
     `resume` then finds it stopped, as it would after the job ended on AWS)."""
     import time
 
-    from trainstack.emulator import clients
-    from trainstack.emulator_events import deliver_job_state_change
+    from trainstack.emulator.endpoint import clients
+    from trainstack.emulator.events import deliver_job_state_change
 
     env = ws.aws_env
     sagemaker, sfn = clients(env, "sagemaker", "stepfunctions")

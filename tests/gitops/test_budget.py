@@ -9,10 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from trainstack import budget
 from trainstack.errors import RecipeError
-from trainstack.loader import resolve
-from trainstack.planner import plan
+from trainstack.planner import budget, plan
+from trainstack.recipes.loader import resolve
 
 
 @pytest.fixture

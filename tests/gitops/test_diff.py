@@ -12,10 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from trainstack import diff_report, gitdiff, naming
 from trainstack.errors import TrainstackError
-from trainstack.loader import resolve
+from trainstack.gitops import gitdiff
+from trainstack.gitops import report as diff_report
 from trainstack.planner import plan
+from trainstack.recipes import naming
+from trainstack.recipes.loader import resolve
 
 TREE = {
     "recipes/small.yaml": None,  # filled in by the fixture with the helpers' base recipe

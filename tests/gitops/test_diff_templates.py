@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from trainstack import diff_report, gitdiff, template_diff
+from trainstack.gitops import gitdiff, template_diff
+from trainstack.gitops import report as diff_report
 
 ROOT = Path(__file__).resolve().parents[2]
 KEEP = ("1b-bf16", "3b-bf16")
@@ -98,39 +99,40 @@ def test_only_stack_sets_whose_templates_change_deploy(project, h, tmp_path, mon
     for before in unchanged:
         assert before.read_bytes() == (keep / "head.out" / before.name).read_bytes(), before.name
 
-    assert diff.infra_files == ("stacks/app.py", "trainstack/cli.py")
+    assert diff.infra_files == ("stacks/app.py", "trainstack/cli/main.py")
     assert [t.stack for t in diff.deploys] == ["Trainstack-platform-3b-bf16"]  # not 1b-bf16: identical
     (target,) = diff.deploys
-    assert target.status == "code" and target.reasons == ("stacks/app.py", "trainstack/cli.py")
+    assert target.status == "code" and target.reasons == ("stacks/app.py", "trainstack/cli/main.py")
     assert target.resources and all(
         r.startswith("Data: ") and r.endswith(" modified") for r in target.resources
     )
     assert any("(AWS::S3::Bucket)" in r for r in target.resources)
     assert [m["stack"] for m in diff.to_dict()["matrix"]["include"]] == ["Trainstack-platform-3b-bf16"]
     notes = diff_report.notes(diff)
-    assert "Infrastructure files changed: stacks/app.py, trainstack/cli.py." in notes
+    assert "Infrastructure files changed: stacks/app.py, trainstack/cli/main.py." in notes
     assert any(n.startswith("Template changes in Trainstack-platform-3b-bf16: Data: ") for n in notes)
-    assert "Infrastructure files changed: `stacks/app.py`, `trainstack/cli.py`." in diff_report.to_markdown(
-        diff
+    assert (
+        "Infrastructure files changed: `stacks/app.py`, `trainstack/cli/main.py`."
+        in diff_report.to_markdown(diff)
     )
     assert not any("training image rebuilt" in n for n in notes)
 
 
 def test_the_diff_names_as_image_files_only_what_the_build_context_holds(tmp_path):
     (tmp_path / ".dockerignore").write_text(
-        "*\n!trainstack/recipe.py\n!trainstack/planner/\n!recipes/\n**/*.pyc\n"
+        "*\n!trainstack/recipes/schema.py\n!trainstack/planner/\n!recipes/\n**/*.pyc\n"
     )
     changed = (
-        "trainstack/cli.py",
-        "trainstack/recipe.py",
-        "trainstack/recipe_keys.py",
+        "trainstack/cli/main.py",
+        "trainstack/recipes/schema.py",
+        "trainstack/recipes/keys.py",
         "trainstack/planner/core.py",
         "recipes/1b-bf16.yaml",
         ".dockerignore",
         "stacks/app.py",
     )
     assert gitdiff.image_context_files(tmp_path, changed) == (
-        "trainstack/recipe.py",
+        "trainstack/recipes/schema.py",
         "trainstack/planner/core.py",
         ".dockerignore",
     )

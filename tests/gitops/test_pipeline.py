@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 from stacks.pipeline import PipelineSettings, TeamRollout, synth_commands
-from trainstack.config import load
+from trainstack.aws.deployment import load
 from trainstack.errors import TrainstackError
-from trainstack.loader import base_recipe_names, resolve, team_names, team_recipe_names
 from trainstack.planner import plan
+from trainstack.recipes.loader import base_recipe_names, resolve, team_names, team_recipe_names
 
 ROOT = Path(__file__).resolve().parents[2]
 CONNECTION = "arn:aws:codeconnections:us-west-2:123456789012:connection/12345678-1234-1234-1234-123456789012"

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from stacks.pipeline import rollouts
-from trainstack import gitdiff
-from trainstack.config import load
+from trainstack.aws.deployment import load
+from trainstack.gitops import gitdiff
 
 IMAGE = {"image_uri": "123456789012.dkr.ecr.us-west-2.amazonaws.com/trainstack:test"}
 ENV = {"CDK_DEFAULT_ACCOUNT": "111111111111", "CDK_DEFAULT_REGION": "us-west-2"}

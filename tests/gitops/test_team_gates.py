@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from trainstack.errors import RecipeError, TrainstackError
-from trainstack.loader import GATES_MESSAGE, resolve
+from trainstack.recipes.loader import GATES_MESSAGE, resolve
 
 
 @pytest.fixture

@@ -11,11 +11,12 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from trainstack import config, gitdiff
-from trainstack.cli import app
-from trainstack.commands.schema import recipe_schema
+from trainstack.aws import deployment as config
+from trainstack.cli.commands.schema import recipe_schema
+from trainstack.cli.main import app
 from trainstack.errors import RecipeError
-from trainstack.loader import resolve, team_recipe_names
+from trainstack.gitops import gitdiff
+from trainstack.recipes.loader import resolve, team_recipe_names
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from trainstack.exit_codes import failure_line
-from trainstack.supervisor import MAX_CONSECUTIVE_CRASHES
+from trainstack.aws.supervisor import MAX_CONSECUTIVE_CRASHES
+from trainstack.protocol.exit_codes import failure_line
 
 
 @dataclass(frozen=True)
@@ -21,7 +21,7 @@ class Case:
     stale: bool = False  # the run's newest job is another one (a repeated or late event)
     run_state: str = "running"
     crashes: int = 0  # jobs in a row before this one that ended by the Crashed rule
-    outcome: str = ""  # expected trainstack.supervisor.Outcome value
+    outcome: str = ""  # expected trainstack.aws.supervisor.Outcome value
     rule: str = ""  # expected rule id
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from trainstack import emulator as emu
+from trainstack.emulator import endpoint as emu
 
 ROOT = Path(__file__).resolve().parents[2]
 TRAINSTACK = str(Path(sys.executable).parent / "trainstack")

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from trainstack.aws import where_line
-from trainstack.emulator import is_emulator_process
+from trainstack.aws.session import where_line
+from trainstack.emulator.endpoint import is_emulator_process
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("emulator")]
 ROOT = Path(__file__).resolve().parents[2]
@@ -103,10 +103,10 @@ def test_status_draws_the_metric_history_cloudwatch_holds(tmp_path: Path) -> Non
     """The trend rows come from GetMetricData over the job's whole history (here: six points)."""
     from datetime import UTC, datetime, timedelta
 
-    from trainstack.emulator import Emulator
-    from trainstack.loader import resolve
-    from trainstack.metrics import FIELD_BY_KEY
-    from trainstack.request import job_name
+    from trainstack.aws.request import job_name
+    from trainstack.emulator.endpoint import Emulator
+    from trainstack.protocol.metrics import FIELD_BY_KEY
+    from trainstack.recipes.loader import resolve
 
     recipe = resolve("1b-bf16").recipe
     name = job_name(recipe, None, "trend1")

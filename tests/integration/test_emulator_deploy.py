@@ -22,19 +22,20 @@ from pathlib import Path
 
 import pytest
 
-from trainstack import emulator_events, naming
-from trainstack.aws import training_job_request_sent
-from trainstack.emulator import ACCOUNT, REGION, Emulator, clients, deliver_stack_status
-from trainstack.exit_codes import failure_line
-from trainstack.loader import resolve
-from trainstack.request import (
+from trainstack.aws.request import (
     WARM_POOL_SECONDS,
     checkpoint_uri,
     create_training_job_request,
     job_name,
     stopping_condition,
 )
-from trainstack.supervisor import CRASH_LOOP, MAX_CONSECUTIVE_CRASHES
+from trainstack.aws.session import training_job_request_sent
+from trainstack.aws.supervisor import CRASH_LOOP, MAX_CONSECUTIVE_CRASHES
+from trainstack.emulator import events as emulator_events
+from trainstack.emulator.endpoint import ACCOUNT, REGION, Emulator, clients, deliver_stack_status
+from trainstack.protocol.exit_codes import failure_line
+from trainstack.recipes import naming
+from trainstack.recipes.loader import resolve
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("emulator")]
 ROOT = Path(__file__).resolve().parents[2]

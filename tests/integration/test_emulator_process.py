@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from trainstack.emulator import is_emulator_process
+from trainstack.emulator.endpoint import is_emulator_process
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("emulator")]
 
@@ -49,7 +49,7 @@ def test_sigterm_stops_the_server_and_removes_the_state_file(tmp_path: Path) -> 
 
 
 def test_a_started_emulator_used_as_a_context_manager_runs_one_server_and_stops_it() -> None:
-    from trainstack.emulator import Emulator
+    from trainstack.emulator.endpoint import Emulator
 
     with Emulator().start(timeout_s=120) as emulator:
         pid = emulator._process.pid

@@ -17,12 +17,13 @@ from stacks.retries import CAPACITY_ERRORS, TRANSIENT_ERRORS, integration_of
 from stacks.supervisor.asl import REGISTRY_ATTRIBUTES, constants_for
 from stacks.supervisor.job_ended import job_ended_definition, rule_condition
 from stacks.supervisor.start_job import start_job_definition
-from trainstack import naming, supervisor
-from trainstack.loader import resolve
+from trainstack.aws import supervisor
+from trainstack.aws.request import Runtime, create_training_job_request
+from trainstack.aws.supervisor import EndedJob, Outcome, RunRecord, next_action
 from trainstack.planner import plan
-from trainstack.recipe import to_hyperparameters
-from trainstack.request import Runtime, create_training_job_request
-from trainstack.supervisor import EndedJob, Outcome, RunRecord, next_action
+from trainstack.recipes import naming
+from trainstack.recipes.loader import resolve
+from trainstack.recipes.schema import to_hyperparameters
 
 HISTORY_LIMIT = 25_000  # Step Functions standard workflows fail an execution at 25,000 events
 EVENTS_PER_STATE = 2  # entered, exited
@@ -64,7 +65,7 @@ def test_a_capacity_failure_waits_before_the_next_job() -> None:
 
 
 def test_the_trainers_fatal_exit_codes_end_the_run_and_its_other_failures_do_not() -> None:
-    from trainstack.exit_codes import FATAL, failure_line
+    from trainstack.protocol.exit_codes import FATAL, failure_line
 
     run = RunRecord("ts-p-r--x", "running", "ts-p-r--x-1", 1, 20)
     for code in (1, 2, 3, 4, 137):

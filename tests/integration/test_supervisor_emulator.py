@@ -18,12 +18,12 @@ import pytest
 from supervisor_cases import CASES, Case
 from test_supervisor_decisions import HISTORY_LIMIT, definitions, history_bound
 
-from trainstack import emulator_events
-from trainstack.emulator import ACCOUNT, REGION, Emulator, clients
-from trainstack.loader import resolve
-from trainstack.registry import read_run
-from trainstack.request import execution_input, last_job
-from trainstack.supervisor import RUN_STATE, EndedJob, Outcome, RunRecord, next_action
+from trainstack.aws.registry import read_run
+from trainstack.aws.request import execution_input, last_job
+from trainstack.aws.supervisor import RUN_STATE, EndedJob, Outcome, RunRecord, next_action
+from trainstack.emulator import events as emulator_events
+from trainstack.emulator.endpoint import ACCOUNT, REGION, Emulator, clients
+from trainstack.recipes.loader import resolve
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("supervisor-emulator")]
 RECIPE = resolve("1b-bf16").recipe
@@ -260,8 +260,8 @@ def test_state_payloads_and_the_run_record_stay_within_what_aws_accepts(cloud, c
     to a run's most jobs (naming.JOB_INDEX_MAX) and the largest overrides a request may carry."""
     from botocore.session import get_session
 
-    from trainstack.exit_codes import FAILURE_REASON_MAX
-    from trainstack.naming import JOB_INDEX_MAX
+    from trainstack.protocol.exit_codes import FAILURE_REASON_MAX
+    from trainstack.recipes.naming import JOB_INDEX_MAX
 
     run, start = launch(cloud, "limits")
     one_job = item_size(cloud, run)

@@ -52,8 +52,8 @@ def synth(
 
     from stacks.monitoring import Monitoring
     from stacks.storage import EncryptionKey
-    from trainstack.loader import resolve
     from trainstack.planner import plan
+    from trainstack.recipes.loader import resolve
 
     resolved = resolve(recipe_name, team=team, overrides=overrides)
     recipe, the_plan = resolved.recipe, plan(resolved.recipe)

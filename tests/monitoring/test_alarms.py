@@ -13,8 +13,8 @@ import pytest
 from monitoring_helpers import definition, manager, synth, tasks_of, topic_ref
 
 from stacks.monitoring import run_alarm_specs
-from trainstack.metrics import FIELD_BY_KEY
-from trainstack.naming import job_name_prefix
+from trainstack.protocol.metrics import FIELD_BY_KEY
+from trainstack.recipes.naming import job_name_prefix
 
 
 @pytest.fixture(scope="module")

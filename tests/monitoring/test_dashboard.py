@@ -9,8 +9,8 @@ import re
 import pytest
 from monitoring_helpers import synth
 
-from trainstack.metrics import metric_definitions
-from trainstack.naming import job_name_prefix
+from trainstack.protocol.metrics import metric_definitions
+from trainstack.recipes.naming import job_name_prefix
 
 
 def body_of(s) -> dict:

@@ -3,7 +3,7 @@ alarms then see against their thresholds.
 
 SageMaker applies each MetricDefinition's regex to every log line and publishes the first capture
 group as a value of that metric. `extract` does the same with the definitions exactly as the launcher
-sends them (trainstack.metrics.metric_definitions), and the expected values come from splitting the
+sends them (trainstack.protocol.metrics.metric_definitions), and the expected values come from splitting the
 line on spaces and `=`, independently of those regexes.
 """
 
@@ -17,9 +17,9 @@ import pytest
 from monitoring_helpers import definition, synth, tasks_of
 
 from stacks.monitoring import Thresholds
-from trainstack.loader import resolve
-from trainstack.metrics import FIELDS, format_line, metric_definitions
 from trainstack.planner import plan
+from trainstack.protocol.metrics import FIELDS, format_line, metric_definitions
+from trainstack.recipes.loader import resolve
 
 RECORDED = (Path(__file__).parent / "data" / "trainer_cpu_tiny.log").read_text().splitlines()
 TINY = Path(__file__).resolve().parents[1] / "trainer" / "fixtures" / "tiny.yaml"

@@ -21,9 +21,9 @@ from moto import mock_aws
 from moto.events.models import EventPattern
 
 from stacks.monitoring.patterns import job_state_pattern
-from trainstack.naming import job_name_prefix
-from trainstack.recipe import to_hyperparameters
-from trainstack.request import job_name
+from trainstack.aws.request import job_name
+from trainstack.recipes.naming import job_name_prefix
+from trainstack.recipes.schema import to_hyperparameters
 
 SAMPLE = json.loads((Path(__file__).parent / "data" / "sagemaker_training_job_state_change.json").read_text())
 
@@ -61,7 +61,7 @@ def matches(rule):
 
 
 def test_put_events_routes_this_recipes_failure_and_nothing_else(s, rule):
-    from trainstack.loader import resolve
+    from trainstack.recipes.loader import resolve
 
     with mock_aws():
         events = boto3.client("events", region_name="us-east-1")
@@ -107,7 +107,7 @@ def test_ignores_progress_states(s, matches):
 
 
 def test_ignores_other_recipes_and_teams(s, matches):
-    from trainstack.loader import resolve
+    from trainstack.recipes.loader import resolve
 
     other = resolve("7b-bf16").recipe
     assert not matches(event_for(job_name(other, None, "a1"), "Failed"))
@@ -117,7 +117,7 @@ def test_ignores_other_recipes_and_teams(s, matches):
 
 
 def test_the_job_name_prefix_tells_the_recipe_apart_from_one_extending_its_name():
-    from trainstack.loader import resolve
+    from trainstack.recipes.loader import resolve
 
     s = synth("8b-fp8")
     props = {"EventPattern": job_state_pattern(job_name_prefix(s.recipe, None))}

@@ -18,8 +18,8 @@ import pytest
 from monitoring_helpers import definition, synth, topic_ref
 
 from stacks.monitoring import run_alarm_specs
-from trainstack.emulator import Emulator
-from trainstack.request import job_name
+from trainstack.aws.request import job_name
+from trainstack.emulator.endpoint import Emulator
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("monitoring-emulator")]
 SAMPLE = json.loads((Path(__file__).parent / "data" / "sagemaker_training_job_state_change.json").read_text())

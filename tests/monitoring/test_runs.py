@@ -1,4 +1,4 @@
-"""trainstack.runs: which jobs belong to a recipe, and how a run compares to its plan (no AWS)."""
+"""trainstack.aws.runs: which jobs belong to a recipe, and how a run compares to its plan (no AWS)."""
 
 from __future__ import annotations
 
@@ -7,12 +7,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from trainstack.loader import resolve
-from trainstack.metrics import FIELDS
-from trainstack.naming import job_name_prefix, recipe_hash
-from trainstack.planner import plan
-from trainstack.request import job_name
-from trainstack.runs import (
+from trainstack.aws.request import job_name
+from trainstack.aws.runs import (
     Job,
     Sample,
     assess,
@@ -21,6 +17,10 @@ from trainstack.runs import (
     latest_from_results,
     metric_queries,
 )
+from trainstack.planner import plan
+from trainstack.protocol.metrics import FIELDS
+from trainstack.recipes.loader import resolve
+from trainstack.recipes.naming import job_name_prefix, recipe_hash
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 
@@ -116,7 +116,7 @@ class _Unsorted:
 
 def test_find_jobs_sorts_every_matching_job_before_it_cuts(recipe):
     """`status --runs 1` and `logs` show the newest job even where ListTrainingJobs ignores SortOrder."""
-    from trainstack.runs import find_jobs
+    from trainstack.aws.runs import find_jobs
 
     run = job_name(recipe, None, "r1")
     names = [f"{run}-{i}" for i in range(1, 6)]
@@ -215,7 +215,7 @@ def test_recipe_hash_is_the_segment_after_the_prefix(recipe):
 def test_status_panel_says_an_ended_job_will_not_report_a_step(recipe, the_plan, status, words):
     from rich.console import Console
 
-    from trainstack.commands.status import _run_panel
+    from trainstack.cli.commands.status import _run_panel
 
     job = job_from_description(describe(recipe, TrainingJobStatus=status))
     console = Console(width=200, record=True, file=io.StringIO())

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from trainstack.registry import run_from_item, view
-from trainstack.runs import Job
+from trainstack.aws.registry import run_from_item, view
+from trainstack.aws.runs import Job
 
 RUN = "ts-platform-30b-fp8--main"
 T0 = datetime(2026, 11, 1, tzinfo=UTC)
@@ -124,7 +124,7 @@ class _Stacks:
 
 
 def test_registries_are_every_data_stack_with_a_run_table_or_the_one_asked_for() -> None:
-    from trainstack.registry import Registry, registries
+    from trainstack.aws.registry import Registry, registries
 
     assert registries(_Stacks()) == [
         Registry("Trainstack-nlp-8b-fp8-Data", "t1"),

@@ -18,11 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from trainstack.emulator import Emulator
-from trainstack.loader import resolve
-from trainstack.metrics import FIELD_BY_KEY
+from trainstack.aws.request import job_name
+from trainstack.emulator.endpoint import Emulator
 from trainstack.planner import plan
-from trainstack.request import job_name
+from trainstack.protocol.metrics import FIELD_BY_KEY
+from trainstack.recipes.loader import resolve
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("monitoring-emulator")]
 REPO = Path(__file__).resolve().parents[2]
@@ -42,7 +42,7 @@ def emulator(tmp_path_factory):
 def cli(emu: Emulator, *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, **emu.env(), "COLUMNS": "160", "NO_COLOR": "1"}
     return subprocess.run(
-        [sys.executable, "-m", "trainstack.cli", *args, "--local"],
+        [sys.executable, "-m", "trainstack.cli.main", *args, "--local"],
         cwd=REPO,
         env=env,
         capture_output=True,
@@ -173,7 +173,7 @@ def test_logs_prints_the_jobs_stream(emulator):
 
 def test_a_launch_still_waiting_for_its_job_shows_as_pending(emulator):
     """The launcher stack's StateMachineArn output leads status to executions that have no job yet."""
-    from trainstack.naming import stack_prefix
+    from trainstack.recipes.naming import stack_prefix
 
     recipe = resolve(RECIPE).recipe
     machine = emulator.client("stepfunctions").create_state_machine(

@@ -9,8 +9,8 @@ import pytest
 from rich.text import Text
 from typer.testing import CliRunner
 
-from trainstack.cli import app
-from trainstack.commands import status
+from trainstack.cli.commands import status
+from trainstack.cli.main import app
 
 
 class _Clients:
@@ -29,7 +29,7 @@ def views(monkeypatch) -> list[Any]:
         return Text("VIEW"), item
 
     monkeypatch.setattr(status, "_view_and_snapshot", view_and_snapshot)
-    monkeypatch.setattr("trainstack.runs.aws_clients", lambda local: _Clients())
+    monkeypatch.setattr("trainstack.aws.runs.aws_clients", lambda local: _Clients())
     monkeypatch.setattr(status.time, "sleep", lambda s: None)
     return queue
 

@@ -14,8 +14,8 @@ from torch.distributed.fsdp import FSDPModule
 from trainer.model import build_model, pytorch_backend
 from trainer.parallel import build_mesh, fsdp_units, shard_model
 
-from trainstack.loader import resolve
-from trainstack.trainer_memory import gathered_parameter_bytes_after_forward
+from trainstack.planner.trainer_memory import gathered_parameter_bytes_after_forward
+from trainstack.recipes.loader import resolve
 
 
 def param_groups(model: torch.nn.Module) -> dict[str, object]:

@@ -170,7 +170,7 @@ def test_every_recipes_shard_objects_stay_within_s3_multipart_limits():
     it must fit 10,000 parts. The emulator enforces none of this."""
     from s3torchconnector import S3ClientConfig
 
-    from trainstack.loader import resolve
+    from trainstack.recipes.loader import resolve
 
     part = S3ClientConfig().part_size
     assert 5 * 2**20 <= part <= 5 * 2**30
@@ -199,7 +199,7 @@ def test_s3_location_needs_a_region_and_an_s3_uri(monkeypatch):
 def s3_bucket():
     """The local emulator's S3 with one bucket; yields (environment, bucket name)."""
     pytest.importorskip("boto3")
-    from trainstack.emulator import Emulator
+    from trainstack.emulator.endpoint import Emulator
 
     with Emulator() as emulator:
         env, client = emulator.env(), emulator.client("s3")

@@ -16,7 +16,7 @@ from trainer.comms import (
     parse_nccl_debug,
 )
 
-from trainstack import exit_codes
+from trainstack.protocol import exit_codes
 
 NCCL_LOGS = Path(__file__).resolve().parent / "fixtures" / "nccl"
 

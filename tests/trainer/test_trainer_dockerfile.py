@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from trainer import te_requirements
 
-from trainstack.gitdiff import image_context
+from trainstack.gitops.gitdiff import image_context
 
 REPO = Path(__file__).resolve().parents[2]
 DOCKERFILE = REPO / "training_image" / "Dockerfile"

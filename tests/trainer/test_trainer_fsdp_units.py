@@ -1,6 +1,6 @@
 """FSDP units as torchtitan's, on 2 gloo ranks: the embedding and [final norm + output head] are
 units of their own, so the embedding is resharded through the step and only the head and the last
-block stay gathered after forward (what trainstack.trainer_memory tells the planner)."""
+block stay gathered after forward (what trainstack.planner.trainer_memory tells the planner)."""
 
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ from trainer.model import build_model, pytorch_backend
 from trainer.parallel import set_gradient_sync, shard_model
 from trainer_helpers import TINY
 
-from trainstack.loader import resolve
+from trainstack.recipes.loader import resolve
 
 
 def unsharded_gradients_held(model: torch.nn.Module) -> list[str]:

@@ -56,7 +56,7 @@ def test_sigterm_budget_keeps_the_exit_margin():
 
 def test_the_planner_tells_the_user_with_the_margin_the_trainer_keeps():
     # run.checkpoint.sigterm_fits and plan_stop spend the same window: one constant, in trainstack.
-    from trainstack import run_plan
+    from trainstack.planner import run_plan
 
     assert EXIT_MARGIN_S is run_plan.EXIT_MARGIN_S
     assert GRACE == run_plan.SIGTERM_GRACE_S

@@ -1,4 +1,4 @@
-"""trainstack.trainer_memory says what the real block keeps and recomputes.
+"""trainstack.planner.trainer_memory says what the real block keeps and recomputes.
 
 Counted on the real pure-PyTorch block (training_image/trainer/model.py) in BF16 on CPU, for several
 shapes and every checkpointing mode, by bench/saved_tensors.py: storages alive between forward and
@@ -18,9 +18,9 @@ from trainer.activation_checkpointing import ATTENTION_OPS, apply_activation_che
 from trainer.model import Block, build_model, pytorch_backend, rotary_tables
 from trainer_helpers import REPO
 
-from trainstack import trainer_memory
-from trainstack.loader import base_recipe_names, resolve
-from trainstack.recipe import ActivationCheckpointing, ModelShape
+from trainstack.planner import trainer_memory
+from trainstack.recipes.loader import base_recipe_names, resolve
+from trainstack.recipes.schema import ActivationCheckpointing, ModelShape
 
 sys.path.insert(0, str(REPO / "bench"))
 from saved_tensors import count_saved_bytes  # noqa: E402

@@ -43,8 +43,8 @@ from trainer.parallel import shard_model
 from trainer_helpers import TINY
 
 from trainstack.errors import RecipeError
-from trainstack.loader import resolve
-from trainstack.recipe import ActivationCheckpointing, Recipe, to_hyperparameters
+from trainstack.recipes.loader import resolve
+from trainstack.recipes.schema import ActivationCheckpointing, Recipe, to_hyperparameters
 
 
 @pytest.fixture(scope="module")

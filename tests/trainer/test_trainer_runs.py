@@ -16,10 +16,10 @@ import pytest
 from trainer.checkpoint import MARKER, completeness_problem
 from trainer_helpers import REPO, TINY, metric_lines, torchrun, trainer_env, two_nodes
 
-from trainstack.loader import resolve
-from trainstack.metrics import FIELDS, metric_definitions, parse_line
-from trainstack.recipe import to_hyperparameters
-from trainstack.request import create_training_job_request
+from trainstack.aws.request import create_training_job_request
+from trainstack.protocol.metrics import FIELDS, metric_definitions, parse_line
+from trainstack.recipes.loader import resolve
+from trainstack.recipes.schema import to_hyperparameters
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("trainer")]
 
@@ -422,7 +422,7 @@ def test_checkpoints_go_straight_to_the_emulators_s3_and_resume_exactly(straight
     """TRAINSTACK_CHECKPOINT_URI as the launcher sets it: both ranks write their shards straight to
     S3 (the local emulator's, through s3torchconnector), a second job resumes from S3 exactly."""
     pytest.importorskip("boto3")
-    from trainstack.emulator import Emulator
+    from trainstack.emulator.endpoint import Emulator
 
     with Emulator() as emulator:
         env, s3 = emulator.env(), emulator.client("s3")

@@ -24,8 +24,8 @@ from trainer.precision import TE_RECIPE_CLASS, check_precision
 from trainer_helpers import REPO, TINY, trainer_env
 
 from trainstack.errors import RecipeError, TrainstackError
-from trainstack.loader import base_recipe_names, resolve
-from trainstack.recipe import ActivationCheckpointing, Precision, to_hyperparameters
+from trainstack.recipes.loader import base_recipe_names, resolve
+from trainstack.recipes.schema import ActivationCheckpointing, Precision, to_hyperparameters
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from trainstack.cli import COMMAND_MODULES, app
+from trainstack.cli.main import COMMAND_MODULES, app
 
 runner = CliRunner()
 ONE_NODE_64B_NO_CKPT = [

@@ -9,7 +9,7 @@ import sys
 import pytest
 from typer.testing import CliRunner
 
-from trainstack.cli import app
+from trainstack.cli.main import app
 
 
 def variant(replace: str = "", by: str = "", extra: str = "") -> tuple[str, str, str]:
@@ -202,18 +202,21 @@ def test_fp8_set_on_an_op_policy_recipe_is_refused_before_any_plan(recipes_dir, 
 
 
 def test_console_script_prints_one_line_and_exits_2(tmp_path):
-    """The installed entry point (trainstack.cli:main), not only the test runner, stays traceback-free."""
+    """The installed entry point (trainstack.cli.main:main), not only pytest, stays traceback-free."""
     bad = tmp_path / "empty.yaml"
     bad.write_text("")
     proc = subprocess.run(
-        [sys.executable, "-m", "trainstack.cli", "plan", str(bad)], capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "trainstack.cli.main", "plan", str(bad)],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert proc.returncode == 2
     assert proc.stderr.strip().count("\n") == 0 and "empty.yaml: file is empty" in proc.stderr
     assert "Traceback" not in proc.stderr + proc.stdout
 
 
-# --- the CLI's shared error path (trainstack.cli._Commands): usage, files, AWS ------------------------
+# --- the CLI's shared error path (trainstack.cli.main._Commands): usage, files, AWS ------------------------
 
 
 @pytest.mark.parametrize(

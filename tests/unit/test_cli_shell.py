@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from trainstack.loader import base_recipe_names, team_names
+from trainstack.recipes.loader import base_recipe_names, team_names
 
 TRAINSTACK = str(Path(sys.executable).parent / "trainstack")
 

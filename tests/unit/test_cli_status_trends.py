@@ -1,5 +1,5 @@
 """`trainstack status`: step, tokens/s and loss trends as sparklines and an ETA against the plan
-(trainstack.trends, pure), drawn into the run panel; and the panel fits 120 columns even when piped
+(trainstack.aws.trends, pure), drawn into the run panel; and the panel fits 120 columns even when piped
 with long values (the demo's case). No AWS: jobs and metrics are built by hand."""
 
 from __future__ import annotations
@@ -12,13 +12,13 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
-from trainstack import trends
-from trainstack.cli import app
-from trainstack.commands import status
-from trainstack.loader import resolve
+from trainstack.aws import trends
+from trainstack.aws.request import job_name
+from trainstack.aws.runs import Sample, assess, job_from_description
+from trainstack.cli.commands import status
+from trainstack.cli.main import app
 from trainstack.planner import plan
-from trainstack.request import job_name
-from trainstack.runs import Sample, assess, job_from_description
+from trainstack.recipes.loader import resolve
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 
@@ -118,7 +118,7 @@ def test_every_status_panel_fits_120_columns_when_piped(run, monkeypatch):
     class Clients:
         where = "the local emulator (http://localhost:55555)"
 
-    monkeypatch.setattr("trainstack.runs.aws_clients", lambda local: Clients())
+    monkeypatch.setattr("trainstack.aws.runs.aws_clients", lambda local: Clients())
     monkeypatch.setattr(status, "_collect", lambda *a: snapshot)
     result = CliRunner().invoke(app, ["status", "30b-fp8"], env={"COLUMNS": None})
     assert result.exit_code == 0, result.output

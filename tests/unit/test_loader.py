@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from trainstack.cli import app
+from trainstack.cli.main import app
 from trainstack.errors import RecipeError
-from trainstack.loader import parse_set, resolve
+from trainstack.recipes.loader import parse_set, resolve
 
 
 @pytest.fixture
@@ -181,7 +181,7 @@ def test_an_unquoted_account_in_a_file_says_to_quote_it(recipes_dir):
 
 def test_every_pattern_rule_in_the_schema_is_said_in_words(recipes_dir):
     """Each text field given a value no pattern accepts: the error states the rule, never a regex."""
-    from trainstack import recipe_keys
+    from trainstack.recipes import keys as recipe_keys
 
     checked = []
     for key in recipe_keys.leaf_fields():

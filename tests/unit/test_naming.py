@@ -13,13 +13,13 @@ import pytest
 from pydantic import ValidationError
 from typer.testing import CliRunner
 
-from trainstack import naming
-from trainstack.cli import app
-from trainstack.commands.launch import _suffix
-from trainstack.loader import resolve
-from trainstack.recipe import RECIPE_NAME_MAX, TEAM_NAME_MAX, Recipe, Tags
-from trainstack.request import job_name
-from trainstack.runs import is_recipe_job
+from trainstack.aws.request import job_name
+from trainstack.aws.runs import is_recipe_job
+from trainstack.cli.commands.launch import _suffix
+from trainstack.cli.main import app
+from trainstack.recipes import naming
+from trainstack.recipes.loader import resolve
+from trainstack.recipes.schema import RECIPE_NAME_MAX, TEAM_NAME_MAX, Recipe, Tags
 
 # (team, recipe): the same team with a recipe extending another's name (8b-fp8, 8b-fp8-128k, 8b), teams
 # whose names run into the recipe (`nlp8b` + `fp8`, `nlp8` + `b-fp8`, `nl` + `p-8b-fp8`: with hyphens

@@ -8,9 +8,9 @@ import stat
 import pytest
 from typer.testing import CliRunner
 
-from trainstack.cli import app
-from trainstack.commands.plan_plot import plot_data
-from trainstack.loader import resolve
+from trainstack.cli.commands.plan_plot import plot_data
+from trainstack.cli.main import app
+from trainstack.recipes.loader import resolve
 
 BASE = ["1b-bf16", "3b-bf16", "7b-bf16", "8b-fp8", "14b-fp8", "30b-fp8", "64b-fp8", "8b-fp8-128k"]
 runner = CliRunner()

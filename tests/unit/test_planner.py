@@ -7,8 +7,6 @@ from pathlib import Path
 
 import pytest
 
-from trainstack.hardware import INSTANCES
-from trainstack.loader import resolve
 from trainstack.planner import (
     CALIBRATION,
     GIB,
@@ -21,8 +19,10 @@ from trainstack.planner import (
     recompute_flops_per_token,
     throughput,
 )
-from trainstack.recipe import ModelShape
-from trainstack.trainer_memory import fsdp_units_in_flight_bytes, full_recompute_share
+from trainstack.planner.trainer_memory import fsdp_units_in_flight_bytes, full_recompute_share
+from trainstack.recipes.hardware import INSTANCES
+from trainstack.recipes.loader import resolve
+from trainstack.recipes.schema import ModelShape
 
 ROOT = Path(__file__).resolve().parents[2]
 B200 = INSTANCES["ml.p6-b200.48xlarge"]
@@ -43,7 +43,7 @@ def tiny_memory(**knobs):
 # block params: wq 64*64 + wk 64*32 + wv 64*32 + wo 64*64 + MLP 3*64*128 + norms 2*64 = 36,992
 # embeddings (untied) 2*1000*64 = 128,000; total 2*36,992 + 128,000 + final norm 64 = 202,048
 TINY_PARAMS = 2 * (64 * 64 + 2 * 64 * 32 + 64 * 64 + 3 * 64 * 128 + 2 * 64) + 2 * 1000 * 64 + 64
-# bytes one block saves per token without checkpointing (trainstack.trainer_memory, counted on the
+# bytes one block saves per token without checkpointing (trainstack.planner.trainer_memory, counted on the
 # trainer's block): 12h + 4kv + 8ffn + 4 heads + 8 = 768 + 128 + 1024 + 16 + 8
 TINY_BLOCK_BYTES = 12 * 64 + 4 * 32 + 8 * 128 + 4 * 4 + 8
 
@@ -70,7 +70,7 @@ def test_unsharded_layers_in_flight_two_blocks_and_the_head_unit():
 
 @pytest.mark.parametrize("name", BASE)
 def test_unsharded_layers_in_flight_are_the_trainers_fsdp_units(name):
-    # The trainer's own figure (trainstack.trainer_memory, checked against the gathered units on gloo
+    # The trainer's own figure (trainstack.planner.trainer_memory, checked against the gathered units on gloo
     # ranks by tests/trainer/test_trainer_fsdp_units.py), not a second copy of the formula.
     recipe = resolve(name).recipe
     planned = plan(recipe).memory.breakdown["unsharded layers in flight"]

@@ -85,7 +85,7 @@ def test_the_fit_is_close_on_every_case_and_megatron_is_never_exceeded(bench):
 def test_the_cases_recompute_as_torchtitans_blocks_do_not_as_ours(bench, monkeypatch):
     # torchtitan's op policy keeps its own set (trainer_memory.torchtitan_op_selective_*), and its full
     # checkpointing is torch's non-reentrant checkpoint (fc2 not replayed), not our TE block's.
-    from trainstack import trainer_memory
+    from trainstack.planner import trainer_memory
 
     throughput_module = importlib.import_module("trainstack.planner.throughput")
 

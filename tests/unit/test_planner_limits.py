@@ -12,10 +12,8 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from trainstack.cli import app
-from trainstack.commands.plan_options import duration_range, rate, usd_range
-from trainstack.hardware import INSTANCES
-from trainstack.loader import resolve
+from trainstack.cli.commands.plan_options import duration_range, rate, usd_range
+from trainstack.cli.main import app
 from trainstack.planner import (
     LOO_LOG_ERROR,
     ActivationPolicy,
@@ -24,7 +22,9 @@ from trainstack.planner import (
     plan,
     throughput,
 )
-from trainstack.recipe import ModelShape
+from trainstack.recipes.hardware import INSTANCES
+from trainstack.recipes.loader import resolve
+from trainstack.recipes.schema import ModelShape
 
 ROOT = Path(__file__).resolve().parents[2]
 BASE = ["1b-bf16", "3b-bf16", "7b-bf16", "8b-fp8", "14b-fp8", "30b-fp8", "64b-fp8", "8b-fp8-128k"]

@@ -8,10 +8,10 @@ import subprocess
 
 import pytest
 
-from trainstack import budget, gitdiff
-from trainstack.hardware import INSTANCES
-from trainstack.loader import resolve
-from trainstack.planner import plan
+from trainstack.gitops import gitdiff
+from trainstack.planner import budget, plan
+from trainstack.recipes.hardware import INSTANCES
+from trainstack.recipes.loader import resolve
 
 SMALL = """\
 name: small

@@ -9,13 +9,13 @@ import shlex
 import pytest
 from typer.testing import CliRunner
 
-from trainstack.cli import app
-from trainstack.hardware import INSTANCES
-from trainstack.loader import resolve
+from trainstack.cli.main import app
 from trainstack.planner import HEADROOM, ActivationPolicy, Layout, plan, recipe_memory, recommend
 from trainstack.planner.compare import compare
 from trainstack.planner.memory import peak
 from trainstack.planner.search import TIE, checkpointing_label, checkpointing_options, choose
+from trainstack.recipes.hardware import INSTANCES
+from trainstack.recipes.loader import resolve
 
 runner = CliRunner()
 

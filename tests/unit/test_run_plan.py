@@ -13,10 +13,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from trainstack.cli import app
-from trainstack.loader import resolve
+from trainstack.cli.main import app
 from trainstack.planner import plan
-from trainstack.run_plan import (
+from trainstack.planner.run_plan import (
     CHECKPOINT_BYTES_PER_PARAM,
     EXIT_MARGIN_S,
     GIB,
@@ -28,6 +27,7 @@ from trainstack.run_plan import (
     SIGTERM_GRACE_S,
     STAGING_BYTES_PER_S_PER_GPU,
 )
+from trainstack.recipes.loader import resolve
 
 ROOT = Path(__file__).resolve().parents[2]
 BASE = ["1b-bf16", "3b-bf16", "7b-bf16", "8b-fp8", "14b-fp8", "30b-fp8", "64b-fp8", "8b-fp8-128k"]
@@ -190,8 +190,8 @@ def test_sigterm_fits_is_false_when_a_save_outlasts_what_the_exit_margin_leaves(
 
 
 def test_the_exit_margin_is_importable_without_torch():
-    # trainstack must not import torch; the trainer imports the margin from trainstack.run_plan
-    code = "import sys, trainstack.planner, trainstack.run_plan; assert 'torch' not in sys.modules"
+    # trainstack must not import torch; the trainer imports the margin from trainstack.planner.run_plan
+    code = "import sys, trainstack.planner, trainstack.planner.run_plan; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
 
 

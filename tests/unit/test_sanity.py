@@ -1,4 +1,4 @@
-"""Warnings for legal values that are almost surely wrong (trainstack.sanity): each fires past its
+"""Warnings for legal values that are almost surely wrong (trainstack.planner.sanity): each fires past its
 threshold and not before, names the threshold and why, is printed by validate, show and the CDK app,
 is silenced by --quiet / -c quiet=true, and never changes an exit status."""
 
@@ -13,10 +13,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from trainstack import sanity
-from trainstack.cli import app
-from trainstack.loader import base_recipe_names, resolve, team_names, team_recipe_names
-from trainstack.planner import plan
+from trainstack.cli.main import app
+from trainstack.planner import plan, sanity
+from trainstack.recipes.loader import base_recipe_names, resolve, team_names, team_recipe_names
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -10,8 +10,8 @@ from pathlib import Path
 from trainer.checkpoint import CheckpointError
 from trainer.health import EXIT_NON_FINITE, NonFiniteLoss
 from trainer.train import RunOptions, run
-from trainstack import exit_codes
 from trainstack.errors import TrainstackError
+from trainstack.protocol import exit_codes
 
 SAGEMAKER_CHECKPOINTS = Path("/opt/ml/checkpoints")
 SAGEMAKER_TRAIN_CHANNEL = Path("/opt/ml/input/data/train")

@@ -12,13 +12,13 @@ The op policy follows torchtitan's default (torchtitan/distributed/activation_ch
 attention's outputs and every other matmul's. A block runs four matmuls (Q/K/V, output projection,
 fc1, fc2): Q/K/V and fc1 are saved, the output projection is recomputed. fc2 is "recomputed" too, but
 non-reentrant checkpointing stops replaying the forward once the last tensor backward needs (fc2's
-input) is rebuilt, so fc2 itself never runs again. `trainstack.trainer_memory` has the bytes kept and
+input) is rebuilt, so fc2 itself never runs again. `trainstack.planner.trainer_memory` has the bytes kept and
 the share of matmul FLOPs recomputed per mode; tests/trainer/test_trainer_memory.py counts both on
 the real block.
 
 The op policy needs every op to pass through PyTorch's dispatcher, so it runs on the pure-PyTorch
 block (train.py selects it); Transformer Engine's fused modules are opaque to it, which is why an FP8
-recipe (TE only) cannot use it: the recipe schema (trainstack.recipe.Recipe) refuses that pair, so
+recipe (TE only) cannot use it: the recipe schema (trainstack.recipes.schema.Recipe) refuses that pair, so
 `trainstack validate`, `plan` and `cdk synth` say so before any node is paid for. A TE block
 recomputes with TE's own checkpoint, which replays the FP8 scaling state exactly; otherwise torch's
 non-reentrant checkpoint.
@@ -33,7 +33,7 @@ import torch
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 from trainer.model import Transformer
-from trainstack.recipe import ActivationCheckpointing
+from trainstack.recipes.schema import ActivationCheckpointing
 
 _aten = torch.ops.aten
 MATMUL_OPS = frozenset({_aten.mm.default, _aten.linear.default})

@@ -11,7 +11,7 @@ a per-process NCCL_DEBUG_FILE for multi-node jobs) and checks that
     NCCL INFO NET/OFI Selected provider is efa    (libfabric's EFA provider, not tcp or sockets)
 
 for every communicator. Any rank that sees otherwise makes every rank stop with one line and exit 4
-(`trainstack.exit_codes.NETWORK`, a `trainstack-fatal` failure: another job of the run would repeat
+(`trainstack.protocol.exit_codes.NETWORK`, a `trainstack-fatal` failure: another job of the run would repeat
 it). TRAINSTACK_EFA_GATE=off skips the gate (a job on instances without EFA, knowingly).
 """
 
@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from trainstack import exit_codes
 from trainstack.errors import TrainstackError
+from trainstack.protocol import exit_codes
 
 if TYPE_CHECKING:
     import torch

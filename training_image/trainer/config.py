@@ -1,8 +1,8 @@
 """What the trainer is told: the resolved recipe, and the layout on the ranks actually running.
 
-The recipe comes from `--recipe FILE` (a recipe YAML, layered by trainstack.loader; a full recipe
+The recipe comes from `--recipe FILE` (a recipe YAML, layered by trainstack.recipes.loader; a full recipe
 JSON; or a SageMaker hyperparameters JSON) or, on SageMaker, from
-/opt/ml/input/config/hyperparameters.json through `trainstack.recipe.from_hyperparameters`, the one
+/opt/ml/input/config/hyperparameters.json through `trainstack.recipes.schema.from_hyperparameters`, the one
 encoding the launcher writes.
 
 Layout: the recipe plans for instance_count x 8 GPUs. The trainer lays out the ranks torchrun
@@ -21,8 +21,8 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from trainstack.errors import RecipeError
-from trainstack.loader import resolve
-from trainstack.recipe import Recipe, from_hyperparameters
+from trainstack.recipes.loader import resolve
+from trainstack.recipes.schema import Recipe, from_hyperparameters
 
 SAGEMAKER_HYPERPARAMETERS = Path("/opt/ml/input/config/hyperparameters.json")
 

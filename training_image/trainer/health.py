@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from trainstack import exit_codes
+from trainstack.protocol import exit_codes
 
 EXIT_NON_FINITE = exit_codes.NON_FINITE
 

@@ -37,7 +37,7 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from trainer.loss import chunked_cross_entropy
-from trainstack.recipe import ModelShape
+from trainstack.recipes.schema import ModelShape
 
 log = logging.getLogger(__name__)
 NORM_EPS = 1e-5

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 
-from trainstack.recipe import Training
+from trainstack.recipes.schema import Training
 
 
 def lr_factor(step: int, training: Training) -> float:

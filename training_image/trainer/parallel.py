@@ -10,7 +10,7 @@ Units (each one `fully_shard` call, so one all-gather in forward and one reduce-
 
 With tied embeddings the embedding and the head share one matrix, so [tok_embeddings, norm, output]
 is one unit, kept gathered from the first lookup to the last gradient (as torchtitan groups it).
-`trainstack.trainer_memory.fsdp_units_in_flight_bytes` is the planner's count of what these units
+`trainstack.planner.trainer_memory.fsdp_units_in_flight_bytes` is the planner's count of what these units
 hold unsharded at the step's peak; change both together.
 
 Parameters are kept sharded in FP32 (the optimizer's master copy), gathered in BF16 for compute, and

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from trainstack.errors import TrainstackError
-from trainstack.recipe import Precision
+from trainstack.recipes.schema import Precision
 
 TE_RECIPE_CLASS = {
     "mxfp8": "MXFP8BlockScaling",

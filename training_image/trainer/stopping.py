@@ -29,9 +29,10 @@ import torch
 import torch.distributed as dist
 
 # EXIT_MARGIN_S: kept free after the last save for the process to exit (logs flushed, process groups
-# torn down, torchrun and the entrypoint exiting). Defined with SageMaker's grace in trainstack.run_plan,
-# so the planner's `run.checkpoint.sigterm_fits` uses the very figure the trainer keeps.
-from trainstack.run_plan import EXIT_MARGIN_S, SIGTERM_GRACE_S
+# torn down, torchrun and the entrypoint exiting). Defined with SageMaker's grace in
+# trainstack.planner.run_plan, so the planner's `run.checkpoint.sigterm_fits` uses the very figure the
+# trainer keeps.
+from trainstack.planner.run_plan import EXIT_MARGIN_S, SIGTERM_GRACE_S
 
 
 class StopRequest:

@@ -1,4 +1,4 @@
-"""Throughput, MFU and memory for the metric line (whose format lives in trainstack.metrics).
+"""Throughput, MFU and memory for the metric line (whose format lives in trainstack.protocol.metrics).
 
 FLOPs per token are the planner's (PaLM: 6N + 12·L·H·Q·T, trainstack.planner.flops_per_token), so
 measured and planned MFU use one formula. The peak is the dense per-GPU peak for the recipe's dtype
@@ -24,8 +24,8 @@ from typing import Any
 
 import torch
 
-from trainstack.hardware import GPU, INSTANCES
-from trainstack.recipe import Recipe
+from trainstack.recipes.hardware import GPU, INSTANCES
+from trainstack.recipes.schema import Recipe
 
 GIB = 1024**3
 

@@ -54,10 +54,10 @@ from trainer.throughput import (
     slowest_rank,
 )
 from trainstack.errors import TrainstackError
-from trainstack.metrics import format_line
 from trainstack.planner import flops_per_token, plan
-from trainstack.recipe import Recipe
-from trainstack.run_plan import SIGTERM_GRACE_S
+from trainstack.planner.run_plan import SIGTERM_GRACE_S
+from trainstack.protocol.metrics import format_line
+from trainstack.recipes.schema import Recipe
 
 log = logging.getLogger("trainer")
 GC_EVERY_STEPS = 50  # torchtitan's default gc_freq

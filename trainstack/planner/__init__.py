@@ -6,7 +6,10 @@
 Modules: `memory` (per-GPU memory by component), `throughput` (FLOPs and bytes by kind, each at its own
 rate, with the FP8 cap and the sanity bound), `calibration` (every constant of the throughput model:
 fitted, published or assumed), `search` (the joint recommender), `core` (plan and cost), `compare`
-(one recipe on every catalogued instance type). docs/planner.md explains every formula and constant.
+(one recipe on every catalogued instance type), `trainer_memory` (the terms that follow how our trainer is
+written), `run_plan` (jobs, checkpoint cost, the SIGTERM window), and the judgements made of a recipe
+with its plan: `budget` (a team's caps) and `sanity` (legal but likely wrong values). docs/planner.md
+explains every formula and constant. May import `recipes` and `errors`; the training image imports it.
 """
 
 from trainstack.planner.calibration import CALIBRATION, LOO_LOG_ERROR, Calibration

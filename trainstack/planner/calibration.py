@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, fields
 
-# --- Published hardware figures the model needs beyond trainstack.hardware -------------------------
+# --- Published hardware figures the model needs beyond trainstack.recipes.hardware -------------------------
 # HBM bandwidth per GPU, bytes/s: memory-bound work (GEMM operand traffic, FP8 quantisation,
 # elementwise ops, the optimizer) runs at this rate. B200 7.7 TB/s (../shared/README.md section 2, EC2
 # docs); H100 SXM 3.35 TB/s and H200 4.8 TB/s (NVIDIA H100 / H200 datasheets).

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from trainstack.hardware import INSTANCES
 from trainstack.planner.core import Plan, plan
 from trainstack.planner.search import TIE, Layout, recommend
-from trainstack.recipe import Recipe
+from trainstack.recipes.hardware import INSTANCES
+from trainstack.recipes.schema import Recipe
 
 
 @dataclass(frozen=True)

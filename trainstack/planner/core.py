@@ -7,10 +7,10 @@ from typing import Any
 
 from trainstack.planner.calibration import LOO_LOG_ERROR
 from trainstack.planner.memory import GROWING, ActivationPolicy, MemoryPlan, memory_breakdown, memory_plan
+from trainstack.planner.run_plan import RunPlan, plan_run
 from trainstack.planner.search import Price, Recommendations, price, recommend
 from trainstack.planner.throughput import ThroughputPlan, recompute_share, throughput
-from trainstack.recipe import Recipe
-from trainstack.run_plan import RunPlan, plan_run
+from trainstack.recipes.schema import Recipe
 
 
 @dataclass(frozen=True)
@@ -128,7 +128,7 @@ def _cost(recipe: Recipe, thr: ThroughputPlan, run: RunPlan, unit: Price) -> Cos
 def plan(recipe: Recipe) -> Plan:
     """Plan one resolved recipe: memory verdict, throughput, cost, the run and one recommendation.
 
-    Raises trainstack.run_plan.IntervalError (a TrainstackError) when the recipe's checkpoint interval
+    Raises trainstack.planner.run_plan.IntervalError (a TrainstackError) when the recipe's checkpoint interval
     is shorter than one save."""
     inst = recipe.instance
     parts = recipe_memory(recipe)
@@ -173,7 +173,7 @@ def plan(recipe: Recipe) -> Plan:
         block = "Transformer Engine" if thr.backend == "transformer_engine" else "pure-PyTorch"
         assumptions += (
             f"recompute: the {block} block's checkpoint replays {recompute_share(recipe.model, policy):.0%} "
-            "of a checkpointed block's matmul FLOPs (trainstack.trainer_memory)",
+            "of a checkpointed block's matmul FLOPs (trainstack.planner.trainer_memory)",
         )
     if run.jobs + run.expected_failures > recipe.compute.max_jobs:
         assumptions += (

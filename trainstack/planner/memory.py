@@ -3,7 +3,7 @@
 `memory_breakdown` takes explicit knobs rather than a Recipe, so the recommender and the calibration
 bench can ask "what if" without building recipes. The terms that depend on how our trainer is written
 (saved bytes per block, the op-level policy, FSDP units in flight, loss bytes) come from
-trainstack.trainer_memory, which the trainer-model engineer owns.
+trainstack.planner.trainer_memory, which the trainer-model engineer owns.
 """
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from trainstack import trainer_memory
-from trainstack.hardware import GPU
-from trainstack.recipe import ActivationCheckpointing, ModelShape
-from trainstack.trainer_memory import LOSS_BYTES, block_activation_bytes, fsdp_units_in_flight_bytes
+from trainstack.planner import trainer_memory
+from trainstack.planner.trainer_memory import LOSS_BYTES, block_activation_bytes, fsdp_units_in_flight_bytes
+from trainstack.recipes.hardware import GPU
+from trainstack.recipes.schema import ActivationCheckpointing, ModelShape
 
 GIB = float(2**30)
 
@@ -44,7 +44,7 @@ class ActivationPolicy:
     `checkpointed_fraction` of the blocks keep only their input (and recompute the rest in backward);
     `op_level` is op-level selective checkpointing in every block (`activation_checkpointing.policy:
     op`: matmul outputs kept, cheap ops recomputed; its bytes and recompute share come from
-    trainstack.trainer_memory). `torchtitan` marks torchtitan's own op-level policy, which keeps a
+    trainstack.planner.trainer_memory). `torchtitan` marks torchtitan's own op-level policy, which keeps a
     different set (its block has separate wq wk wv wo w1 w3 w2): the calibration cases use it.
     """
 

@@ -14,11 +14,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from trainstack.hardware import Instance, get_instance
 from trainstack.planner.memory import HEADROOM, ActivationPolicy, memory_breakdown, peak
+from trainstack.planner.run_plan import SPOT_PRICE_FRACTION
 from trainstack.planner.throughput import ThroughputPlan, throughput
-from trainstack.recipe import ActivationCheckpointing, Recipe
-from trainstack.run_plan import SPOT_PRICE_FRACTION
+from trainstack.recipes.hardware import Instance, get_instance
+from trainstack.recipes.schema import ActivationCheckpointing, Recipe
 
 TIE = 0.03  # candidates within 3% of the best tokens per dollar are ties
 NODE_COUNTS = (1, 2, 4, 8, 16, 32, 64)  # what the search tries, with the recipe's own count
@@ -36,7 +36,7 @@ CHECKPOINTING_OPTIONS = (
 def checkpointing_options(dtype: str) -> tuple[ActivationCheckpointing, ...]:
     """What the search tries for a recipe of this precision: the op-level policy is BF16-only (the
     trainer runs FP8 inside Transformer Engine's fused modules, which a per-op policy cannot see into;
-    trainstack.recipe refuses the pair)."""
+    trainstack.recipes.schema refuses the pair)."""
     if dtype == "fp8":
         return tuple(o for o in CHECKPOINTING_OPTIONS if o.policy != "op")
     return CHECKPOINTING_OPTIONS

@@ -33,7 +33,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from trainstack.hardware import Instance
 from trainstack.planner.calibration import (
     B200_BF16_PEAK_TFLOPS,
     BEST_PUBLISHED_B200_TFLOPS,
@@ -44,8 +43,9 @@ from trainstack.planner.calibration import (
     loo_range,
 )
 from trainstack.planner.memory import ActivationPolicy, op_selective_recompute_share
-from trainstack.recipe import ModelShape
-from trainstack.trainer_memory import block_activation_bytes, full_recompute_share
+from trainstack.planner.trainer_memory import block_activation_bytes, full_recompute_share
+from trainstack.recipes.hardware import Instance
+from trainstack.recipes.schema import ModelShape
 
 GRAD_REDUCE_BYTES = 4  # reduce_dtype FP32 (trainer/parallel.py)
 BF16 = 2
@@ -183,7 +183,7 @@ class ThroughputPlan:
     compile: bool = False
     backend: str = ""  # the block the trainer runs (trainer_backend): its checkpoint sets the recompute
     # One accumulation micro-step: its compute and exposed FSDP traffic (stretched with the step by the
-    # FP8 cap or the sanity bound); what the trainer may still run after SIGTERM (trainstack.run_plan).
+    # FP8 cap or the sanity bound); what the trainer may still run after SIGTERM (planner.run_plan).
     micro_step_time_s: float = 0.0
 
 

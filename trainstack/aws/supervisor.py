@@ -1,0 +1,310 @@
+"""The run supervisor's one decision: a job of a run has ended; what happens to the run?
+
+`next_action(run, ended_job)` is a pure function. The "job ended" state machine (stacks/supervisor.py)
+makes the same decision with Choice states generated from the same table, `RULES`, and a test drives a
+table of cases through both (tests/integration/test_supervisor_emulator.py).
+
+What a job's end says (SageMaker API reference: DescribeTrainingJob `TrainingJobStatus`,
+`SecondaryStatus`, `FailureReason`; the SecondaryStatus enum of the service model lists Starting,
+Downloading, Training, Uploading, Stopping, Stopped, MaxRuntimeExceeded, Completed, Failed, Interrupted,
+MaxWaitTimeExceeded, ...):
+
+- `Completed`: the trainer exited 0 on its own, i.e. it trained the run's steps (it exits 0 after a
+  SIGTERM too, but a SIGTERM comes from SageMaker stopping the job, which ends it `Stopped`);
+- `Stopped` / `MaxRuntimeExceeded`: the job reached `StoppingCondition.MaxRuntimeInSeconds` (at most 28
+  days); SageMaker sent SIGTERM and the trainer saved. The next job continues;
+- `Interrupted` (managed spot) and `MaxWaitTimeExceeded`: spot capacity went away or never came back in
+  time. The next job continues;
+- `Stopped` otherwise: someone called StopTrainingJob. Through `trainstack stop` the run's record says
+  so (a stop request); from the console or another script it does not, and the run stops all the same;
+- `Failed`: `FailureReason` says why. SageMaker copies the trainer's failure file into it
+  (trainstack.protocol.exit_codes); a line with `trainstack-fatal` names a failure the next job would repeat
+  (a mistake in the recipe or data, a diverged loss, no EFA). `ClientError: ...` is SageMaker refusing
+  the job's own input (role, image, data channel). SageMaker Pipelines' retry policy documents
+  `InternalServerError` and EC2 `InsufficientCapacityError` (`CapacityError: ...`) as worth a new job
+  (SageMaker developer guide, "Retry Policy for Pipeline Steps"); a capacity error waits first. Any
+  other failure (a node or a collective lost, the trainer killed) is worth the next job, which resumes
+  from the newest complete checkpoint on new instances. A crash that repeats is not a lost node: after
+  MAX_CONSECUTIVE_CRASHES such jobs in a row the run fails and waits for a person (CRASH_LOOP), and
+  `compute.max_jobs` bounds every other repetition.
+
+The patterns are Step Functions `StringMatches` globs (only `*` is special), so the deployed Choice
+states apply them exactly as `string_matches` below does.
+"""
+
+from __future__ import annotations
+
+import re
+import string
+from dataclasses import dataclass
+from enum import StrEnum
+
+from trainstack.protocol.exit_codes import FATAL_MARKER
+
+CAPACITY_WAIT_MINUTES = 15  # after a capacity failure, before the next job asks again
+# Jobs in a row that may end "Crashed" before the run stops for a person. A lost node or a collective
+# timeout is gone in the next job, which gets new instances; the same crash three times over is a bug
+# or bad data that more jobs would only pay for again (each one a cluster start-up and a restore).
+MAX_CONSECUTIVE_CRASHES = 3
+
+
+class Outcome(StrEnum):
+    NEXT_JOB = "next_job"  # start the run's next job
+    COMPLETED = "completed"
+    STOPPED = "stopped"
+    FAILED = "failed"
+    IGNORED = "ignored"  # not the run's current job, or the run is not running: nothing changes
+
+
+# The run's state after each outcome (IGNORED leaves it as it is).
+RUN_STATE = {
+    Outcome.NEXT_JOB: "running",
+    Outcome.COMPLETED: "completed",
+    Outcome.STOPPED: "stopped",
+    Outcome.FAILED: "failed",
+}
+RUN_STATES = ("running", "stopped", "completed", "failed")
+REASON = "{reason}"  # where a rule's `why` puts the job's FailureReason
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One row of the decision table. A rule matches when every condition it names holds."""
+
+    id: str  # also the name of its Step Functions state: letters only
+    outcome: Outcome
+    why: str  # for the notification and the run's record; REASON is replaced by the FailureReason
+    status: tuple[str, ...] = ()  # TrainingJobStatus is one of these
+    secondary: tuple[str, ...] = ()  # SecondaryStatus is one of these
+    reason_pattern: str | None = None  # FailureReason StringMatches this glob
+    stop_requested: bool | None = None  # the run's record asks to stop
+    wait_minutes: int = 0  # NEXT_JOB only: wait this long before starting it
+
+    def matches(self, job: EndedJob, stop_requested: bool) -> bool:
+        if self.status and job.status not in self.status:
+            return False
+        if self.secondary and job.secondary_status not in self.secondary:
+            return False
+        if self.reason_pattern is not None and not string_matches(
+            job.failure_reason or "", self.reason_pattern
+        ):
+            return False
+        return self.stop_requested is None or self.stop_requested == stop_requested
+
+
+# In order: the first rule that matches decides. Rules that read FailureReason name status Failed, the
+# only status with a reason.
+RULES: tuple[Rule, ...] = (
+    Rule("Completed", Outcome.COMPLETED, "the trainer finished the steps of the run", status=("Completed",)),
+    Rule("StopRequested", Outcome.STOPPED, "it was stopped by trainstack stop", stop_requested=True),
+    Rule(
+        "Fatal",
+        Outcome.FAILED,
+        f"the trainer reported a failure the next job would repeat: {REASON}",
+        status=("Failed",),
+        reason_pattern=f"*{FATAL_MARKER}*",
+    ),
+    Rule(
+        "ClientError",
+        Outcome.FAILED,
+        f"SageMaker refused the input of the job (role, image, data or request): {REASON}",
+        status=("Failed",),
+        reason_pattern="ClientError*",
+    ),
+    Rule(
+        "MaxRuntime",
+        Outcome.NEXT_JOB,
+        "it reached its max runtime (StoppingCondition.MaxRuntimeInSeconds) and saved on SIGTERM",
+        secondary=("MaxRuntimeExceeded",),
+    ),
+    Rule(
+        "SpotInterrupted", Outcome.NEXT_JOB, "its spot capacity was interrupted", secondary=("Interrupted",)
+    ),
+    Rule(
+        "SpotWait",
+        Outcome.NEXT_JOB,
+        "it waited for spot capacity longer than MaxWaitTimeInSeconds",
+        secondary=("MaxWaitTimeExceeded",),
+    ),
+    Rule(
+        "StoppedElsewhere",
+        Outcome.STOPPED,
+        "it was stopped outside trainstack (StopTrainingJob from the console or another client)",
+        status=("Stopped",),
+    ),
+    Rule(
+        "Capacity",
+        Outcome.NEXT_JOB,
+        f"SageMaker could not provision its instances: {REASON}",
+        status=("Failed",),
+        reason_pattern="*CapacityError*",
+        wait_minutes=CAPACITY_WAIT_MINUTES,
+    ),
+    Rule(
+        "InternalError",
+        Outcome.NEXT_JOB,
+        f"SageMaker had an internal error: {REASON}",
+        status=("Failed",),
+        reason_pattern="*InternalServerError*",
+    ),
+    Rule(
+        "Crashed",
+        Outcome.NEXT_JOB,
+        f"it failed without a trainstack-fatal reason (a node, a collective or the process lost): {REASON}",
+        status=("Failed",),
+    ),
+)
+RULE_BY_ID = {rule.id: rule for rule in RULES}
+assert all(rule.id.isalpha() for rule in RULES) and len(RULE_BY_ID) == len(RULES)
+assert all(REASON not in r.why or r.status == ("Failed",) for r in RULES)  # only Failed has a reason
+
+JOB_LIMIT = "JobLimit"  # the id of the decision that ends a run at compute.max_jobs
+CRASH_LOOP = "CrashLoop"  # the id of the decision that ends a run after repeated crashes
+CRASH_LOOP_WHY = (
+    "{crashes} jobs of the run in a row failed without a trainstack-fatal reason, so the next would "
+    "most likely fail the same way"
+)
+JOB_LIMIT_WHY = (
+    "the run reached its job limit (job {job} of at most {last} since it was launched or resumed; "
+    "compute.max_jobs)"
+)
+IGNORED_WHY = "it is not the current job of the run, or the run is no longer running"
+NEXT = {
+    Outcome.NEXT_JOB: "job {next_job} starts{when} and resumes from the newest checkpoint of the run",
+    Outcome.COMPLETED: "nothing: the run is complete",
+    Outcome.STOPPED: "nothing until it is resumed: trainstack resume {run}",
+    Outcome.FAILED: "a person must look at it: fix the cause, then trainstack resume {run}",
+    Outcome.IGNORED: "nothing changes",
+}
+
+
+@dataclass(frozen=True)
+class EndedJob:
+    """A training job that reached Completed, Failed or Stopped (DescribeTrainingJob's fields)."""
+
+    name: str
+    status: str
+    secondary_status: str
+    failure_reason: str | None = None
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """What the run registry says about the run when one of its jobs ends."""
+
+    run: str  # ts-<team>-<recipe>--<run id>
+    state: str  # one of RUN_STATES
+    current_job: str  # the name of its newest job
+    job: int  # that job's index
+    last_job: int  # the highest index it may reach before a person must resume it
+    stop_requested: bool = False
+    crashes: int = 0  # jobs in a row, up to the previous one, that ended by the Crashed rule
+
+
+@dataclass(frozen=True)
+class Action:
+    outcome: Outcome
+    rule: str  # the id of the rule that decided (JOB_LIMIT, or "Ignored")
+    why: str  # why the job ended, in words
+    next_step: str  # what happens next, in words
+    next_job: int | None = None  # NEXT_JOB: the index of the job to start
+    wait_minutes: int = 0
+    crashes: int = 0  # NEXT_JOB: the crashes in a row, this job included, recorded with the next job
+
+    @property
+    def run_state(self) -> str | None:
+        return RUN_STATE.get(self.outcome)
+
+
+def string_matches(value: str, pattern: str) -> bool:
+    """Step Functions' StringMatches: `*` matches any run of characters, everything else itself."""
+    regex = ".*".join(re.escape(part) for part in pattern.split("*"))
+    return re.fullmatch(regex, value, flags=re.DOTALL) is not None
+
+
+def next_job_text(run: str, index: int, wait_minutes: int) -> str:
+    when = f" in {wait_minutes} minutes" if wait_minutes else ""
+    return NEXT[Outcome.NEXT_JOB].format(next_job=f"{run}-{index}", when=when)
+
+
+def next_action(run: RunRecord, job: EndedJob) -> Action:
+    """What the supervisor does when `job` of `run` has ended (pure)."""
+    if job.name != run.current_job or run.state != "running":
+        return Action(Outcome.IGNORED, "Ignored", IGNORED_WHY, NEXT[Outcome.IGNORED])
+    rule = next(r for r in RULES if r.matches(job, run.stop_requested))  # Crashed or Stopped* catch all
+    why = rule.why.replace(REASON, job.failure_reason or "")
+    if rule.outcome is Outcome.NEXT_JOB:
+        crashes = run.crashes + 1 if rule.id == "Crashed" else 0
+        if crashes >= MAX_CONSECUTIVE_CRASHES:
+            why = CRASH_LOOP_WHY.format(crashes=crashes) + f"; this job ended because {why}"
+            return Action(Outcome.FAILED, CRASH_LOOP, why, NEXT[Outcome.FAILED].format(run=run.run))
+        if run.job >= run.last_job:
+            why = JOB_LIMIT_WHY.format(job=run.job, last=run.last_job) + f"; this job ended because {why}"
+            return Action(Outcome.FAILED, JOB_LIMIT, why, NEXT[Outcome.FAILED].format(run=run.run))
+        index = run.job + 1
+        return Action(
+            Outcome.NEXT_JOB,
+            rule.id,
+            why,
+            next_job_text(run.run, index, rule.wait_minutes),
+            next_job=index,
+            wait_minutes=rule.wait_minutes,
+            crashes=crashes,
+        )
+    return Action(rule.outcome, rule.id, why, NEXT[rule.outcome].format(run=run.run))
+
+
+# --- The notification -----------------------------------------------------------------------------
+# One template for the state machine's States.Format and for `message` (tests compare the two). Texts
+# that go into a States.Format template hold no quote, brace or backslash (asl.literal refuses them).
+SUBJECT = "trainstack: run {} {}"  # run, OUTCOME_WORDS; SNS subjects stay under 100 characters
+MESSAGE = (
+    "trainstack run {run} ({team}/{recipe}): job {job} ended {status} ({secondary}) because {why}. "
+    "Next: {next}. Checkpoints: {checkpoint_uri}. Details: trainstack runs {recipe}{team_option}; "
+    "trainstack logs {recipe}{team_option} --job {job}"
+)
+RUN_TIME_FIELDS = ("run", "job", "status", "secondary", "why", "next", "checkpoint_uri")
+OUTCOME_WORDS = {
+    Outcome.NEXT_JOB: "continues",
+    Outcome.COMPLETED: "completed",
+    Outcome.STOPPED: "stopped",
+    Outcome.FAILED: "failed",
+}
+
+
+def message_template(recipe: str, team: str, team_option: str) -> tuple[str, tuple[str, ...]]:
+    """MESSAGE with the deployment's constants filled in and a `{}` for each run-time value, and the
+    run-time fields in the order of those `{}` (for States.Format's arguments)."""
+    constants = {"recipe": recipe, "team": team, "team_option": team_option}
+    text, fields = [], []
+    for literal, field, _spec, _conv in string.Formatter().parse(MESSAGE):
+        text.append(literal)
+        if field is None:
+            continue
+        if field in constants:
+            text.append(constants[field])
+        else:
+            assert field in RUN_TIME_FIELDS, field
+            text.append("{}")
+            fields.append(field)
+    return "".join(text), tuple(fields)
+
+
+def message(
+    *, recipe: str, team: str, team_option: str, job: EndedJob, action: Action, run: str, checkpoint_uri: str
+) -> str:
+    values = {
+        "run": run,
+        "job": job.name,
+        "status": job.status,
+        "secondary": job.secondary_status,
+        "why": action.why,
+        "next": action.next_step,
+        "checkpoint_uri": checkpoint_uri,
+    }
+    template, fields = message_template(recipe, team, team_option)
+    return template.format(*(values[f] for f in fields))
+
+
+def subject(run: str, outcome: Outcome) -> str:
+    return SUBJECT.format(run, OUTCOME_WORDS[outcome])

@@ -1,0 +1,165 @@
+"""`trainstack plan RECIPE`: memory verdict, throughput and cost before any GPU is paid for."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from trainstack.cli.commands.plan_options import RecipeArg, RecipesDirOpt, SetOpt, TeamOpt
+
+
+def register(app: typer.Typer) -> None:
+    app.command("plan")(plan)
+
+
+def plan(
+    recipe: RecipeArg,
+    team: TeamOpt = None,
+    set_: SetOpt = None,
+    as_json: Annotated[
+        bool,
+        typer.Option(
+            "--json",
+            help="Print the plan as JSON (same fields as the Plan object; with --compare, the rows).",
+        ),
+    ] = False,
+    plot: Annotated[
+        Path | None,
+        typer.Option(
+            "--plot",
+            metavar="FILE.png",
+            help="Also write a PNG: memory by component across micro-batch sizes, tokens/s with its range.",
+        ),
+    ] = None,
+    compare: Annotated[
+        bool,
+        typer.Option(
+            "--compare",
+            help="Re-plan on every catalogued instance type, each with the layout the recommender picks "
+            "there for the same planned time; one row each.",
+        ),
+    ] = False,
+    recipes_dir: RecipesDirOpt = None,
+    quiet: Annotated[
+        bool, typer.Option("--quiet", "-q", help="No warnings about values that look wrong.")
+    ] = False,
+) -> None:
+    """Plan a recipe: per-GPU memory breakdown and verdict, tokens/s, MFU, time and cost with their
+    ranges, the run (jobs, checkpoints), and one recommendation beside the recipe's own values.
+
+    Every tokens/s, hours and cost figure carries a range from the calibration's leave-one-out errors
+    and the published runs that bracket the GPU (docs/planner.md). A recommended change is printed as
+    --set flags that can be pasted. Values that are legal but almost surely wrong (learning rate, warmup,
+    batch against the token budget, volume) are warned about on stderr (--quiet: not).
+
+    Exit status: 0 fits, 1 does not fit, 2 invalid input (or over a team's budget cap, or a request
+    AWS would refuse).
+
+    Examples:
+
+      trainstack plan 30b-fp8
+
+      trainstack plan 8b-fp8 --team nlp --set training.micro_batch=2 --json
+
+      trainstack plan 64b-fp8 --plot mem.png
+
+      trainstack plan 30b-fp8 --compare
+    """
+    from trainstack.cli.commands.plan_options import print_plan
+    from trainstack.errors import RecipeError
+    from trainstack.planner import plan as make_plan
+    from trainstack.planner.run_plan import IntervalError
+    from trainstack.recipes.loader import resolve
+
+    resolved = resolve(recipe, team=team, overrides=set_ or (), recipes_dir=recipes_dir)
+    try:
+        result = make_plan(resolved.recipe)
+    except IntervalError as error:  # name the file that set the interval
+        raise RecipeError(resolved.source_of(error.field), error.field, error.message) from None
+    from trainstack.planner import sanity
+
+    sanity.print_warnings(resolved, result, quiet)  # legal but almost surely wrong; exit status unchanged
+    if compare:
+        _compare(resolved.recipe, result, as_json)
+    else:
+        if plot is not None:
+            from trainstack.cli.commands.plan_plot import write_memory_plot
+
+            write_memory_plot(resolved.recipe, plot)
+        if as_json:
+            typer.echo(json.dumps(result.to_dict(), indent=2))
+        else:
+            title = resolved.recipe.name + (f" (team {team})" if team else "")
+            print_plan(result, title, _command(recipe, team, set_ or [], result.recommendations.set_flags))
+            if plot is not None:
+                typer.echo(f"wrote {plot}")
+    from trainstack.aws import request_check
+    from trainstack.planner import budget
+
+    budget.enforce(resolved, result)  # over a team cap: the plan above, then one line and exit 2
+    request_check.enforce(resolved)  # a request AWS would refuse: likewise (trainstack.aws.request_check)
+    raise typer.Exit(0 if result.fits else 1)
+
+
+def _command(recipe: str, team: str | None, sets: list[str], new_flags: tuple[str, ...]) -> str:
+    """How to re-run this plan, keeping the user's own --set flags the recommendation does not replace."""
+    replaced = {flag.split(" ", 1)[1].split("=", 1)[0] for flag in new_flags}
+    words = ["trainstack", "plan", recipe] + (["--team", team] if team else [])
+    for item in sets:
+        if item.split("=", 1)[0].strip() not in replaced:
+            words += ["--set", item]
+    return shlex.join(words)
+
+
+def _compare(recipe, own_plan, as_json: bool) -> None:
+    from rich.table import Table
+
+    from trainstack.cli.commands.plan_options import PLAN_WIDTH, console, duration_range, rate, usd_range
+    from trainstack.planner.compare import compare
+
+    rows = compare(recipe, own_plan)
+    if as_json:
+        typer.echo(json.dumps([row.to_dict() for row in rows], indent=2))
+        return
+    table = Table(
+        title=f"{recipe.name} on every instance type (each with its recommended layout, for the same time)",
+        title_justify="left",
+    )
+    for column, justify in (
+        ("instance type", "left"),
+        ("nodes", "right"),
+        ("layout", "left"),
+        ("fits", "left"),
+        ("tokens/s per GPU", "right"),
+        ("hours per node", "right"),
+        ("total cost", "right"),
+    ):
+        table.add_column(column, justify=justify)  # type: ignore[arg-type]
+    for row in rows:
+        name = row.instance_type + (" (recipe)" if row.is_recipe_instance else "")
+        if row.nodes is None:
+            table.add_row(name, "-", row.layout, "no", "-", "-", "-", style="red")
+            continue
+        table.add_row(
+            name,
+            str(row.nodes),
+            row.layout,
+            "yes" if row.fits else "NO",
+            rate(row.tokens_per_sec_per_gpu, *row.tokens_per_sec_per_gpu_range),
+            duration_range(row.hours, *row.hours_range),
+            usd_range(row.total_usd, *row.total_usd_range),
+        )
+    out = console(PLAN_WIDTH)
+    out.print(table)
+    for row in rows:
+        out.print(
+            f"{row.instance_type}: {row.usd_per_instance_hour:,.2f} USD per instance-hour "
+            f"({row.price_source})" + (f"; {row.note}" if row.note else ""),
+            style="dim",
+            markup=False,
+            highlight=False,
+        )

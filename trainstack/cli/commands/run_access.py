@@ -1,0 +1,93 @@
+"""What `launch`, `runs`, `stop` and `resume` share: finding a run's deployment and registry, one-line
+errors for a run that does not exist, and the `{run, job, execution}` answer of --json."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+import typer
+
+from trainstack.errors import TrainstackError
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print {run, job, execution} as JSON.")]
+RunArg = Annotated[
+    str,
+    typer.Argument(
+        help="The run's name as `trainstack runs` lists it: ts-<team>-<recipe>--<run id>.",
+        show_default=False,
+    ),
+]
+
+
+def deploy_hint(recipe: str, team: str | None, local: bool) -> str:
+    hint = f"`npx cdk deploy --all -c recipe={recipe}" + (f" -c team={team}" if team else "")
+    # EMULATOR: the emulator loses exports on the change-set path (docs/cdk.md)
+    return hint + (" --method=direct` with the emulator's AWS_* variables exported" if local else "`")
+
+
+@dataclass(frozen=True)
+class Deployed:
+    """A recipe's deployed stacks, as the CLI needs them."""
+
+    launcher: dict[str, str]  # outputs of <prefix>-Launcher
+    data: dict[str, str]  # outputs of <prefix>-Data
+
+    @property
+    def start_job(self) -> str:
+        return self.launcher["StateMachineArn"]
+
+    @property
+    def table(self) -> str:
+        table = self.data.get("RunTableName")
+        if not table:
+            raise TrainstackError(
+                "the data stack has no run registry (RunTableName): redeploy it with this version"
+            )
+        return table
+
+
+def deployed(aws: Any, stack_prefix: str, hint: str) -> Deployed:
+    return Deployed(
+        aws.stack_outputs(f"{stack_prefix}-Launcher", hint), aws.stack_outputs(f"{stack_prefix}-Data", hint)
+    )
+
+
+def find_run(aws: Any, run: str) -> tuple[Any, Deployed]:
+    """The registry's record of run `run` and its deployment, or one line saying why there is none."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    from trainstack.aws.registry import read_run
+    from trainstack.aws.session import explain
+    from trainstack.recipes.naming import parse_run_name
+
+    name = parse_run_name(run)
+    if name is None:
+        raise TrainstackError(
+            f"unknown run {run!r}: a run is named ts-<team>-<recipe>--<run id> (see `trainstack runs`)"
+        )
+    hint = deploy_hint(name.recipe, name.team, aws.local)
+    try:
+        where = deployed(aws, name.stack_prefix, hint)
+    except TrainstackError as error:
+        raise TrainstackError(f"unknown run {run}: {error}") from None
+    try:
+        record = read_run(aws.client("dynamodb"), where.table, run)
+    except (ClientError, BotoCoreError) as error:
+        raise TrainstackError(f"could not read the run registry in {aws.where}: {explain(error)}") from None
+    if record is None:
+        raise TrainstackError(
+            f"unknown run {run}: the run registry of {name.team}/{name.recipe} in {aws.where} has no such "
+            "run (see `trainstack runs`)"
+        )
+    return record, where
+
+
+def answer(as_json: bool, *, run: str, job: str | None, execution: str | None, lines: list[str]) -> None:
+    """Print the command's result: the lines for a person, or {run, job, execution} for a script."""
+    if as_json:
+        typer.echo(json.dumps({"run": run, "job": job, "execution": execution}))
+    else:
+        for line in lines:
+            typer.echo(line)

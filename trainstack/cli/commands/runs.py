@@ -1,0 +1,177 @@
+"""`trainstack runs [RECIPE] [--team T] [--json] [--local]`: every run, newest first.
+
+Reads the run registries (one DynamoDB table per deployed recipe and team, stack `<prefix>-Data`), then
+SageMaker for the live state and the hours of each job (cost so far: those hours at the planned
+cluster price) and CloudWatch for the newest step.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from trainstack.cli.commands.plan_options import RecipesDirOpt, TeamOpt
+from trainstack.cli.commands.status import LocalOpt
+from trainstack.errors import TrainstackError
+
+if TYPE_CHECKING:
+    from trainstack.aws.registry import RunView
+
+STATE_STYLE = {"running": "cyan", "completed": "green", "stopped": "yellow", "failed": "bold red"}
+
+
+def register(app: typer.Typer) -> None:
+    app.command("runs")(runs)
+
+
+def runs(
+    recipe: Annotated[
+        str | None,
+        typer.Argument(
+            help="Only this recipe's runs (a base recipe or a team variant's name).", show_default=False
+        ),
+    ] = None,
+    team: TeamOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the runs as a JSON list.")] = False,
+    local: LocalOpt = False,
+    recipes_dir: RecipesDirOpt = None,
+) -> None:
+    """List runs across recipes and teams, newest first: state, step of steps, tokens, jobs, cost so far
+    and the run's checkpoint URI.
+
+    Without RECIPE, every deployed recipe's runs (of --team only, when given). --json prints a list of
+    {run, recipe, team, state, why, next, jobs: [{name, status, ...}], step, steps, tokens, cost_usd,
+    checkpoint_uri, ...}. Exit status 0, or 2 when the recipe is invalid or AWS cannot be read.
+
+    Examples:
+
+      trainstack runs
+
+      trainstack runs 30b-fp8 --team nlp --json
+    """
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    from trainstack.aws.runs import aws_clients
+    from trainstack.aws.session import explain
+
+    stack_prefix = None
+    if recipe is not None:
+        from trainstack.recipes.loader import resolve
+        from trainstack.recipes.naming import stack_prefix as make_prefix
+
+        stack_prefix = make_prefix(resolve(recipe, team=team, recipes_dir=recipes_dir).recipe, team)
+    elif team is not None:
+        from trainstack.recipes.schema import team_name_problem
+
+        if (problem := team_name_problem(team)) is not None:
+            raise TrainstackError(f"--team: {problem}")
+    clients = aws_clients(local)
+    try:
+        views = collect(clients, stack_prefix, team if recipe is None else None)
+    except (BotoCoreError, ClientError) as error:
+        raise TrainstackError(f"reading runs from {clients.where} failed: {explain(error)}") from None
+    if as_json:
+        typer.echo(json.dumps([v.as_dict() for v in views], indent=2))
+        return
+    render(views, clients.where, recipe, team)
+
+
+def collect(clients: Any, stack_prefix: str | None, team: str | None) -> list[RunView]:
+    """Every run of the registries found, with SageMaker's job states and the newest step, newest first."""
+    from botocore.exceptions import ClientError
+
+    from trainstack.aws.registry import registries, scan_runs, view
+    from trainstack.aws.runs import job_from_description, latest_metrics
+
+    now = datetime.now(UTC)
+    dynamodb = clients.aws.client("dynamodb")
+    found = []
+    for registry in registries(clients.aws.client("cloudformation"), stack_prefix):
+        if team is not None and not registry.stack.startswith(f"Trainstack-{team}-"):
+            continue
+        found.extend(scan_runs(dynamodb, registry.table))
+    views = []
+    for run in sorted(found, key=lambda r: r.created, reverse=True):
+        described = {}
+        for record in run.jobs:
+            try:
+                described[record.name] = job_from_description(
+                    clients.sagemaker.describe_training_job(TrainingJobName=record.name)
+                )
+            except ClientError as error:
+                if error.response.get("Error", {}).get("Code") not in (
+                    "ValidationException",
+                    "ResourceNotFound",
+                ):
+                    raise  # a job not created yet (or never) is simply not described
+        step = None
+        for record in sorted(run.jobs, key=lambda j: j.index, reverse=True):
+            if record.name in described:
+                metrics = latest_metrics(clients.cloudwatch, described[record.name], now)
+                if "step" in metrics:
+                    step = int(metrics["step"].value)
+                    break
+        views.append(view(run, described, step, now))
+    return views
+
+
+def _tokens(n: int | None) -> str:
+    if n is None:
+        return "-"
+    for unit, size in (("T", 1e12), ("B", 1e9), ("M", 1e6)):
+        if n >= size:
+            return f"{n / size:.2f}{unit}"
+    return f"{n:,}"
+
+
+def render(views: list[RunView], where: str, recipe: str | None, team: str | None) -> None:
+    from rich.table import Table
+    from rich.text import Text
+
+    from trainstack.cli.commands.plan_options import console as make_console
+
+    console = make_console()
+    scope = (
+        f"{recipe}{f' (team {team})' if team else ''}"
+        if recipe
+        else (f"team {team}" if team else "all recipes")
+    )
+    if not views:
+        console.print(
+            Text.assemble(
+                ("No runs ", "bold yellow"),
+                f"of {scope} in {where}. Start one with `trainstack launch RECIPE`.",
+            )
+        )
+        return
+    table = Table(title=f"Runs of {scope} in {where}, newest first", title_justify="left")
+    for column in ("run", "state", "step / steps", "tokens", "jobs", "cost so far"):
+        table.add_column(column, overflow="fold")
+    for v in views:
+        r = v.run
+        state = Text(r.state, style=STATE_STYLE.get(r.state, ""))
+        if v.unsupervised:
+            state.append(" (unsupervised)", style="bold red")
+        elif r.stop_requested and r.state == "running":
+            state.append(" (stopping)", style="yellow")
+        step = f"{v.step:,}" if v.step is not None else "-"
+        jobs = ", ".join(f"{j.index}:{j.status}" for j in v.jobs)
+        table.add_row(
+            r.run,
+            state,
+            f"{step} / {r.steps:,}",
+            f"{_tokens(v.tokens)} / {_tokens(r.steps * r.tokens_per_step)}",
+            f"{len(v.jobs)} ({jobs})",
+            f"${v.cost_usd:,.0f}",
+        )
+    console.print(table)
+    for v in views:
+        console.print(
+            Text.assemble((v.run.run, "bold"), f": {v.run.state}, {v.run.why}. Next: {v.run.next_step}.")
+        )
+        console.print(Text(f"  checkpoints {v.run.checkpoint_uri}", style="dim"), soft_wrap=True)
+        for note in v.notes:
+            console.print(Text(f"  ! {note}", style="bold red"))

@@ -1,0 +1,5 @@
+"""`python -m trainstack.emulator`: the local AWS emulator in the foreground (trainstack.emulator.server)."""
+
+from trainstack.emulator.server import main
+
+main()

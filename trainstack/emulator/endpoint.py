@@ -1,0 +1,338 @@
+"""The embedded default: a local AWS endpoint (moto in server mode) on localhost.
+
+Used by `make demo`, the integration tests and `trainstack ... --local`. Everything that is special
+about the emulator lives here, visibly, so nothing real AWS gets is weakened to suit it. Its known
+gaps and our workarounds (../shared/README.md section 7):
+
+- the endpoint must be `localhost` (moto parses CDK's TemplateURL by host name);
+- Step Functions executions only run after `POST /moto-api/config` enables them;
+- it cannot run containers or Lambda: training jobs go straight to Completed, nothing trains;
+- resource types its CloudFormation does not implement (CloudWatch alarms, bucket and topic
+  policies, ...) become placeholders: `serve()` below gives them a physical
+  id and answers `Fn::GetAtt` with a made-up ARN, so templates that reference them deploy. They
+  are never created, so template assertions (tests/cdk), not the emulator, check them;
+- it names state machines past Step Functions' 80-character limit and then rejects them: `serve()`
+  shortens them as CloudFormation does;
+- with execution enabled, its CloudFormation puts state machines where its Step Functions API does
+  not look: `serve()` points both at the interpreter's backend;
+- it does not publish CloudFormation stack status events to EventBridge (launch_on_deploy):
+  `deliver_stack_status()` plays EventBridge from the deployed rule's own pattern and target;
+- its training jobs complete at once, keep no Environment, cannot be stopped, and send no state-change
+  events: trainstack.emulator.events adds jobs that run until ended, StopTrainingJob, and delivery.
+
+`trainstack emulator start|status|stop|env` runs one in the background (what `make demo` leaves
+running); `python -m trainstack.emulator [--port N]` runs one in the foreground. Either records the
+server's endpoint and PID in .emulator/endpoint.json, where `--local` and `trainstack emulator stop`
+find it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Mapping
+from contextlib import closing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from trainstack.errors import TrainstackError
+
+REGION = "us-east-1"
+ACCOUNT = "123456789012"  # moto's default account
+# Dummy credentials: the emulator accepts any, and they keep a real profile from ever being used.
+CREDENTIALS = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_SESSION_TOKEN": "testing",
+}
+
+
+def free_port() -> int:
+    with closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Emulator:
+    """A moto server process. Use as a context manager; it is always stopped on exit."""
+
+    port: int = field(default_factory=free_port)
+    log_path: Path | None = None
+    _process: subprocess.Popen | None = None
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://localhost:{self.port}"
+
+    def client(self, service: str) -> Any:
+        """A boto3 client for this emulator only."""
+        (made,) = clients(self.env(), service)
+        return made
+
+    def env(self) -> dict[str, str]:
+        """Environment for any AWS client (boto3, the CDK CLI) to talk to this emulator only."""
+        return {
+            **CREDENTIALS,
+            "AWS_ENDPOINT_URL": self.endpoint,
+            "AWS_REGION": REGION,
+            "AWS_DEFAULT_REGION": REGION,
+            "CDK_DEFAULT_ACCOUNT": ACCOUNT,
+            "CDK_DEFAULT_REGION": REGION,
+            "AWS_EC2_METADATA_DISABLED": "true",
+            "AWS_CONFIG_FILE": os.devnull,
+            "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
+        }
+
+    @property
+    def pid(self) -> int | None:
+        """The moto server's process id (None when not started here)."""
+        return self._process.pid if self._process is not None else None
+
+    def start(self, timeout_s: float = 30.0, detach: bool = False) -> Emulator:
+        """Start the server and wait until it answers. `detach`: in its own session, so it outlives this
+        process and a Ctrl-C in this terminal (stop it with `trainstack emulator stop`)."""
+        if importlib.util.find_spec("moto") is None or importlib.util.find_spec("flask") is None:
+            raise TrainstackError("moto[server] is not installed: run `make setup`")
+        log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
+        # moto's server runs through serve() below (not the moto_server script): it adds our patches.
+        self._process = subprocess.Popen(
+            [sys.executable, "-m", "trainstack.emulator", "--serve", "--port", str(self.port)],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=detach,
+        )
+        if log is not subprocess.DEVNULL:
+            log.close()  # the child holds its own descriptor
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                urllib.request.urlopen(f"{self.endpoint}/moto-api/data.json", timeout=2).close()
+                break
+            except OSError:
+                if self._process.poll() is not None or time.monotonic() > deadline:
+                    self.stop()
+                    raise TrainstackError(
+                        f"the local AWS emulator did not start on port {self.port}"
+                    ) from None
+                time.sleep(0.2)
+        self._configure({"stepfunctions": {"execute_state_machine": True}})
+        return self
+
+    def _configure(self, config: dict) -> None:
+        request = urllib.request.Request(
+            f"{self.endpoint}/moto-api/config",
+            data=json.dumps(config).encode(),
+            method="POST",
+            headers={"Content-Type": "application/json"},
+        )
+        urllib.request.urlopen(request, timeout=10).close()
+
+    def stop(self) -> None:
+        if self._process is not None and self._process.poll() is None:
+            self._process.terminate()
+            try:
+                self._process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                self._process.wait()
+        self._process = None
+
+    def __enter__(self) -> Emulator:
+        # `with Emulator().start(timeout_s=...) as e:` is started already: a second start would leak the
+        # first server (only the second is stopped on exit).
+        return self if self.running else self.start()
+
+    @property
+    def running(self) -> bool:
+        return self._process is not None and self._process.poll() is None
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+# --- state file: lets `trainstack ... --local` and `trainstack emulator stop` find a running emulator --
+STATE_FILE = Path(".emulator") / "endpoint.json"
+LOG_FILE = Path(".emulator") / "moto.log"
+NOT_RUNNING = (
+    "no local emulator is running: AWS_ENDPOINT_URL is unset and no live one is recorded in "
+    "{path} under this directory (start one here with `trainstack emulator start`, or "
+    "export the AWS_ENDPOINT_URL it printed)"
+)
+
+
+def write_state(
+    endpoint: str,
+    pid: int,
+    path: Path = STATE_FILE,
+    log: Path | None = None,
+    supervisor_pid: int | None = None,
+) -> None:
+    """Record a running emulator: `pid` is the moto server's own process (what `stop` signals);
+    `supervisor_pid` the foreground `python -m trainstack.emulator` watching it, if any."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    state = {"endpoint": endpoint, "pid": pid, "started": time.time()}
+    if log is not None:
+        state["log"] = str(log)
+    if supervisor_pid is not None:
+        state["supervisor_pid"] = supervisor_pid
+    path.write_text(json.dumps(state))
+
+
+def read_state(path: Path = STATE_FILE) -> dict | None:
+    """The recorded emulator (endpoint, pid, ...), or None when nothing (readable) is recorded."""
+    try:
+        state = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(state, dict) or not isinstance(state.get("endpoint"), str):
+        return None
+    return state
+
+
+def answers(endpoint: str, timeout_s: float = 2.0) -> bool:
+    try:
+        urllib.request.urlopen(f"{endpoint}/moto-api/data.json", timeout=timeout_s).close()
+    except OSError:
+        return False
+    return True
+
+
+def is_emulator_process(pid: int) -> bool:
+    """Whether `pid` is a live emulator server (so `stop` never signals a process that reused the id)."""
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    cmdline = Path(f"/proc/{pid}/cmdline")
+    if cmdline.exists():
+        text = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    else:  # no procfs (macOS): ask ps
+        done = subprocess.run(["ps", "-p", str(pid), "-o", "command="], capture_output=True, text=True)
+        text = done.stdout
+    return "trainstack.emulator" in text and "--serve" in text
+
+
+def running(path: Path = STATE_FILE, timeout_s: float = 30.0) -> dict | None:
+    """The recorded emulator if it is alive, else None. Alive: its server process runs (a busy server
+    answers late, and must not be taken for a dead one and replaced), or, for a record without a
+    server PID we can check, its endpoint answers within `timeout_s`."""
+    state = read_state(path)
+    if state is None:
+        return None
+    pid = state.get("pid")
+    if isinstance(pid, int) and pid > 0:
+        if not is_emulator_process(pid):
+            return None  # stale: the server is gone (or the PID now belongs to something else)
+        deadline = time.monotonic() + timeout_s
+        while not answers(state["endpoint"]) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        return state
+    return state if answers(state["endpoint"], timeout_s=timeout_s) else None
+
+
+def stop_recorded(path: Path = STATE_FILE, timeout_s: float = 15.0) -> dict | None:
+    """Stop the recorded emulator's server (SIGTERM, then SIGKILL after `timeout_s`) and remove the
+    record. Returns the record it stopped, or None when none was running (a stale record is removed)."""
+    state = read_state(path)
+    if state is None:
+        return None
+    pid = state.get("pid")
+    stopped = None
+    if isinstance(pid, int) and is_emulator_process(pid):
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        while is_emulator_process(pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if is_emulator_process(pid):
+            os.kill(pid, signal.SIGKILL)
+        stopped = state
+    path.unlink(missing_ok=True)
+    return stopped
+
+
+def env_for(endpoint: str) -> dict[str, str]:
+    """The AWS environment for the emulator at `endpoint` (http://localhost:PORT)."""
+    return Emulator(port=int(endpoint.rsplit(":", 1)[1])).env()
+
+
+def local_env(path: Path = STATE_FILE) -> dict[str, str]:
+    """Environment for the emulator recorded in `path`, or a one-line error when none is running."""
+    state = running(path)
+    if state is None:
+        raise TrainstackError(NOT_RUNNING.format(path=path))
+    return env_for(state["endpoint"])
+
+
+def export_line(env: dict[str, str]) -> str:
+    return "export " + " ".join(f"{k}={v}" for k, v in env.items())
+
+
+# --- EventBridge for CloudFormation stack status events (moto does not publish them) -------------
+
+
+def local_endpoint(env: Mapping[str, str]) -> str:
+    """`env`'s AWS_ENDPOINT_URL, which must be on this machine (what everything emulator-only checks)."""
+    endpoint = env.get("AWS_ENDPOINT_URL", "")
+    if urlsplit(endpoint).hostname not in ("localhost", "127.0.0.1"):
+        raise TrainstackError(f"not a local emulator endpoint: {endpoint or '(AWS_ENDPOINT_URL unset)'}")
+    return endpoint
+
+
+def clients(env: Mapping[str, str], *services: str) -> list[Any]:
+    """boto3 clients for the local emulator `env` names (`Emulator.env()`, or the environment of the one
+    `trainstack emulator start` recorded); refuses any endpoint that is not on this machine, so its
+    dummy credentials never reach AWS."""
+    import boto3
+
+    endpoint = local_endpoint(env)
+    session = boto3.session.Session(
+        region_name=env["AWS_REGION"],
+        aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
+        aws_session_token=env.get("AWS_SESSION_TOKEN"),
+    )
+    return [session.client(service, endpoint_url=endpoint) for service in services]
+
+
+def deliver_stack_status(env: dict[str, str], stack_name: str, status: str = "UPDATE_COMPLETE") -> list[str]:
+    """Do what EventBridge does on real AWS when `stack_name` reaches `status`: start every Step
+    Functions target of every rule whose pattern matches that event, with the target's Input.
+    Returns the execution ARNs started. Only the pattern fields our rules use are matched."""
+    cfn, events, sfn = clients(env, "cloudformation", "events", "stepfunctions")
+    stack_id = cfn.describe_stacks(StackName=stack_name)["Stacks"][0]["StackId"]
+    event = {
+        "source": "aws.cloudformation",
+        "detail-type": "CloudFormation Stack Status Change",
+        "detail": {"stack-id": stack_id, "status-details": {"status": status}},
+    }
+    started = []
+    for rule in events.list_rules()["Rules"]:
+        pattern = json.loads(rule.get("EventPattern") or "{}")
+        if rule.get("State") != "ENABLED" or not _matches(pattern, event):
+            continue
+        for target in events.list_targets_by_rule(Rule=rule["Name"])["Targets"]:
+            if ":states:" in target["Arn"]:
+                run = sfn.start_execution(stateMachineArn=target["Arn"], input=target.get("Input", "{}"))
+                started.append(run["executionArn"])
+    return started
+
+
+def _matches(pattern: object, value: object) -> bool:
+    if isinstance(pattern, dict):
+        return isinstance(value, dict) and all(
+            k in value and _matches(v, value[k]) for k, v in pattern.items()
+        )
+    if isinstance(pattern, list):
+        return value in pattern
+    return pattern == value

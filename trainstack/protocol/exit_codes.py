@@ -1,0 +1,37 @@
+"""How a training job tells the launcher why it ended: exit codes and SageMaker's failure file.
+
+The trainer exits with one of these codes, and before a non-zero exit writes one line to SageMaker's
+failure file, which SageMaker copies into the job's `FailureReason`. The run supervisor
+(trainstack.aws.supervisor) reads that reason: a line starting with FATAL_MARKER names a failure that
+another job of the same run would repeat (a mistake in the recipe or the data, a diverged loss), so
+the run ends there and a person is told; any other failure (a crashed node, a lost collective, a
+capacity error) is worth the run's next job, which resumes from the newest complete checkpoint.
+
+No third-party imports: the training image imports this module.
+"""
+
+from __future__ import annotations
+
+OK = 0  # finished, or stopped by SIGTERM after saving (or after logging which checkpoint resumes)
+RECIPE_OR_ENVIRONMENT = 2  # a mistake in the recipe, the data or the job's environment
+NON_FINITE = 3  # the loss or the gradient norm became NaN/inf
+NETWORK = 4  # a multi-node job whose collectives would not run over EFA (the comms gate)
+FATAL = frozenset({RECIPE_OR_ENVIRONMENT, NON_FINITE, NETWORK})
+
+# SageMaker reads the reason a job failed from this file (at most 1,024 characters are kept).
+FAILURE_FILE = "/opt/ml/output/failure"
+FAILURE_REASON_MAX = 1024
+FATAL_MARKER = "trainstack-fatal"
+
+
+def failure_line(exit_code: int, message: str) -> str:
+    """The failure file's content for `exit_code`: `trainstack-fatal exit=3: <message>` for a failure
+    another job would repeat, `trainstack exit=N: <message>` otherwise; one line, within SageMaker's limit."""
+    head = f"{FATAL_MARKER} exit={exit_code}" if exit_code in FATAL else f"trainstack exit={exit_code}"
+    text = f"{head}: {' '.join(message.split())}"
+    return text[:FAILURE_REASON_MAX]
+
+
+def is_fatal(failure_reason: str | None) -> bool:
+    """Whether a job's FailureReason says its run must not start another job."""
+    return bool(failure_reason) and FATAL_MARKER in failure_reason
