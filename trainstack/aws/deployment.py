@@ -334,7 +334,7 @@ def _retrieve(region: str, version: str, instance_type: str) -> str:
     )
 
 
-BASE_IMAGE_CACHE = Path(__file__).resolve().parent.parent / ".cache" / "base-images.json"
+BASE_IMAGE_CACHE = Path(__file__).resolve().parents[2] / ".cache" / "base-images.json"
 
 
 def resolve_base_image(region: str, recipe: Recipe, cache: Path | None = BASE_IMAGE_CACHE) -> str:

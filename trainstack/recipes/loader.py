@@ -26,7 +26,7 @@ from trainstack.recipes import overrides as override_rules
 from trainstack.recipes.overrides import SET_SOURCE, override_label, parse_set  # noqa: F401 (public here too)
 from trainstack.recipes.schema import Recipe, team_name_problem
 
-DEFAULT_RECIPES_DIR = Path(__file__).resolve().parent.parent / "recipes"
+DEFAULT_RECIPES_DIR = Path(__file__).resolve().parents[2] / "recipes"
 TEAM_DEFAULTS = "defaults.yaml"
 TEAM_RECIPES_KEY = "recipes"  # defaults.yaml only: which base recipes the team deploys (default: all)
 DEFAULT_SOURCE = "default"
