@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import io
 import json
+import re
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 from botocore.exceptions import ClientError
@@ -174,3 +176,19 @@ def test_status_shows_each_jobs_measured_restart_beside_the_plan(monkeypatch):
         "to the first metric line": 360.0,
     }
     assert shown["restart"]["billed_seconds"] == 360.0
+
+
+def test_the_restart_table_in_the_docs_shows_the_planners_current_64b_figures():
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "runs.md").read_text()
+    doc = doc[doc.index("## Restarts: planned and measured") :]
+    p = plan(resolve("64b-fp8").recipe)
+    for part in p.run.restart.parts:
+        label = "checkpoint load" if part.name == "load" else part.name
+        row = next(line for line in doc.splitlines() if line.startswith(f"| {label} |"))
+        planned, low, high = (float(x) for x in re.findall(r"\d+(?:\.\d+)?", row.split("|")[2])[:3])
+        expected = [s / 60 for s in (part.seconds[1], part.seconds[0], part.seconds[2])]
+        assert [planned, low, high] == pytest.approx(expected, abs=0.051 if planned < 10 else 0.5), label
+        assert ("| yes |" in row) == part.billed, label
+    billed = f"{p.run.restart.billed_seconds / 60:.0f} of the {p.run.restart.seconds / 60:.0f} minutes"
+    low, high = p.cost.usd_per_restart_range
+    assert f"{billed}, {p.cost.usd_per_restart:,.0f} USD ({low:,.0f}-{high:,.0f})" in " ".join(doc.split())
