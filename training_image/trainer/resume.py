@@ -163,10 +163,13 @@ def plan_resume(
         try:
             decision[0] = _decide(checkpoints, recipe, environ)
         except TrainstackError as exc:
-            decision[0] = str(exc)
+            decision[0] = ("fatal", str(exc))
+        except Exception as exc:  # noqa: BLE001 - e.g. an unreadable record: every rank must hear of it
+            decision[0] = ("crash", f"reading the checkpoint to resume failed: {type(exc).__name__}: {exc}")
     dist.broadcast_object_list(decision, src=0, group=checkpoints.group)
-    if isinstance(decision[0], str):
-        raise TrainstackError(decision[0])
+    if isinstance(decision[0], tuple):
+        kind, message = decision[0]
+        raise TrainstackError(message) if kind == "fatal" else RuntimeError(message)
     return decision[0]  # type: ignore[return-value]
 
 
