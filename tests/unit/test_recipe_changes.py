@@ -30,6 +30,7 @@ def test_identical_recipes_have_no_changes():
         "compute.instance_count=8",
         "training.grad_clip=0.5",
         "monitoring.stall_minutes=40",
+        "compute.volume_size_gb=1000",  # was unsafe: not listed, though nothing the run resumes lives there
     ],
 )
 def test_schedule_cadence_and_layout_changes_are_safe(override):

@@ -19,7 +19,6 @@ from trainstack.planner.run_plan import (
     CHECKPOINT_BYTES_PER_PARAM,
     EXIT_MARGIN_S,
     GIB,
-    JOB_STARTUP_HOURS,
     MAX_RUNTIME_HOURS,
     NODE_MTBF_HOURS,
     S3_ACHIEVED_FRACTION,
@@ -49,7 +48,7 @@ def test_run_figures_of_every_base_recipe(name):
     slow_hours = (
         run.hours * p.throughput.tokens_per_sec_per_gpu / p.throughput.tokens_per_sec_per_gpu_range[0]
     )
-    assert run.max_runtime_hours >= min(MAX_RUNTIME_HOURS, slow_hours + JOB_STARTUP_HOURS)
+    assert run.max_runtime_hours >= min(MAX_RUNTIME_HOURS, slow_hours + run.startup_hours_per_job)
     assert run.jobs == max(1, math.ceil(run.hours / run.max_runtime_hours))
 
     # one copy of FP32 master weights and AdamW moments, written once across the nodes (DCP dedups HSDP)
@@ -88,7 +87,8 @@ def test_run_figures_of_every_base_recipe(name):
     assert run.expected_failures == pytest.approx(nodes * run.hours / NODE_MTBF_HOURS)
     # cost counts the overheads: start-ups, restores, staging waits, expected failures
     assert p.cost.hours == pytest.approx(run.hours + run.overhead_hours)
-    assert run.overhead_hours >= run.jobs * JOB_STARTUP_HOURS + run.save_blocking_hours + run.failure_hours
+    startups = run.jobs * run.startup_hours_per_job
+    assert run.overhead_hours >= startups + run.save_blocking_hours + run.failure_hours
 
 
 def test_the_run_line_says_hours_jobs_and_the_checkpoint():

@@ -125,12 +125,14 @@ def failure_file() -> Path | None:
 
 
 def report_failure(exit_code: int, message: str) -> int:
-    """Print the one-line error and, on rank 0, tell SageMaker (and so the run supervisor) why."""
-    if os.environ.get("RANK", "0") == "0":  # every rank sees the same error; one line is enough
+    """Print the one-line error (each host's first rank: one line per host's log) and tell SageMaker
+    (and so the run supervisor) why, from every rank: whichever host's failure file SageMaker keeps,
+    a fatal failure reads as fatal (trainstack.protocol.exit_codes.write_failure_file)."""
+    if os.environ.get("LOCAL_RANK", "0") == "0":
         print(f"error: {message}", file=sys.stderr)
-        path = failure_file()
-        if path is not None:
-            path.write_text(exit_codes.failure_line(exit_code, message) + "\n")
+    path = failure_file()
+    if path is not None:
+        exit_codes.write_failure_file(path, exit_code, message)
     return exit_code
 
 

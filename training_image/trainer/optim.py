@@ -43,3 +43,22 @@ def build_optimizer(model: nn.Module, training: Training, device_type: str) -> t
 def build_scheduler(optimizer: torch.optim.Optimizer, training: Training) -> LambdaLR:
     # LambdaLR counts from 0 before the first step; the first optimizer step is step 1.
     return LambdaLR(optimizer, lambda epoch: lr_factor(epoch + 1, training))
+
+
+def follow_schedule(
+    optimizer: torch.optim.Optimizer, scheduler: LambdaLR, training: Training, step: int
+) -> None:
+    """Drive the steps after `step` by `training`'s schedule. A resumed optimizer and scheduler carry
+    the lr, weight decay and base lr of the recipe the checkpoint was written with (the scheduler's
+    lambda is this job's): `trainstack resume --set training.lr=...` must change them, from the next
+    step on. With an unchanged recipe this sets exactly the values the load restored."""
+    decay = (training.weight_decay, 0.0)  # build_optimizer's two groups, in order
+    for group, weight_decay in zip(optimizer.param_groups, decay, strict=True):
+        group["initial_lr"] = training.lr
+        group["weight_decay"] = weight_decay
+    scheduler.base_lrs = [training.lr] * len(optimizer.param_groups)
+    # LambdaLR's lr after `step` scheduler steps: base_lr * lambda(step) = lr * lr_factor(step + 1).
+    factor = lr_factor(step + 1, training)
+    for group in optimizer.param_groups:
+        group["lr"] = training.lr * factor
+    scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]

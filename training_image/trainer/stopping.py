@@ -41,15 +41,22 @@ class StopRequest:
     def __init__(self) -> None:
         self.requested = False
         self.at: float | None = None
+        self.grace_s = SIGTERM_GRACE_S  # from `at` until the process is killed
         signal.signal(signal.SIGTERM, self._handle)
 
     def _handle(self, signum: int, frame: object) -> None:
-        if not self.requested:
-            self.at = time.monotonic()
+        self.request(SIGTERM_GRACE_S)
+
+    def request(self, grace_s: float) -> None:
+        """Stop as on SIGTERM, with `grace_s` until the kill (trainer.capacity: a capacity block ends);
+        a second request can only bring the kill closer."""
+        if not self.requested or grace_s < self.seconds_left():
+            self.at, self.grace_s = time.monotonic(), grace_s
         self.requested = True
 
-    def seconds_left(self, grace_s: float = SIGTERM_GRACE_S) -> float:
-        return grace_s if self.at is None else grace_s - (time.monotonic() - self.at)
+    def seconds_left(self, grace_s: float | None = None) -> float:
+        grace = self.grace_s if grace_s is None else grace_s
+        return grace if self.at is None else grace - (time.monotonic() - self.at)
 
 
 class StopVote:

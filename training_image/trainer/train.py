@@ -34,6 +34,7 @@ from trainer.activation_checkpointing import (
     apply_activation_checkpointing,
     is_op_level,
 )
+from trainer.capacity import watch_capacity
 from trainer.checkpoint import CheckpointManager, TrainerState
 from trainer.comms import check_efa
 from trainer.config import Layout, load_recipe, resolve_layout
@@ -43,6 +44,7 @@ from trainer.model import Transformer, build_model, compile_blocks, compile_deci
 from trainer.optim import build_optimizer, build_scheduler
 from trainer.parallel import build_mesh, init_distributed, mesh_description, set_gradient_sync, shard_model
 from trainer.precision import autocast_factory, check_precision
+from trainer.resume import abandon_after, apply_changes, plan_resume, recipe_record
 from trainer.stopping import EXIT_MARGIN_S, StopPlan, StopRequest, StopVote, plan_stop
 from trainer.storage import open_storage
 from trainer.throughput import (
@@ -190,9 +192,13 @@ def _train(
         asynchronous=options.async_checkpoint,
         run=os.environ.get("TRAINSTACK_RUN"),
     )
-    state = TrainerState(step=0, samples_consumed=0, data_source=token_source.name, world_size=world)
-    latest = checkpoints.discover()
+    state = TrainerState(0, 0, token_source.name, world, recipe=recipe_record(recipe))
+    checkpoints.discover()
+    # The newest complete checkpoint or TRAINSTACK_RESUME_STEP's; unsafe recipe changes refused (resume.py)
+    resuming = plan_resume(checkpoints, recipe)
+    latest = resuming.step
     if latest is not None:
+        abandon_after(checkpoints, resuming)
         state = checkpoints.load(latest, model, optimizer, scheduler)
         if state.data_source != token_source.name:
             raise TrainstackError(
@@ -205,6 +211,7 @@ def _train(
             state.step,
             state.samples_consumed,
         )
+        state = apply_changes(resuming, state, recipe, optimizer, scheduler)
     else:
         log.info("no complete checkpoint in %s: starting at step 0", checkpoints.location)
     max_steps = options.max_steps if options.max_steps is not None else recipe.training.steps
@@ -319,6 +326,7 @@ def _loop(ctx: LoopContext, state: TrainerState, max_steps: int, stop: StopReque
         "fits" if run_plan.checkpoint.sigterm_fits else "does NOT fit",
         SIGTERM_GRACE_S,
     )
+    capacity = watch_capacity(stop, run_plan.checkpoint.sigterm_seconds)  # a training plan's block ends
     hosts = [0] * ctx.world
     dist.all_gather_object(hosts, host_number(current_host()), group=ctx.control)
     step, position = state.step, state.samples_consumed
@@ -394,7 +402,7 @@ def _loop(ctx: LoopContext, state: TrainerState, max_steps: int, stop: StopReque
                     print(line, flush=True)
                 interval_loss, interval_steps = torch.zeros((), device=device), 0
                 interval_start = time.perf_counter()
-            state = TrainerState(step, position, ctx.token_source.name, ctx.world)
+            state = TrainerState(step, position, ctx.token_source.name, ctx.world, state.recipe)
             if done.stop:
                 log.info("SIGTERM during step %d after its last micro-step: the step is completed", step)
                 stopping = True
@@ -409,6 +417,8 @@ def _loop(ctx: LoopContext, state: TrainerState, max_steps: int, stop: StopReque
     finally:
         batches.close()
         gc.enable()
+        if capacity is not None:
+            capacity.cancel()
     return 0
 
 

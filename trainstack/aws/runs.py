@@ -63,6 +63,9 @@ class Job:
     instance_count: int = 1
     steps_target: int | None = None  # training.steps the job was launched with (may be a short run)
     hyperparameters: dict[str, str] = field(default_factory=dict)
+    run: str | None = None  # TRAINSTACK_RUN in its environment: the run it belongs to
+    # SecondaryStatusTransitions as (Status, StartTime, EndTime); trainstack.aws.restarts reads them
+    transitions: tuple[tuple[str, datetime, datetime | None], ...] = ()
 
     @property
     def running(self) -> bool:
@@ -113,6 +116,12 @@ def job_from_description(desc: dict[str, Any]) -> Job:
         instance_count=int(resources.get("InstanceCount") or 1),
         steps_target=steps,
         hyperparameters=hyper,
+        run=(desc.get("Environment") or {}).get("TRAINSTACK_RUN"),
+        transitions=tuple(
+            (t["Status"], _as_datetime(t["StartTime"]), _as_datetime(t.get("EndTime")))
+            for t in desc.get("SecondaryStatusTransitions") or []
+            if t.get("Status") and t.get("StartTime")
+        ),
     )
 
 

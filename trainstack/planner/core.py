@@ -27,6 +27,8 @@ class CostPlan:
     usd_per_instance_hour: float = 0.0
     price_date: str = ""
     spot: bool = False  # the price is the spot assumption (see price_source)
+    usd_per_restart: float = 0.0  # a restart's billed part (trainstack.planner.restart) at the cluster price
+    usd_per_restart_range: tuple[float, float] = (0.0, 0.0)
 
 
 @dataclass(frozen=True)
@@ -49,10 +51,20 @@ class Plan:
         d["memory"]["utilisation"] = round(self.memory.utilisation, 4)
         d["memory"]["allocator_peak_gib"] = round(self.memory.allocator_peak_gib, 3)
         d["run"]["overhead_hours"] = self.run.overhead_hours
+        if self.run.restart is not None:  # the restart's totals (its parts are plain fields)
+            restart = self.run.restart
+            d["run"]["restart"].update(
+                seconds=restart.seconds,
+                seconds_range=list(restart.seconds_range),
+                billed_seconds=restart.billed_seconds,
+                billed_seconds_range=list(restart.billed_seconds_range),
+            )
+            d["run"]["restarts"] = self.run.restarts
+            d["run"]["restart_wall_hours"] = self.run.restart_wall_hours
         d["assumptions"] = list(self.assumptions)
         for key in ("tokens_per_sec_per_gpu_range", "limited_by"):
             d["throughput"][key] = list(d["throughput"][key])
-        for key in ("hours_range", "total_usd_range"):
+        for key in ("hours_range", "total_usd_range", "usd_per_restart_range"):
             d["cost"][key] = list(d["cost"][key])
         rec = d["recommendations"]
         for key in ("changes", "set_flags", "notes"):
@@ -109,6 +121,8 @@ def _cost(recipe: Recipe, thr: ThroughputPlan, run: RunPlan, unit: Price) -> Cos
     # Training hours scale inversely with tokens/s; the overheads do not.
     fast = run.hours * thr.tokens_per_sec_per_gpu / high_tps + run.overhead_hours
     slow = run.hours * thr.tokens_per_sec_per_gpu / low_tps + run.overhead_hours
+    restart_s = run.restart.billed_seconds if run.restart else 0.0
+    restart_low, restart_high = run.restart.billed_seconds_range if run.restart else (0.0, 0.0)
     return CostPlan(
         instance_type=recipe.instance.instance_type,
         instance_count=nodes,
@@ -122,6 +136,8 @@ def _cost(recipe: Recipe, thr: ThroughputPlan, run: RunPlan, unit: Price) -> Cos
         usd_per_instance_hour=unit.usd_per_instance_hour,
         price_date=unit.date,
         spot=unit.spot,
+        usd_per_restart=rate * restart_s / 3600.0,
+        usd_per_restart_range=(rate * restart_low / 3600.0, rate * restart_high / 3600.0),
     )
 
 

@@ -28,6 +28,7 @@ import math
 from dataclasses import dataclass
 
 from trainstack.errors import TrainstackError
+from trainstack.planner.restart import RestartPlan, plan_restart
 from trainstack.recipes.schema import Recipe
 
 GIB = float(2**30)
@@ -50,9 +51,9 @@ STAGING_BYTES_PER_S_PER_GPU = 25e9
 # client: 8 ranks = 80 Gbit/s = 10 GB/s per node. Assumption: half of that target is sustained.
 S3_TARGET_BYTES_PER_S_PER_RANK = 10e9 / 8
 S3_ACHIEVED_FRACTION = 0.5
-# Provisioning, image pull and process start of one job before its first step (assumption; warm pools
-# skip most of it, an InfraCheck adds to it).
-JOB_STARTUP_HOURS = 0.25
+# A job's start-up before its first step (provisioning, image pull, trainer start, checkpoint load,
+# compile): trainstack.planner.restart, each part with its source and range. Only the billed part
+# (from TrainingStartTime) counts in the run's instance hours.
 # Mean time between failures of one 8-GPU node: Llama 3 (arXiv:2407.21783, section 3.3.4) saw 419
 # unexpected interruptions in 54 days on 16,384 GPUs (2,048 nodes): 54 x 24 x 2048 / 419 = 6,335 h.
 NODE_MTBF_HOURS = 6335.0
@@ -98,7 +99,7 @@ class RunPlan:
     jobs: int  # ceil(hours / max_runtime_hours)
     max_runtime_hours: float  # one job's limit
     max_runtime_source: str  # "compute.max_runtime_hours" | "plan"
-    startup_hours_per_job: float
+    startup_hours_per_job: float  # billed start-up of a job before its first step, checkpoint load apart
     checkpoint: CheckpointPlan
     saves: int = 0  # interval checkpoints written over the run (the final save and SIGTERM saves apart)
     # Training time the loop waits for saves: each interval save's staging, the final save whole, and at
@@ -108,6 +109,17 @@ class RunPlan:
     expected_failures: float = 0.0  # node failures (and spot interruptions) expected over the run
     failure_hours: float = 0.0  # expected restarts, restores and lost work they cost
     spot_interruptions: float = 0.0  # of expected_failures, the ones spot adds (assumption)
+    restart: RestartPlan | None = None  # a job's end to the next job's first step (planner.restart)
+
+    @property
+    def restarts(self) -> float:
+        """Restarts expected over the run: every job boundary, every failure and interruption."""
+        return max(0, self.jobs - 1) + self.expected_failures
+
+    @property
+    def restart_wall_hours(self) -> float:
+        """Calendar time the restarts add to the run (the billed part is in `overhead_hours`)."""
+        return self.restarts * (self.restart.seconds if self.restart else 0.0) / HOUR_S
 
     @property
     def overhead_hours(self) -> float:
@@ -222,6 +234,8 @@ def plan_run(
     the job stopped early. `micro_step_s`: one accumulation micro-step (for the SIGTERM window)."""
     hours = recipe.training.steps * step_time_s / HOUR_S
     checkpoint = plan_checkpoints(recipe, step_time_s, micro_step_s)
+    restart = plan_restart(checkpoint.restore_seconds, compiled=recipe.training.compile is not False)
+    startup_hours = restart.first_job_billed_seconds / HOUR_S
     # Interval saves (async: the loop waits for the staging); the last interval ends in the final save.
     saves = max(0, math.ceil(hours * 60.0 / checkpoint.interval_minutes) - 1)
     blocking = (saves * checkpoint.stage_seconds + checkpoint.save_seconds) / HOUR_S
@@ -229,7 +243,7 @@ def plan_run(
         limit, source = recipe.compute.max_runtime_hours, "compute.max_runtime_hours"
     else:
         slow = recipe.training.steps * (slow_step_time_s or step_time_s) / HOUR_S
-        first_job = slow * (1 + blocking / max(hours, 1e-9)) + JOB_STARTUP_HOURS
+        first_job = slow * (1 + blocking / max(hours, 1e-9)) + startup_hours
         limit = min(MAX_RUNTIME_HOURS, math.ceil(first_job + RUNTIME_MARGIN_HOURS))
         source = "plan"
     jobs = max(1, math.ceil(hours / limit))
@@ -240,11 +254,11 @@ def plan_run(
     nodes = recipe.compute.instance_count
     failures = nodes * hours / checkpoint.node_mtbf_hours
     interruptions = nodes * hours * SPOT_INTERRUPTIONS_PER_NODE_HOUR if recipe.compute.spot else 0.0
-    # Each failure or interruption: a new job starts, restores, and redoes the work since the last save
-    # (on average half an interval, plus the save that was in flight).
+    # Each failure or interruption: a restart (its billed part: the image, the trainer's start, the
+    # restore, the compile) and the work since the last save done again (on average half an interval,
+    # plus the save that was in flight).
     per_failure = (
-        JOB_STARTUP_HOURS
-        + checkpoint.restore_seconds / HOUR_S
+        restart.billed_seconds / HOUR_S
         + (checkpoint.interval_minutes / 2 + checkpoint.save_seconds / 60.0) / 60.0
     )
     return RunPlan(
@@ -252,11 +266,12 @@ def plan_run(
         jobs=jobs,
         max_runtime_hours=float(limit),
         max_runtime_source=source,
-        startup_hours_per_job=JOB_STARTUP_HOURS,
+        startup_hours_per_job=startup_hours,
         checkpoint=checkpoint,
         saves=saves,
         save_blocking_hours=blocking,
         expected_failures=failures + interruptions,
         failure_hours=(failures + interruptions) * per_failure,
         spot_interruptions=interruptions,
+        restart=restart,
     )

@@ -7,10 +7,20 @@ another job of the same run would repeat (a mistake in the recipe or the data, a
 the run ends there and a person is told; any other failure (a crashed node, a lost collective, a
 capacity error) is worth the run's next job, which resumes from the newest complete checkpoint.
 
+Every host writes it. SageMaker keeps one host's failure file as the job's FailureReason; if only
+global rank 0's host wrote the fatal line, another host's reason (a crash, or nothing) could win and a
+fatal failure would look like a crash: the run would start up to three more jobs (the Crashed rule)
+that fail the same way. So every rank that ends with an error writes its host's file
+(`write_failure_file`): a fatal line replaces whatever is there, any other line is written only where
+nothing is yet, so a host's fatal line is never replaced by a crash another of its ranks saw.
+
 No third-party imports: the training image imports this module.
 """
 
 from __future__ import annotations
+
+import os
+from pathlib import Path
 
 OK = 0  # finished, or stopped by SIGTERM after saving (or after logging which checkpoint resumes)
 RECIPE_OR_ENVIRONMENT = 2  # a mistake in the recipe, the data or the job's environment
@@ -35,3 +45,22 @@ def failure_line(exit_code: int, message: str) -> str:
 def is_fatal(failure_reason: str | None) -> bool:
     """Whether a job's FailureReason says its run must not start another job."""
     return bool(failure_reason) and FATAL_MARKER in failure_reason
+
+
+def write_failure_file(path: Path, exit_code: int, message: str) -> bool:
+    """Write the failure line for `exit_code` to `path` (SageMaker's failure file of this host), safely
+    when several ranks of the host write at once; False when a line already there was kept."""
+    text = failure_line(exit_code, message) + "\n"
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    try:
+        if exit_code in FATAL:
+            os.replace(tmp, path)  # atomic: readers see the old line or this one, never a mix
+            return True
+        try:
+            os.link(tmp, path)  # atomic create-if-absent: never replaces another rank's (fatal) line
+            return True
+        except FileExistsError:
+            return False
+    finally:
+        tmp.unlink(missing_ok=True)

@@ -41,6 +41,7 @@ SAFE_MID_RUN = (
     "parallelism.shard_group",
     "checkpointing.*",
     "compute.instance_count",
+    "compute.volume_size_gb",  # the instances' scratch volume: no checkpoint or data state lives there
     "compute.max_runtime_hours",
     "compute.max_jobs",
     "compute.usd_per_instance_hour",

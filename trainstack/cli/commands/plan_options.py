@@ -108,6 +108,16 @@ def usd_range(value: float, low: float, high: float) -> str:
     return f"{value:,.0f} USD ({_short(low / scale)}-{_short(high / scale)}{unit})"
 
 
+def _restart_text(run, cost) -> str:
+    """'16 min (7-41) from a job's end to the next job's first step (decision 1, ...); 7 min of it
+    billed: 105 USD (50-272) per restart, 0.5 expected'. Each part's source: `plan --json`, run.restart."""
+    low, high = cost.usd_per_restart_range
+    return (
+        f"{run.restart.describe()}; {run.restart.billed_seconds / 60:.0f} min of it billed: "
+        f"{usd_range(cost.usd_per_restart, low, high)} per restart, {run.restarts:.1f} expected"
+    )
+
+
 def set_command(command: str, flags: tuple[str, ...]) -> list[str]:
     """A shell command with one `--set` per line (continued with a backslash), so it pastes whole."""
     if not flags:
@@ -181,6 +191,7 @@ def print_plan(plan: Plan, title: str, command: str) -> None:
             f"{ck.save_seconds:.0f} s save, of {ck.sigterm_budget_seconds:.0f} s "
             f"({EXIT_MARGIN_S:.0f} s kept for the exit)",
         ),
+        *([("restart", _restart_text(run, cost))] if run.restart else []),
         ("instance hours", duration_range(cost.hours, *cost.hours_range) + " per node, overheads included"),
         (
             "cost",

@@ -97,7 +97,11 @@ def status(
                     "job_prefix": prefix,
                     "runs": [
                         _as_dict(
-                            r, snapshot.executions.get(r.job.name), snapshot.trends.get(r.job.name), the_plan
+                            r,
+                            snapshot.executions.get(r.job.name),
+                            snapshot.trends.get(r.job.name),
+                            the_plan,
+                            snapshot.restarts.get(r.job.name),
                         )
                         for r in snapshot.reports
                     ],
@@ -150,6 +154,7 @@ class Snapshot:
     pending: list[Execution]  # launcher executions that have not created their job (yet)
     launcher_deployed: bool
     trends: dict[str, dict[str, list]] = field(default_factory=dict)  # job -> metric -> [(t, v)]
+    restarts: dict[str, Any] = field(default_factory=dict)  # job -> trainstack.aws.restarts.MeasuredRestart
 
     @property
     def latest_ended(self) -> bool:
@@ -172,6 +177,7 @@ def _collect(clients: Any, prefix: str, recipe: Any, team: str | None, plan: Any
             assess(job, latest_metrics(clients.cloudwatch, job, now), recipe, plan, now) for job in jobs
         ]
         trends = {job.name: metric_history(clients.cloudwatch, job, now) for job in jobs}
+        restarts = measured_restarts(clients.sagemaker, jobs, trends)
         machine = launcher_state_machine(clients, recipe, team)
         executions = (
             find_executions(clients.aws.client("stepfunctions"), machine, prefix, limit) if machine else []
@@ -183,7 +189,33 @@ def _collect(clients: Any, prefix: str, recipe: Any, team: str | None, plan: Any
     pending = [
         e for e in executions if e.name not in names and (oldest_job is None or e.started >= oldest_job)
     ]
-    return Snapshot(reports, {e.name: e for e in executions}, pending, machine is not None, trends)
+    return Snapshot(reports, {e.name: e for e in executions}, pending, machine is not None, trends, restarts)
+
+
+def measured_restarts(sagemaker: Any, jobs: list, trends: dict[str, dict[str, list]]) -> dict[str, Any]:
+    """Each job's measured restart (trainstack.aws.restarts): from the run's previous job's end (described
+    when it is not among `jobs`) to the job's first metric line."""
+    from botocore.exceptions import ClientError
+
+    from trainstack.aws.restarts import measure_restart, previous_job_name
+    from trainstack.aws.runs import job_from_description
+
+    by_name = {job.name: job for job in jobs}
+    found = {}
+    for job in jobs:
+        steps = trends.get(job.name, {}).get("step") or []
+        previous, name = None, previous_job_name(job)
+        if steps and name is not None:
+            previous = by_name.get(name)
+            if previous is None:
+                try:
+                    previous = job_from_description(sagemaker.describe_training_job(TrainingJobName=name))
+                except ClientError:  # gone (SageMaker keeps jobs), or another account's: start-up only
+                    previous = None
+        measured = measure_restart(job, previous, steps[0] if steps else None)
+        if measured is not None:
+            found[job.name] = measured
+    return found
 
 
 def metric_history(cloudwatch: Any, job: Any, now: datetime) -> dict[str, list]:
@@ -241,7 +273,14 @@ def _view_and_snapshot(
         ), snapshot
     panels = [_pending_panel(e) for e in snapshot.pending]
     panels += [
-        _run_panel(r, recipe, snapshot.executions.get(r.job.name), snapshot.trends.get(r.job.name), plan)
+        _run_panel(
+            r,
+            recipe,
+            snapshot.executions.get(r.job.name),
+            snapshot.trends.get(r.job.name),
+            plan,
+            snapshot.restarts.get(r.job.name),
+        )
         for r in reports
     ]
     return Group(head, *panels, *notes), snapshot
@@ -261,10 +300,12 @@ def _as_dict(
     execution: Execution | None = None,
     trends: dict[str, list] | None = None,
     plan: Any = None,
+    restart: Any = None,
 ) -> dict[str, Any]:
     job = report.job
     run_eta = _eta(report, plan, datetime.now(UTC))
     return {
+        "restart": restart.as_dict() if restart is not None else None,
         "execution": _execution_dict(execution) if execution else None,
         "job": job.name,
         "status": job.status,

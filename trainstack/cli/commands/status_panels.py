@@ -50,6 +50,7 @@ def _run_panel(
     execution: Execution | None = None,
     trends: dict[str, list] | None = None,
     plan: Any = None,
+    restart: Any = None,
 ) -> RenderableType:
     from rich.panel import Panel
     from rich.progress_bar import ProgressBar
@@ -121,6 +122,9 @@ def _run_panel(
         f"at ${report.usd_per_hour:,.0f}/h{remaining}",
     )
     table.add_row("checkpoints", job.checkpoint_uri or "-")
+    if restart is not None:  # trainstack.aws.restarts: measured, beside the plan's estimate
+        planned = plan.run.restart.seconds if plan is not None and plan.run.restart is not None else None
+        table.add_row("restart", restart.text(report.usd_per_hour, planned))
     if execution is not None:
         table.add_row("launcher", f"execution {execution.status}")
     if report.metrics_at is not None:
