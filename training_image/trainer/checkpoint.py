@@ -92,6 +92,7 @@ class TrainerState:
     samples_consumed: int  # the data position: sample indices below this are used
     data_source: str  # name of the token source; resuming onto a different one is refused
     world_size: int
+    data_schedule: str = ""  # a blend's weights by data position (trainer.blend.Schedule); "" otherwise
 
 
 def manifest_name(rank: int) -> str:
