@@ -117,7 +117,7 @@ class ExecutionRole(Construct):
                     conditions={"Bool": {"kms:GrantIsForAWSResource": "true"}},
                 )
             )
-        self._data_statements(recipe.data.train_s3_uri)
+        self._data_statements(recipe.data.uris)
         self._granted_network: TrainingNetwork | None = None
         if vpc:
             # Read-only calls without resource-level permissions (Service Authorization Reference, EC2).
@@ -182,21 +182,24 @@ class ExecutionRole(Construct):
             [nag.arn_finding(self, "ec2", "network-interface/*")],
         )
 
-    def _data_statements(self, train_s3_uri: str | None) -> None:
-        if not train_s3_uri:
-            return
-        bucket_name, _, prefix = train_s3_uri.removeprefix("s3://").partition("/")
-        prefix = prefix.rstrip("/")
-        objects = f"arn:aws:s3:::{bucket_name}/{prefix + '/' if prefix else ''}*"
-        nag.acknowledge(self, "AwsSolutions-IAM5:training-data", [f"Resource::{objects}"])
-        self.policy.add_statements(
-            iam.PolicyStatement(actions=["s3:GetObject"], resources=[objects]),
-            iam.PolicyStatement(
-                actions=["s3:ListBucket"],
-                resources=[f"arn:aws:s3:::{bucket_name}"],
-                conditions={"StringLike": {"s3:prefix": [f"{prefix}*" if prefix else "*"]}},
-            ),
-        )
+    def _data_statements(self, uris: tuple[str, ...]) -> None:
+        """Read-only on each data prefix: data.train_s3_uri, or every source of a blend (data.sources)."""
+        findings = []
+        for uri in uris:
+            bucket_name, _, prefix = uri.removeprefix("s3://").partition("/")
+            prefix = prefix.rstrip("/")
+            objects = f"arn:aws:s3:::{bucket_name}/{prefix + '/' if prefix else ''}*"
+            findings.append(f"Resource::{objects}")
+            self.policy.add_statements(
+                iam.PolicyStatement(actions=["s3:GetObject"], resources=[objects]),
+                iam.PolicyStatement(
+                    actions=["s3:ListBucket"],
+                    resources=[f"arn:aws:s3:::{bucket_name}"],
+                    conditions={"StringLike": {"s3:prefix": [f"{prefix}*" if prefix else "*"]}},
+                ),
+            )
+        if findings:
+            nag.acknowledge(self, "AwsSolutions-IAM5:training-data", findings)
 
 
 @jsii.implements(IValidation)

@@ -34,7 +34,8 @@ REASONS: dict[str, str] = {
         "checkpoint bucket only; object keys below the prefix are per run and unknown in advance."
     ),
     "AwsSolutions-IAM5:training-data": (
-        "Read-only (s3:GetObject) on the recipe's data.train_s3_uri prefix: the token shards below it "
+        "Read-only (s3:GetObject) on the recipe's data prefixes (data.train_s3_uri, or each of "
+        "data.sources): the token shards below them "
         "are many and named by the data pipeline, not known when the stack is deployed."
     ),
     "AwsSolutions-IAM5:training-logs": (

@@ -13,7 +13,7 @@ from constructs import Construct
 from stacks.monitoring.patterns import search_expression
 from stacks.monitoring.run_alarms import AlarmSpec
 from trainstack.aws.runs import HOST_DIMENSION, JOB_DIMENSION
-from trainstack.protocol.metrics import FIELD_BY_KEY
+from trainstack.protocol.metrics import FIELD_BY_KEY, source_fields
 from trainstack.recipes.naming import job_name_prefix
 from trainstack.recipes.schema import Recipe
 
@@ -93,6 +93,7 @@ class Dashboard(Construct):
             f"step {plan.throughput.step_time_s:.2f} s, peak memory {plan.memory.peak_gib:.0f} of "
             f"{plan.memory.usable_gib:.0f} GiB per GPU. "
             "Green lines are the plan; red lines are alarm thresholds.\n\n"
+            f"{_validation_note(recipe, plan)}"
             f"Each run gets its own alarms while it trains, named `<job>-<alarm>`: "
             f"{', '.join(a.name for a in run_alarm_specs)}."
         )
@@ -118,7 +119,21 @@ class Dashboard(Construct):
                 trainer_graph("tflops_per_gpu", "TFLOP/s per GPU", [line("plan", planned_tflops)]),
             ],
             [
-                trainer_graph("loss", "Loss"),
+                # Validation beside training: the same fixed batches each evaluation (a blend: per source).
+                cw.GraphWidget(
+                    title=f"Loss: training and validation ({FIELD_BY_KEY['loss'].metric_name}, "
+                    f"{FIELD_BY_KEY['val_loss'].metric_name})",
+                    left=[
+                        search("Loss", FIELD_BY_KEY["loss"].metric_name, JOB_DIMENSION),
+                        search("Validation loss", FIELD_BY_KEY["val_loss"].metric_name, JOB_DIMENSION),
+                        *[
+                            search(f.description, f.metric_name, JOB_DIMENSION)
+                            for f in source_fields(recipe.data.source_names)
+                        ],
+                    ],
+                    width=8,
+                    height=6,
+                ),
                 trainer_graph("step_time_s", "Step time s", [line("plan", plan.throughput.step_time_s)]),
                 trainer_graph(
                     "mem_gib",
@@ -207,3 +222,16 @@ class Dashboard(Construct):
         self.dashboard = cw.Dashboard(
             self, "Dashboard", widgets=self.widgets, default_interval=Duration.hours(6)
         )
+
+
+def _validation_note(recipe: Recipe, plan: Plan) -> str:
+    """The header's line on validation: when it runs, what it costs, and its alarm (or that it is off)."""
+    if plan.validation is None:
+        return (
+            "No validation (the recipe has no `validation` section): the loss graph shows training only.\n\n"
+        )
+    v = plan.validation
+    return (
+        f"Validation {v.summary()} (plan); the ValLossRising alarm fires when it rises "
+        f"{recipe.validation.alarm_rises} evaluations in a row.\n\n"
+    )

@@ -97,9 +97,25 @@ class AlarmSpec:
     # A per-host alarm on a trainer metric (dimension TrainingJobName only) that names its host in another
     # metric: the alarm watches `metric` only while `host_metric` equals this host (metric math below).
     host_metric: str | None = None
+    # A job alarm on metric math over `metric` (Id `value`), e.g. DIFF(value): the alarm watches the
+    # expression's datapoints instead of the metric's.
+    expression: str | None = None
 
     def request(self, job: str, topic_arn: str, host: int | None = None) -> dict[str, Any]:
         """The PutMetricAlarm request for one concrete job (and host): what the state machine sends."""
+        if self.expression is not None:
+            return {
+                "AlarmName": f"{job}-{self.name}",
+                "AlarmDescription": self.description,
+                "Metrics": self.expression_metrics(job),
+                "EvaluationPeriods": self.evaluation_periods,
+                "DatapointsToAlarm": self.evaluation_periods,
+                "Threshold": self.threshold,
+                "ComparisonOperator": self.comparison,
+                "TreatMissingData": self.treat_missing,
+                "AlarmActions": [topic_arn],
+                "OKActions": [topic_arn],
+            }
         if self.host_metric is not None:
             return {
                 "AlarmName": f"{job}-{self.name}-algo-{host}",
@@ -142,6 +158,25 @@ class AlarmSpec:
         """The value while this host is the one named, else 0 (`host` may be a run-time placeholder)."""
         return f"IF(host == {host}, value, 0)"
 
+    def expression_metrics(self, job: Any) -> list[dict[str, Any]]:
+        """PutMetricAlarm `Metrics`: the job's metric as `value`, and the expression the alarm watches."""
+        return [
+            {
+                "Id": "value",
+                "MetricStat": {
+                    "Metric": {
+                        "Namespace": NAMESPACE,
+                        "MetricName": self.metric,
+                        "Dimensions": [{"Name": JOB_DIMENSION, "Value": job}],
+                    },
+                    "Period": self.period_s,
+                    "Stat": self.statistic,
+                },
+                "ReturnData": False,
+            },
+            {"Id": "rise", "Expression": self.expression or "", "Label": self.name, "ReturnData": True},
+        ]
+
     def host_metrics(self, job: Any, expression: Any) -> list[dict[str, Any]]:
         """PutMetricAlarm `Metrics`: the named host and the value, both of the job, and the expression."""
 
@@ -177,7 +212,7 @@ def run_alarm_specs(recipe: Recipe, plan: Plan) -> tuple[AlarmSpec, ...]:
     t = Thresholds.of(recipe, plan)
     mon, gpus = recipe.monitoring, recipe.instance.gpus
     below, above = "LessThanThreshold", "GreaterThanThreshold"
-    return (
+    standard = (
         AlarmSpec(
             "Slow",
             False,
@@ -265,6 +300,51 @@ def run_alarm_specs(recipe: Recipe, plan: Plan) -> tuple[AlarmSpec, ...]:
             host_metric=FIELD_BY_KEY["straggler_host"].metric_name,
         ),
     )
+    rising = val_loss_rising_spec(recipe, plan)
+    return standard + ((rising,) if rising is not None else ())
+
+
+# CloudWatch: "The number of evaluation periods for an alarm multiplied by the length of each evaluation
+# period cannot exceed one day" (CloudWatch user guide, Using Amazon CloudWatch alarms, common features).
+ALARM_EVALUATION_MAX_S = 86_400
+
+
+def validation_period_s(plan: Plan) -> int:
+    """The ValLossRising period: the planned time between two evaluations, in whole minutes, so that a
+    period holds one val_loss datapoint (a run faster than planned puts two in some periods: their mean
+    is compared; a slower one leaves some empty: DIFF skips them)."""
+    assert plan.validation is not None
+    return 60 * max(1, round(plan.validation.interval_s / 60))
+
+
+def val_loss_rising_spec(recipe: Recipe, plan: Plan) -> AlarmSpec | None:
+    """Validation loss rose `validation.alarm_rises` evaluations in a row: overfitting, a bad blend or a
+    broken shard. Metric math: DIFF(value) is each val_loss datapoint minus the one before it (CloudWatch
+    user guide, metric math functions), so K positive DIFF datapoints out of K are K rises in a row.
+    Missing data counts as not breaching (fewer than K evaluations so far, or an empty period between
+    them, says nothing). None when the recipe has no validation, or when K periods exceed CloudWatch's
+    one day (RunAlarms warns then)."""
+    if recipe.validation is None or plan.validation is None:
+        return None
+    rises = recipe.validation.alarm_rises
+    period = validation_period_s(plan)
+    if rises * period > ALARM_EVALUATION_MAX_S:
+        return None
+    return AlarmSpec(
+        "ValLossRising",
+        False,
+        FIELD_BY_KEY["val_loss"].metric_name,
+        "Average",
+        period,
+        rises,
+        0.0,
+        "GreaterThanThreshold",
+        "notBreaching",
+        f"{recipe.name}: validation loss rose {rises} evaluations in a row (every "
+        f"{recipe.validation.every_steps} steps, about {period / 60:,.0f} min apart): overfitting, a bad "
+        "data mix or a broken shard; see the Loss graph's per-source lines.",
+        expression="DIFF(value)",
+    )
 
 
 def retried(task: tasks.CallAwsService) -> tasks.CallAwsService:
@@ -299,6 +379,13 @@ class RunAlarms(Construct):
         self.specs = run_alarm_specs(recipe, plan)
         hosts = recipe.compute.instance_count
         log_interval_s = recipe.training.log_every * plan.throughput.step_time_s
+        if recipe.validation is not None and val_loss_rising_spec(recipe, plan) is None:
+            Annotations.of(self).add_warning_v2(
+                "trainstack:ValLossRisingWindow",
+                f"validation.alarm_rises ({recipe.validation.alarm_rises}) evaluations about "
+                f"{validation_period_s(plan) / 60:,.0f} min apart exceed CloudWatch's one day of evaluation "
+                "periods: no ValLossRising alarm (fewer alarm_rises or a smaller every_steps restores it).",
+            )
         if recipe.monitoring.stall_minutes * 60 < 2 * log_interval_s:
             Annotations.of(self).add_warning_v2(
                 "trainstack:StallWindow",
@@ -331,7 +418,13 @@ class RunAlarms(Construct):
                 name = sfn.JsonPath.format(f"{{}}-{spec.name}", sfn.JsonPath.string_at(job_path))
                 dimension = {"Name": JOB_DIMENSION, "Value": sfn.JsonPath.string_at(job_path)}
             concrete = spec.request("JOB", topic.topic_arn, 1)
-            if spec.host_metric is not None:
+            if spec.expression is not None:
+                parameters = {
+                    **concrete,
+                    "AlarmName": name,
+                    "Metrics": spec.expression_metrics(sfn.JsonPath.string_at(job_path)),
+                }
+            elif spec.host_metric is not None:
                 expression = sfn.JsonPath.format(
                     spec.host_expression("{}"), sfn.JsonPath.string_at(host_path or "")
                 )

@@ -134,7 +134,8 @@ def test_dry_run_prints_the_full_request_without_aws_with_marked_placeholders(tm
     )
     assert result.returncode == 0, result.stderr
     printed = json.loads(result.stdout)
-    assert set(printed) == {"request", "placeholders"}
+    assert set(printed) == {"request", "placeholders", "input"}
+    assert printed["input"] == {"mode": "", "reason": printed["input"]["reason"]}  # 30b-fp8: synthetic
     assert printed["placeholders"] == ["bucket_name", "image_uri", "kms_key_arn", "region", "role_arn"]
     body = printed["request"]
     assert body["TrainingJobName"] == "ts-platform-30b-fp8--try-1-1"
@@ -155,7 +156,8 @@ def test_dry_run_prints_the_full_request_without_aws_with_marked_placeholders(tm
         kms_key_arn=body["OutputDataConfig"]["KmsKeyId"],
         region="<placeholder: the deployment's region>",
     )
-    (note,) = result.stderr.strip().splitlines()
+    note, data_input = result.stderr.strip().splitlines()
+    assert data_input.startswith("data input: no data channel")
     assert note.startswith("note: bucket_name, image_uri, kms_key_arn, region, role_arn are placeholders")
 
 

@@ -93,6 +93,7 @@ class TrainerState:
     data_source: str  # name of the token source; resuming onto a different one is refused
     world_size: int
     recipe: str | None = None  # the resolved recipe (JSON) it was written with; trainer.resume compares
+    data_schedule: str = ""  # a blend's weights by data position (trainer.blend.Schedule); "" otherwise
 
 
 def manifest_name(rank: int) -> str:

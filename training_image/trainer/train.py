@@ -30,6 +30,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 from torch.optim.lr_scheduler import LRScheduler
 
+from trainer import blend
 from trainer.activation_checkpointing import (
     apply_activation_checkpointing,
     is_op_level,
@@ -55,6 +56,7 @@ from trainer.throughput import (
     peak_tflops,
     slowest_rank,
 )
+from trainer.validation import Validator, build_validator
 from trainstack.errors import TrainstackError
 from trainstack.planner import flops_per_token, plan
 from trainstack.planner.run_plan import SIGTERM_GRACE_S
@@ -145,7 +147,17 @@ def _train(
             f"data.train_s3_uri is {recipe.data.train_s3_uri} but no --data-dir / training "
             "channel is mounted (pass --synthetic to train on synthetic tokens anyway)"
         )
-    token_source = open_source(data_dir, recipe.training.seq_len, recipe.model.vocab, recipe.training.seed)
+
+    def open_dataset(directory: Path | None) -> TokenSource:
+        return open_source(directory, recipe.training.seq_len, recipe.model.vocab, recipe.training.seed)
+
+    if recipe.data.sources and not options.synthetic:
+        token_source: TokenSource = blend.open_blend(recipe, options.data_dir, open_dataset)
+    else:
+        token_source = open_dataset(data_dir)
+    validator = build_validator(
+        recipe, layout, rank, device, options.data_dir, options.synthetic, token_source, open_dataset
+    )
     storage = open_storage(options.checkpoint_location)  # a bad URI or missing region: exit 2 before building
 
     torch.manual_seed(recipe.training.seed)
@@ -192,7 +204,14 @@ def _train(
         asynchronous=options.async_checkpoint,
         run=os.environ.get("TRAINSTACK_RUN"),
     )
-    state = TrainerState(0, 0, token_source.name, world, recipe=recipe_record(recipe))
+    state = TrainerState(
+        step=0,
+        samples_consumed=0,
+        data_source=token_source.name,
+        world_size=world,
+        recipe=recipe_record(recipe),
+        data_schedule=blend.schedule_of(token_source),
+    )
     checkpoints.discover()
     # The newest complete checkpoint or TRAINSTACK_RESUME_STEP's; unsafe recipe changes refused (resume.py)
     resuming = plan_resume(checkpoints, recipe)
@@ -205,6 +224,7 @@ def _train(
                 f"{checkpoints.describe(latest)}: was trained on {state.data_source}, this run reads "
                 f"{token_source.name}; use a new checkpoint location for new data"
             )
+        token_source = blend.resumed_source(token_source, recipe, state.data_schedule, state.samples_consumed)
         log.info(
             "resumed from %s: step %d, data position %d",
             checkpoints.describe(latest),
@@ -230,6 +250,7 @@ def _train(
         checkpoints=checkpoints,
         control=dist.new_group(backend="gloo"),
         timer=BlockComputeTimer(list(model.layers), device),
+        validator=validator,
     )
     try:
         return _loop(ctx, state, max_steps, stop)
@@ -261,6 +282,7 @@ class LoopContext:
     checkpoints: CheckpointManager
     control: dist.ProcessGroup  # gloo, host-side: stop votes, straggler times, agreements
     timer: BlockComputeTimer
+    validator: Validator | None = None  # the recipe's validation section (trainer.validation)
 
 
 @dataclass(frozen=True)
@@ -355,7 +377,8 @@ def _loop(ctx: LoopContext, state: TrainerState, max_steps: int, stop: StopReque
     stopping = False  # agreed by every rank (the vote), never this rank's own flag
     try:
         while step < max_steps:
-            log_step = (step + 1) % tr.log_every == 0 or step + 1 == max_steps
+            validating = ctx.validator is not None and ctx.validator.due(step + 1)
+            log_step = (step + 1) % tr.log_every == 0 or step + 1 == max_steps or validating
             if log_step:
                 ctx.timer.arm()
             save_due = (
@@ -394,15 +417,27 @@ def _loop(ctx: LoopContext, state: TrainerState, max_steps: int, stop: StopReque
             if step % GC_EVERY_STEPS == 0:
                 gc.collect(1)
             checkpoints.poll()
+            validation, validation_s = {}, 0.0
+            if validating and not done.stop:  # a stop goes straight to its save
+                validation, validation_s = ctx.validator.run_if_due(step, model, autocast)
             if log_step or done.stop:
                 watch.check()
-                elapsed = time.perf_counter() - interval_start
-                line = _metric_line(ctx, step, lr, interval_loss, interval_steps, elapsed, hosts, peak)
+                elapsed = time.perf_counter() - interval_start - validation_s  # tokens/s of training only
+                line = _metric_line(
+                    ctx, step, lr, interval_loss, interval_steps, elapsed, hosts, peak, validation
+                )
                 if ctx.rank == 0:
                     print(line, flush=True)
                 interval_loss, interval_steps = torch.zeros((), device=device), 0
                 interval_start = time.perf_counter()
-            state = TrainerState(step, position, ctx.token_source.name, ctx.world, state.recipe)
+            state = TrainerState(
+                step,
+                position,
+                ctx.token_source.name,
+                ctx.world,
+                recipe=state.recipe,
+                data_schedule=blend.schedule_of(ctx.token_source),
+            )
             if done.stop:
                 log.info("SIGTERM during step %d after its last micro-step: the step is completed", step)
                 stopping = True
@@ -431,6 +466,7 @@ def _metric_line(
     elapsed: float,
     hosts: list[int],
     peak: float,
+    validation: dict[str, float] | None = None,
 ) -> str:
     """The log step's metric line; reads the loss and the block timers (the log step's host syncs)."""
     tr = ctx.recipe.training
@@ -442,6 +478,8 @@ def _metric_line(
     tokens_per_sec = ctx.layout.micro_batch * ctx.layout.grad_accum * tr.seq_len * steps / elapsed
     tflops = tokens_per_sec * flops_per_token(ctx.recipe.model, tr.seq_len) / 1e12
     return format_line(
+        ctx.recipe.data.source_names,
+        **(validation or {}),
         step=step,
         loss=total.item() / ctx.world / steps,
         lr=lr,

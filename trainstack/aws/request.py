@@ -191,7 +191,10 @@ def create_training_job_request(
     With `subnet_ids` the job runs in a VPC (VpcConfig; network isolation and inter-container
     encryption are explicit choices). Keys whose value is a `Runtime` are emitted as `"Key.$"`.
     """
+    from trainstack.planner.input_mode import input_plan  # how the shards reach the nodes, and why
+
     compute = recipe.compute
+    inputs = input_plan(recipe)
 
     resource_config: dict[str, Any] = {
         "InstanceType": compute.instance_type,
@@ -217,8 +220,8 @@ def create_training_job_request(
 
     algorithm: dict[str, Any] = {
         "TrainingImage": image_uri,
-        "TrainingInputMode": "FastFile" if recipe.data.train_s3_uri else "File",
-        "MetricDefinitions": metric_definitions(),
+        "TrainingInputMode": inputs.mode or "File",
+        "MetricDefinitions": metric_definitions(recipe.data.source_names),
         "EnableSageMakerMetricsTimeSeries": True,
     }
     output: dict[str, Any] = {"S3OutputPath": f"s3://{bucket_name}/{output_prefix(recipe, team)}"}
@@ -249,18 +252,20 @@ def create_training_job_request(
     _put(
         request, "HyperParameters", to_hyperparameters(recipe) if hyperparameters is None else hyperparameters
     )
-    if recipe.data.train_s3_uri:
+    if inputs.channels:  # data.train_s3_uri as channel "train", or one train_<name> per blend source
         request["InputDataConfig"] = [
             {
-                "ChannelName": "train",
+                "ChannelName": channel,
                 "DataSource": {
                     "S3DataSource": {
                         "S3DataType": "S3Prefix",
-                        "S3Uri": recipe.data.train_s3_uri,
+                        "S3Uri": uri,
                         "S3DataDistributionType": "FullyReplicated",
                     }
                 },
+                "InputMode": inputs.mode,
             }
+            for channel, uri in inputs.channels
         ]
     if subnet_ids:
         request["VpcConfig"] = {"SecurityGroupIds": list(security_group_ids), "Subnets": list(subnet_ids)}

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 from trainstack.errors import RecipeError
 from trainstack.recipes import naming
 from trainstack.recipes.hardware import INSTANCES, volume_size_problem
+from trainstack.recipes.schema import SOURCE_CHANNEL_PREFIX
 
 if TYPE_CHECKING:
     from botocore.model import Shape
@@ -433,6 +434,12 @@ def recipe_field(path: str, request: Mapping[str, Any]) -> str | None:
         if key == naming.PROJECT or key is None:
             return None if key is not None else "tags.extra"
         return _OWN_TAG_FIELDS.get(key, f"tags.extra.{key}")
+    if channel := re.match(r"^InputDataConfig\[(\d+)\]", path):
+        configs = request.get("InputDataConfig") or []
+        index = int(channel.group(1))
+        config = configs[index] if index < len(configs) and isinstance(configs[index], Mapping) else {}
+        if str(config.get("ChannelName", "")).startswith(SOURCE_CHANNEL_PREFIX):
+            return f"data.sources.{index}.uri"  # a blend source's channel (trainstack.planner.input_mode)
     if hyper := re.match(r"^HyperParameters\[([^\]]+)\]", path):
         return hyper.group(1)  # the encoding's keys are the recipe's own dotted field paths
     best: tuple[int, str | None] = (0, None)

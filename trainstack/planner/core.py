@@ -6,10 +6,12 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from trainstack.planner.calibration import LOO_LOG_ERROR
+from trainstack.planner.input_mode import InputPlan, input_plan
 from trainstack.planner.memory import GROWING, ActivationPolicy, MemoryPlan, memory_breakdown, memory_plan
 from trainstack.planner.run_plan import RunPlan, plan_run
 from trainstack.planner.search import Price, Recommendations, price, recommend
 from trainstack.planner.throughput import ThroughputPlan, recompute_share, throughput
+from trainstack.planner.validation import ValidationPlan, plan_validation
 from trainstack.recipes.schema import Recipe
 
 
@@ -45,6 +47,8 @@ class Plan:
     recommendations: Recommendations
     run: RunPlan
     assumptions: tuple[str, ...] = field(default=())
+    validation: ValidationPlan | None = None  # the recipe's validation section, costed
+    inputs: InputPlan | None = None  # how the data channels reach the nodes
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -116,11 +120,12 @@ def recipe_throughput(recipe: Recipe, **changes: Any) -> ThroughputPlan:
 def _cost(recipe: Recipe, thr: ThroughputPlan, run: RunPlan, unit: Price) -> CostPlan:
     nodes = recipe.compute.instance_count
     rate = unit.usd_per_instance_hour * nodes
-    hours = run.hours + run.overhead_hours
+    computing = run.hours + run.validation_hours
+    hours = computing + run.overhead_hours
     low_tps, high_tps = thr.tokens_per_sec_per_gpu_range
-    # Training hours scale inversely with tokens/s; the overheads do not.
-    fast = run.hours * thr.tokens_per_sec_per_gpu / high_tps + run.overhead_hours
-    slow = run.hours * thr.tokens_per_sec_per_gpu / low_tps + run.overhead_hours
+    # Training and validation hours scale inversely with tokens/s; the overheads do not.
+    fast = computing * thr.tokens_per_sec_per_gpu / high_tps + run.overhead_hours
+    slow = computing * thr.tokens_per_sec_per_gpu / low_tps + run.overhead_hours
     restart_s = run.restart.billed_seconds if run.restart else 0.0
     restart_low, restart_high = run.restart.billed_seconds_range if run.restart else (0.0, 0.0)
     return CostPlan(
@@ -152,7 +157,16 @@ def plan(recipe: Recipe) -> Plan:
     thr = recipe_throughput(recipe)
     low_tps = thr.tokens_per_sec_per_gpu_range[0]
     slow_step = thr.step_time_s * thr.tokens_per_sec_per_gpu / low_tps
-    run = plan_run(recipe, thr.step_time_s, slow_step, thr.micro_step_time_s)
+    validation = plan_validation(recipe, thr)
+    inputs = input_plan(recipe, thr.tokens_per_sec_per_gpu)
+    run = plan_run(
+        recipe,
+        thr.step_time_s,
+        slow_step,
+        thr.micro_step_time_s,
+        validation_hours=validation.hours if validation else 0.0,
+        input_hours_per_job=inputs.download_minutes / 60.0,
+    )
     unit = price(recipe)
     cost = _cost(recipe, thr, run, unit)
     rec = recommend(recipe, recipe_throughput=thr)
@@ -201,6 +215,22 @@ def plan(recipe: Recipe) -> Plan:
             f"spot: {run.spot_interruptions:.1f} interruptions expected over the run (assumption: one per "
             "node per 5 days), each costing a restart, a restore and the work since the last save",
         )
+    if validation is not None:
+        assumptions += (
+            f"validation: forward-only FLOPs (a third of training's) at the training step's achieved FLOP "
+            f"rate: {validation.hours:,.1f} h, {validation.hours / max(run.hours, 1e-9):.1%} of the training "
+            "hours (trainstack.planner.validation)",
+        )
+        if (
+            validation.seconds_per_evaluation + run.checkpoint.sigterm_seconds
+            > run.checkpoint.sigterm_budget_seconds
+        ):
+            assumptions += (
+                f"validation: one evaluation ({validation.seconds_per_evaluation:,.0f} s) plus the SIGTERM "
+                f"save ({run.checkpoint.sigterm_seconds:,.0f} s) exceeds the "
+                f"{run.checkpoint.sigterm_budget_seconds:.0f} s a stop leaves: a stop during an evaluation "
+                "may end without a final save (fewer validation.batches keeps it inside)",
+            )
     return Plan(
         recipe=recipe.name,
         instance_type=inst.instance_type,
@@ -214,4 +244,6 @@ def plan(recipe: Recipe) -> Plan:
         recommendations=rec,
         run=run,
         assumptions=assumptions,
+        validation=validation,
+        inputs=inputs,
     )

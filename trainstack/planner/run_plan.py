@@ -110,6 +110,7 @@ class RunPlan:
     failure_hours: float = 0.0  # expected restarts, restores and lost work they cost
     spot_interruptions: float = 0.0  # of expected_failures, the ones spot adds (assumption)
     restart: RestartPlan | None = None  # a job's end to the next job's first step (planner.restart)
+    validation_hours: float = 0.0  # every evaluation of the run (trainstack.planner.validation)
 
     @property
     def restarts(self) -> float:
@@ -228,10 +229,14 @@ def plan_run(
     step_time_s: float,
     slow_step_time_s: float | None = None,
     micro_step_s: float | None = None,
+    validation_hours: float = 0.0,
+    input_hours_per_job: float = 0.0,
 ) -> RunPlan:
     """The run at `step_time_s` per step; the default job limit is sized for `slow_step_time_s` (the
     slow end of the planner's range), so a planner that is optimistic within its error does not get
-    the job stopped early. `micro_step_s`: one accumulation micro-step (for the SIGTERM window)."""
+    the job stopped early. `micro_step_s`: one accumulation micro-step (for the SIGTERM window).
+    `validation_hours`: the run's evaluations, inside its jobs like training; `input_hours_per_job`: a
+    File-mode copy of the data before each job's first step (trainstack.planner.input_mode)."""
     hours = recipe.training.steps * step_time_s / HOUR_S
     checkpoint = plan_checkpoints(recipe, step_time_s, micro_step_s)
     restart = plan_restart(checkpoint.restore_seconds, compiled=recipe.training.compile is not False)
@@ -243,10 +248,11 @@ def plan_run(
         limit, source = recipe.compute.max_runtime_hours, "compute.max_runtime_hours"
     else:
         slow = recipe.training.steps * (slow_step_time_s or step_time_s) / HOUR_S
-        first_job = slow * (1 + blocking / max(hours, 1e-9)) + startup_hours
+        first_job = slow * (1 + (blocking + validation_hours) / max(hours, 1e-9)) + startup_hours
+        first_job += input_hours_per_job
         limit = min(MAX_RUNTIME_HOURS, math.ceil(first_job + RUNTIME_MARGIN_HOURS))
         source = "plan"
-    jobs = max(1, math.ceil(hours / limit))
+    jobs = max(1, math.ceil((hours + validation_hours) / limit))
     # Each job but the last ends at its max runtime with SIGTERM: a whole save, or (when it does not
     # fit) the work since the last interval save is lost and done again.
     boundary = checkpoint.save_seconds if checkpoint.sigterm_fits else checkpoint.interval_minutes * 30.0
@@ -266,7 +272,7 @@ def plan_run(
         jobs=jobs,
         max_runtime_hours=float(limit),
         max_runtime_source=source,
-        startup_hours_per_job=startup_hours,
+        startup_hours_per_job=startup_hours + input_hours_per_job,
         checkpoint=checkpoint,
         saves=saves,
         save_blocking_hours=blocking,
@@ -274,4 +280,5 @@ def plan_run(
         failure_hours=(failures + interruptions) * per_failure,
         spot_interruptions=interruptions,
         restart=restart,
+        validation_hours=validation_hours,
     )

@@ -5,10 +5,11 @@ The trainer prints one line per log interval:
     step=120 loss=2.4131 lr=0.0003 tokens_per_sec=245000.0 tflops_per_gpu=1510.2 mfu=0.3356 mem_gib=151.2
         step_time_s=5.35 straggler_host=3 straggler_rank=17 straggler_compute_s=1.92 straggler_skew=0.04
 
-(one line). The straggler fields name the rank whose own compute was slowest on the log step and how
-much slower than the median rank it was; see trainer.throughput for what is timed and why (step time
-cannot show it: collectives make every rank wait for the slowest). `straggler_host` is the N of
-SageMaker's host name algo-N (metric values are numbers), 0 off SageMaker.
+(one line; on a validation step it ends with `val_loss=2.5012`, and for a blend with one
+`val_loss_<source>=` per source). The straggler fields name the rank whose own compute was slowest on
+the log step and how much slower than the median rank it was; see trainer.throughput for what is
+timed and why (step time cannot show it: collectives make every rank wait for the slowest).
+`straggler_host` is the N of SageMaker's host name algo-N (metric values are numbers), 0 off SageMaker.
 
 SageMaker turns such lines into CloudWatch metrics through the training job's MetricDefinitions;
 `metric_definitions()` generates those regexes from the same table, so a renamed or added metric
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 METRIC_PREFIX = "train:"  # SageMaker metric names shown in the console and in CloudWatch
@@ -31,6 +33,7 @@ class MetricField:
     kind: type  # int or float
     unit: str
     description: str
+    optional: bool = False  # printed only on some log steps (validation: every validation.every_steps)
 
     @property
     def metric_name(self) -> str:
@@ -57,18 +60,45 @@ FIELDS: tuple[MetricField, ...] = (
     MetricField("straggler_rank", int, "None", "the global rank with the slowest compute on the log step"),
     MetricField("straggler_compute_s", float, "Seconds", "that rank's block forward compute time, one step"),
     MetricField("straggler_skew", float, "None", "that time over the median rank's, minus 1"),
+    MetricField(
+        "val_loss",
+        float,
+        "None",
+        "mean loss over the fixed validation batches (a blend: the mean of its sources'); validation steps",
+        optional=True,
+    ),
 )
 FIELD_BY_KEY = {f.key: f for f in FIELDS}
+SOURCE_VAL_LOSS = "val_loss_"  # + a blend source's name (trainstack.recipes.schema.DataSource)
 
 
-def format_line(**values: float) -> str:
-    """The metric line for `values`; every field must be given, in the table's order."""
-    missing = [f.key for f in FIELDS if f.key not in values]
-    extra = sorted(set(values) - set(FIELD_BY_KEY))
+def source_fields(sources: Sequence[str]) -> tuple[MetricField, ...]:
+    """One validation-loss field per blend source, named for it (recipe.data.source_names)."""
+    return tuple(
+        MetricField(
+            f"{SOURCE_VAL_LOSS}{name}", float, "None", f"validation loss of source {name}", optional=True
+        )
+        for name in sources
+    )
+
+
+def fields(sources: Sequence[str] = ()) -> tuple[MetricField, ...]:
+    """Every field a job of a recipe with these blend sources prints, in the line's order."""
+    return FIELDS + source_fields(sources)
+
+
+def format_line(sources: Sequence[str] = (), **values: float) -> str:
+    """The metric line for `values`, in the table's order; every field must be given except the
+    optional ones (validation), and only the blend's `sources` may add per-source fields."""
+    table = fields(sources)
+    missing = [f.key for f in table if not f.optional and f.key not in values]
+    extra = sorted(set(values) - {f.key for f in table})
     if missing or extra:
         raise ValueError(f"metric line fields: missing {missing}, unknown {extra}")
     parts = []
-    for f in FIELDS:
+    for f in table:
+        if f.key not in values:
+            continue
         value = values[f.key]
         if f.kind is int:
             parts.append(f"{f.key}={int(value)}")
@@ -79,16 +109,17 @@ def format_line(**values: float) -> str:
     return " ".join(parts)
 
 
-def parse_line(line: str) -> dict[str, float]:
+def parse_line(line: str, sources: Sequence[str] = ()) -> dict[str, float]:
     """Values SageMaker would extract from one log line (fields absent from the line are left out)."""
     out: dict[str, float] = {}
-    for f in FIELDS:
+    for f in fields(sources):
         match = re.search(f.regex, line)
         if match:
             out[f.key] = f.kind(float(match.group(1)))
     return out
 
 
-def metric_definitions() -> list[dict[str, str]]:
-    """CreateTrainingJob AlgorithmSpecification.MetricDefinitions (at most 40; we define 12)."""
-    return [{"Name": f.metric_name, "Regex": f.regex} for f in FIELDS]
+def metric_definitions(sources: Sequence[str] = ()) -> list[dict[str, str]]:
+    """CreateTrainingJob AlgorithmSpecification.MetricDefinitions (at most 40: 13, plus one per blend
+    source, at most 16 of them: trainstack.recipes.schema.MAX_SOURCES)."""
+    return [{"Name": f.metric_name, "Regex": f.regex} for f in fields(sources)]

@@ -53,11 +53,15 @@ SAFE_MID_RUN = (
     "image.*",
     "monitoring.*",
     "tracking.*",
+    "validation",  # a run without validation that gains it (the section was unset: no dotted keys)
     "validation.*",
     "export.*",
     "budget.*",
     "tags.*",
-    "data.sources.*.weight",
+    "data.sources.*.weight",  # the blend's schedule changes from the resumed position on (trainer.blend)
+    "data.sources.*.size_gb",  # how the shards reach the nodes, not which shards (planner.input_mode)
+    "data.size_gb",
+    "data.input_mode",
     "launch_on_deploy",
 )
 

@@ -237,8 +237,97 @@ class Image(Section):
     framework_version: str = "2.9"  # AWS Deep Learning Container PyTorch version for the base image
 
 
+# --- Data: one prepared dataset, or a blend of several (training_image/trainer/blend.py) ----------
+# Each source of a blend reaches the job as an input channel of its own, and adds one metric definition
+# (its val_loss_<name>). CreateTrainingJob takes at most 20 channels and 40 metric definitions
+# (botocore's SageMaker model: InputDataConfig max 20, MetricDefinitions max 40); the metric line has 13
+# of its own (trainstack.protocol.metrics), so 16 sources leave room for both limits and for later metrics.
+MAX_SOURCES = 16
+SOURCE_NAME_MAX = 16
+SOURCE_NAME = rf"^[a-z][a-z0-9_]{{0,{SOURCE_NAME_MAX - 1}}}$"
+TRAIN_CHANNEL = "train"  # data.train_s3_uri's channel: /opt/ml/input/data/train in the job
+SOURCE_CHANNEL_PREFIX = "train_"  # a blend source's channel: train_<name>
+VALIDATION_DIR = "validation"  # a prepared dataset's validation split: <dataset>/validation/, same format
+
+
+def source_name_from_uri(uri: str) -> str:
+    """A source's default name: the last path segment of its URI, as lowercase letters, digits and `_`
+    (s3://corpus/tokenized/web-2024/ -> web_2024), starting with a letter, at most 16 characters."""
+    last = uri.removeprefix("s3://").rstrip("/").rsplit("/", 1)[-1]
+    name = re.sub(r"[^a-z0-9]+", "_", last.lower()).strip("_")
+    if not name or not name[0].isalpha():
+        name = f"s_{name}"
+    return name[:SOURCE_NAME_MAX].rstrip("_")
+
+
+class DataSource(Section):
+    """One prepared dataset of a blend: its token shards under `uri`, its validation split under
+    `uri`/validation/, and its share of the training samples."""
+
+    uri: S3Uri
+    weight: PosFloat  # relative to the other sources' weights (they need not sum to 1)
+    # Names the source's metric (val_loss_<name>) and input channel (train_<name>); default: from the uri.
+    name: Annotated[str, Field(pattern=SOURCE_NAME)] | None = None
+    # Size of the shards under uri in GB (the dataset's manifest says), for the launcher's input mode.
+    size_gb: PosFloat | None = None
+
+    @property
+    def resolved_name(self) -> str:
+        return self.name or source_name_from_uri(self.uri)
+
+    @property
+    def channel(self) -> str:
+        return SOURCE_CHANNEL_PREFIX + self.resolved_name
+
+
 class Data(Section):
     train_s3_uri: S3Uri | None = None  # prefix holding token shards (see docs/data.md); None = synthetic
+    size_gb: PosFloat | None = None  # size of the shards under train_s3_uri in GB, for the input mode
+    # A blend of prepared datasets, mixed by weight (instead of train_s3_uri; see docs/data.md).
+    sources: tuple[DataSource, ...] = ()
+    # How shards reach the nodes: auto chooses from their size (trainstack.planner.input_mode).
+    input_mode: Literal["auto", "File", "FastFile"] = "auto"
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> Data:
+        if self.sources and self.train_s3_uri:
+            raise ValueError("sources: set train_s3_uri (one dataset) or sources (a blend), not both")
+        if self.size_gb is not None and not self.train_s3_uri:
+            raise ValueError("size_gb: applies to train_s3_uri only (a blend gives each source its own)")
+        if len(self.sources) > MAX_SOURCES:
+            raise ValueError(
+                f"sources: {len(self.sources)} sources, at most {MAX_SOURCES} (one input channel and one "
+                "metric definition each; CreateTrainingJob takes 20 channels and 40 metric definitions)"
+            )
+        seen: dict[str, int] = {}
+        for index, source in enumerate(self.sources):
+            name = source.resolved_name
+            if name in seen:
+                raise ValueError(
+                    f"sources: source {index} is named {name!r} like source {seen[name]} (a name comes from "
+                    "the uri when not set); give each source a name of its own"
+                )
+            seen[name] = index
+        return self
+
+    @property
+    def source_names(self) -> tuple[str, ...]:
+        return tuple(s.resolved_name for s in self.sources)
+
+    @property
+    def uris(self) -> tuple[str, ...]:
+        """Every S3 prefix the job reads data from."""
+        return tuple(s.uri for s in self.sources) or ((self.train_s3_uri,) if self.train_s3_uri else ())
+
+
+class Validation(Section):
+    """Evaluate the model every `every_steps` steps on the same `batches` global batches of each
+    dataset's validation split (training_image/trainer/validation.py)."""
+
+    every_steps: PosInt
+    batches: PosInt  # global batches (training.global_batch sequences each) per validation split
+    # Alarm when the validation loss rose this many evaluations in a row (docs/monitoring.md).
+    alarm_rises: PosInt = 3
 
 
 class Checkpointing(Section):
@@ -320,6 +409,7 @@ class Recipe(Section):
     compute: Compute
     image: Image = Image()
     data: Data = Data()
+    validation: Validation | None = None
     checkpointing: Checkpointing = Checkpointing()
     monitoring: Monitoring = Monitoring()
     tags: Tags = Tags()
@@ -418,6 +508,11 @@ def from_hyperparameters(hyperparameters: dict[str, str]) -> Recipe:
         *parents, leaf = key.split(".")
         node = tree
         for part in parents:
-            node = node.setdefault(part, {})
-        node[leaf] = json.loads(raw)
+            if not isinstance(node.get(part), dict):  # a section unset at launch ("null"), set by an override
+                node[part] = {}
+            node = node[part]
+        value = json.loads(raw)
+        if value is None and isinstance(node.get(leaf), dict):
+            continue  # the section's own keys outrank the null it was encoded as before an override set them
+        node[leaf] = value
     return Recipe.model_validate(tree)

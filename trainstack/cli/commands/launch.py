@@ -264,8 +264,15 @@ def _dry_run(
     if placeholders:
         note = f"note: {', '.join(sorted(placeholders))} are placeholders (marked <placeholder: ...>): {why}"
         print(" ".join(note.split()), file=sys.stderr)
+    from trainstack.planner.input_mode import input_plan
+
+    inputs = input_plan(run_recipe)
+    print(f"data input: {inputs.summary()}", file=sys.stderr)  # which input mode, and why
     if as_json:
-        typer.echo(json.dumps({"request": body, "placeholders": sorted(placeholders)}, indent=2))
+        choice = {"mode": inputs.mode, "reason": inputs.reason}
+        typer.echo(
+            json.dumps({"request": body, "placeholders": sorted(placeholders), "input": choice}, indent=2)
+        )
     else:
         typer.echo(json.dumps(body, indent=2))
 

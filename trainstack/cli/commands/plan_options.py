@@ -198,6 +198,10 @@ def print_plan(plan: Plan, title: str, command: str) -> None:
             f"{cost.usd_per_hour:,.0f} USD/h, " + usd_range(cost.total_usd, *cost.total_usd_range),
         ),
     ]
+    if plan.validation is not None:
+        rows.append(("validation", plan.validation.summary() + ", counted in the hours and cost"))
+    if plan.inputs is not None:
+        rows.append(("data input", plan.inputs.summary()))
     if run.expected_failures >= 0.05:
         rows.append(
             (
