@@ -37,7 +37,14 @@ from trainer.activation_checkpointing import (
 from trainer.checkpoint import CheckpointManager, TrainerState
 from trainer.comms import check_efa
 from trainer.config import Layout, load_recipe, resolve_layout
-from trainer.data import Prefetcher, TokenSource, micro_batch_indices, micro_batch_plan, open_source
+from trainer.data import (
+    Prefetcher,
+    TokenSource,
+    micro_batch_indices,
+    micro_batch_plan,
+    open_source,
+    same_data,
+)
 from trainer.health import NonFiniteWatch, Trace
 from trainer.model import Transformer, build_model, compile_blocks, compile_decision, select_backend
 from trainer.optim import build_optimizer, build_scheduler
@@ -143,7 +150,14 @@ def _train(
             f"data.train_s3_uri is {recipe.data.train_s3_uri} but no --data-dir / training "
             "channel is mounted (pass --synthetic to train on synthetic tokens anyway)"
         )
-    token_source = open_source(data_dir, recipe.training.seq_len, recipe.model.vocab, recipe.training.seed)
+    token_source = open_source(
+        data_dir,
+        recipe.training.seq_len,
+        recipe.model.vocab,
+        recipe.training.seed,
+        tokenizer=recipe.data.tokenizer,
+        uri=recipe.data.train_s3_uri,
+    )
     storage = open_storage(options.checkpoint_location)  # a bad URI or missing region: exit 2 before building
 
     torch.manual_seed(recipe.training.seed)
@@ -194,7 +208,7 @@ def _train(
     latest = checkpoints.discover()
     if latest is not None:
         state = checkpoints.load(latest, model, optimizer, scheduler)
-        if state.data_source != token_source.name:
+        if not same_data(state.data_source, token_source.name):
             raise TrainstackError(
                 f"{checkpoints.describe(latest)}: was trained on {state.data_source}, this run reads "
                 f"{token_source.name}; use a new checkpoint location for new data"

@@ -237,8 +237,18 @@ class Image(Section):
     framework_version: str = "2.9"  # AWS Deep Learning Container PyTorch version for the base image
 
 
+# A tokenizer's identity as `trainstack data prepare` prints it and the dataset's manifest records it:
+# sha256 of the tokenizer.json bytes, or the built-in byte-level tokenizer (docs/data.md).
+TokenizerIdentity = Annotated[str, Field(pattern=r"^(bytes|sha256:[0-9a-f]{64})$")]
+
+
 class Data(Section):
     train_s3_uri: S3Uri | None = None  # prefix holding token shards (see docs/data.md); None = synthetic
+    # The tokenizer the model is trained for: the trainer refuses shards whose manifest names another.
+    tokenizer: TokenizerIdentity | None = None
+    # Raw corpus prefixes `trainstack data prepare` may read on AWS (the data stack's processing role gets
+    # read access to exactly these, and write access to train_s3_uri).
+    corpus_s3_uris: tuple[S3Uri, ...] = ()
 
 
 class Checkpointing(Section):
