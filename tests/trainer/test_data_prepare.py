@@ -385,3 +385,25 @@ def test_the_processing_request_limits_aws_documents():
     assert any("does not begin with /opt/ml/processing/" in str(f) for f in check_processing_request(request))
     request["ProcessingResources"]["ClusterConfig"]["VolumeSizeInGB"] = 20000
     assert any("VolumeSizeInGB" in str(f) for f in check_processing_request(request))
+
+
+def test_the_aws_path_plans_and_checks_the_request_on_a_dry_run(emulator_s3, monkeypatch):
+    """`trainstack data prepare s3://... --recipe R --dry-run`: lists the inputs (here in the emulator's
+    S3, through AWS_ENDPOINT_URL), prints the plan and a request that passes botocore's model."""
+    from typer.testing import CliRunner
+
+    from trainstack.aws.processing import check_processing_request
+    from trainstack.cli.main import app
+
+    emulator, _ = emulator_s3
+    args = ["data", "prepare", "s3://corpus/web/", "--tokenizer", "s3://corpus/tokenizer.json"]
+    args += ["--out", "s3://tokens/aws/", "--recipe", "8b-fp8", "--team", "nlp", "--dry-run"]
+    result = CliRunner().invoke(app, args, env=emulator.env())
+    assert result.exit_code == 0, result.output
+    plan_line, _, request_text = result.stdout.partition("\n")
+    assert plan_line.startswith("plan: 1 x ml.c5.18xlarge") and "4 files" in plan_line
+    request = json.loads(request_text[request_text.index("{") :])
+    assert check_processing_request(request) == []
+    assert request["ProcessingJobName"].startswith("ts-prep-nlp-8b-fp8--")
+    missing = CliRunner().invoke(app, args[:-5] + ["--out", "s3://tokens/aws/"], env=emulator.env())
+    assert missing.exit_code == 2 and "--recipe: needed to run on AWS" in missing.output
