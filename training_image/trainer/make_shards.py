@@ -49,21 +49,29 @@ def write_shards(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m trainer.make_shards", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m trainer.make_shards", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("texts", nargs="+", type=Path, help="text files, one document each")
     parser.add_argument("--out", type=Path, required=True, help="output directory")
     parser.add_argument("--tokenizer", default="bytes", help="'bytes' or a local tokenizer.json")
     parser.add_argument("--eos-token", default=None, help="end-of-document token (tokenizer.json only)")
-    parser.add_argument("--shard-tokens", type=int, default=DEFAULT_SHARD_TOKENS, help="tokens per shard file")
+    parser.add_argument(
+        "--shard-tokens", type=int, default=DEFAULT_SHARD_TOKENS, help="tokens per shard file"
+    )
     parser.add_argument("--seed", type=int, default=0, help="ignored (kept for old command lines)")
     args = parser.parse_args(argv)
     try:
-        index = write_shards(args.texts, args.out, args.tokenizer, args.eos_token, args.shard_tokens, args.seed)
+        index = write_shards(
+            args.texts, args.out, args.tokenizer, args.eos_token, args.shard_tokens, args.seed
+        )
     except TrainstackError as exc:
         print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2
     tokens = sum(s["tokens"] for s in index["shards"])
-    print(f"wrote {len(index['shards'])} shard(s), {tokens} tokens, vocab {index['vocab_size']} to {args.out}")
+    print(
+        f"wrote {len(index['shards'])} shard(s), {tokens} tokens, vocab {index['vocab_size']} to {args.out}"
+    )
     return 0
 
 
