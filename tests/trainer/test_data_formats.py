@@ -53,6 +53,18 @@ def megatron():
             sys.modules[name] = previous
 
 
+@pytest.fixture
+def one_thread():
+    """One intra-op thread, as the torchrun tests give each rank (OMP_NUM_THREADS=1): on the 2 shared
+    cores, torch's default pool spends most of a tiny model's step waiting for the other thread."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def learnable_documents(count: int, seed: int) -> list[np.ndarray]:
     """Documents that walk a fixed cycle through 0..255 (a bigram a tiny model learns) and end in 256."""
     rng = np.random.default_rng(seed)
@@ -64,7 +76,9 @@ def learnable_documents(count: int, seed: int) -> list[np.ndarray]:
     return docs
 
 
-def test_trains_on_a_megatron_dataset_written_by_megatron_core(megatron, tmp_path, monkeypatch, capsys):
+def test_trains_on_a_megatron_dataset_written_by_megatron_core(
+    megatron, tmp_path, monkeypatch, capsys, one_thread
+):
     data = tmp_path / "megatron"
     data.mkdir()
     written = []

@@ -266,6 +266,18 @@ def test_token_ids_outside_the_vocabulary_are_refused_when_read(prepared, tmp_pa
             source.sample(i)
 
 
+@pytest.fixture
+def one_thread():
+    """One intra-op thread, as the torchrun tests give each rank (OMP_NUM_THREADS=1): on the 2 shared
+    cores, torch's default pool spends most of a tiny model's step waiting for the other thread."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def _free_port() -> str:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -273,7 +285,7 @@ def _free_port() -> str:
 
 
 @pytest.mark.parametrize("case", ["data dir is a file", "ids past the vocab"])
-def test_the_trainer_exits_2_with_one_line(prepared, tmp_path, monkeypatch, capsys, case):
+def test_the_trainer_exits_2_with_one_line(prepared, tmp_path, monkeypatch, capsys, case, one_thread):
     """Through the trainer's own main (in this process: a world of one), not just the loader."""
     from trainer.__main__ import main
 
