@@ -236,6 +236,8 @@ def test_a_rerun_with_other_settings_is_refused(tmp_path, tokenizer_file):
     inputs = tmp_path / "in"
     inputs.mkdir()
     write_jsonl(inputs / "a.jsonl", [GOOD])
+    with pytest.raises(TrainstackError, match="no field 'body'"):  # a first try that finished no file
+        prepare([str(inputs)], str(tokenizer_file), str(tmp_path / "out"), text_field="body", workers=1)
     prepare([str(inputs)], str(tokenizer_file), str(tmp_path / "out"), workers=1)
     with pytest.raises(TrainstackError, match="prepared with tokenizer 'sha256:.*', not 'bytes'"):
         prepare([str(inputs)], "bytes", str(tmp_path / "out"), workers=1)

@@ -261,6 +261,10 @@ def check_output(store, config: dict) -> None:
         before = json.loads(recorded)
     except json.JSONDecodeError:
         raise TrainstackError(f"{store.uri}{CONFIG_KEY}: not valid JSON") from None
+    if before != config and not store.list(DONE_PREFIX):
+        # Nothing was finished under the old settings (a first run that stopped on bad input): start over.
+        store.write(CONFIG_KEY, json.dumps(config, indent=1).encode())
+        return
     for key, value in config.items():
         if before.get(key) != value:
             raise TrainstackError(
