@@ -352,3 +352,51 @@ def test_the_tokenizer_must_match_the_recipe_or_the_base(prepared, tmp_path):
         open_source(prepared, 16, 257, 0, tokenizer=other)
     with pytest.raises(TrainstackError, match="model.init_from is sha256:0"):
         require_tokenizer(prepared, other, "model.init_from")
+
+
+def test_resuming_on_changed_shards_under_the_same_path_is_refused(
+    prepared, tmp_path, monkeypatch, capsys, one_thread
+):
+    """Issue 18 item 5 end to end: a checkpoint of data A, then the same --data-dir (as SageMaker's mount
+    always is) holding re-prepared shards: the trainer refuses in one line, exit 2."""
+    from trainer.__main__ import main
+
+    data = tmp_path / "train"
+    shutil.copytree(prepared, data)
+    for name, value in dict(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1").items():
+        monkeypatch.setenv(name, value)
+    tiny = Path(__file__).parent / "fixtures" / "tiny.yaml"
+    args = [
+        "--recipe",
+        str(tiny),
+        "--device",
+        "cpu",
+        "--set",
+        "model.vocab=257",
+        "--set",
+        "training.seq_len=16",
+    ]
+    args += [
+        "--set",
+        "data.train_s3_uri=s3://bucket/tokens/",
+        "--data-dir",
+        str(data),
+        "--checkpoint-dir",
+        str(tmp_path / "ck"),
+    ]
+
+    def train(steps: int) -> tuple[int, list[str]]:
+        monkeypatch.setenv("MASTER_PORT", _free_port())
+        code = main([*args, "--max-steps", str(steps)])
+        return code, [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+
+    assert train(2) == (0, [])
+    more = tmp_path / "more.txt"
+    more.write_text(TEXT * 2)
+    shutil.rmtree(data)
+    prepare([str(prepared.parent / "in"), str(more)], "bytes", str(data), validation_fraction=0.0, workers=1)
+    code, errors = train(4)
+    assert code == 2 and len(errors) == 1, errors
+    assert (
+        "was trained on shards:sha256=" in errors[0] and "@s3://bucket/tokens/, this run reads" in errors[0]
+    )
