@@ -4,6 +4,8 @@ AWS account needed.
 
 1. start moto in server mode on localhost (trainstack.emulator.endpoint), jobs that run until ended
 2. `npx cdk bootstrap`, then the real `npx cdk deploy --all -c recipe=RECIPE` against it
+3b. `trainstack data prepare s3://... --tokenizer bytes --out s3://... --local`: the docs as a raw
+   corpus in the emulator's S3, tokenized by the same entrypoint a Processing job runs
 3. `trainstack launch RECIPE --local --name demo` (the run supervisor's StartJob, interpreted by the
    emulator, creates job 1 of run ts-<team>-<recipe>--demo)
 4. `trainstack stop RUN --local`, and the job's Stopped event delivered to the deployed rule
@@ -151,6 +153,8 @@ def main() -> int:
             if "✅" in line or " = " in line:
                 print("    " + line.strip(), flush=True)
 
+        prepare_data(emulator, env, trainstack)
+
         # A run's name is unique; an emulator kept from an earlier demo already has run `demo`.
         name = "demo" if not reused else f"demo-{time.strftime('%H%M%S')}"
         step(4, total, f"trainstack launch {args.recipe} --local --name {name} --wait")
@@ -204,6 +208,36 @@ def main() -> int:
         return 0
     print(next_steps(args.recipe, args.team, emulator.endpoint, reused, log), flush=True)
     return 0
+
+
+DEMO_DATA_BUCKET = "trainstack-demo-data"
+
+
+def prepare_data(emulator: Emulator, env: dict[str, str], trainstack: str) -> None:
+    """A small preparation on the emulator's S3: the repository's docs as raw text, tokenized to shards."""
+    print(
+        f"\n[3b] trainstack data prepare s3://{DEMO_DATA_BUCKET}/raw/ --tokenizer bytes "
+        f"--out s3://{DEMO_DATA_BUCKET}/tokens/ --local",
+        flush=True,
+    )
+    s3 = emulator.client("s3")
+    s3.create_bucket(Bucket=DEMO_DATA_BUCKET)
+    for doc in sorted((ROOT / "docs").glob("*.md")):
+        s3.put_object(Bucket=DEMO_DATA_BUCKET, Key=f"raw/{doc.name}", Body=doc.read_bytes())
+    # A demo kept from an earlier run already holds the dataset: the rerun finds every file done.
+    run(
+        [trainstack, "data", "prepare", f"s3://{DEMO_DATA_BUCKET}/raw/", "--tokenizer", "bytes"]
+        + [
+            "--out",
+            f"s3://{DEMO_DATA_BUCKET}/tokens/",
+            "--local",
+            "--validation-fraction",
+            "0.1",
+            "--workers",
+            "1",
+        ],
+        env,
+    )
 
 
 def deliver(env: dict[str, str], job: str, run_name: str) -> dict:

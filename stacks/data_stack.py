@@ -17,6 +17,7 @@ from aws_cdk import aws_kms as kms
 from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
+from stacks.processing_role import ProcessingRole, image_repository_arns
 from stacks.registry import RunRegistry
 from stacks.storage import CheckpointBucket, EncryptionKey, ImageRepository
 from trainstack.aws.deployment import Deployment
@@ -86,6 +87,17 @@ class DataStack(Stack):
         self.bucket = CheckpointBucket(self, "Checkpoints", key=self.key).bucket
         self.repository = ImageRepository(self, "Images", key=self.key, name=repository_name).repository
         self.run_table = RunRegistry(self, "Runs", key=self.key).table
+        outputs: dict[str, str] = {}
+        data = deployment.recipe.data
+        if data.train_s3_uri and data.corpus_s3_uris:  # `trainstack data prepare` on AWS (docs/data.md)
+            self.processing = ProcessingRole(
+                self,
+                "Processing",
+                deployment=deployment,
+                key=self.key,
+                image_repository_arns=image_repository_arns(self, deployment, self.repository.repository_arn),
+            )
+            outputs["ProcessingRoleArn"] = self.processing.role.role_arn
         for what, value in {
             "KeyArn": self.key.key_arn,
             "BucketArn": self.bucket.bucket_arn,
@@ -94,5 +106,6 @@ class DataStack(Stack):
             "RepositoryName": self.repository.repository_name,
             "RunTableArn": self.run_table.table_arn,
             "RunTableName": self.run_table.table_name,
+            **outputs,
         }.items():
             CfnOutput(self, what, value=value, export_name=self.exports.name(what))

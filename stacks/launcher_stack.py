@@ -113,6 +113,7 @@ class LauncherStack(Stack):
         CfnOutput(self, "RecipeHash", value=deployment.recipe_hash)
         CfnOutput(self, "ExecutionRoleArn", value=self.execution_role.role_arn)
         CfnOutput(self, "TopicArn", value=self.monitoring.topic.topic_arn)
+        CfnOutput(self, "ImageUri", value=image.image_uri)  # `trainstack data prepare` runs this image too
 
     @property
     def availability_zones(self) -> list[str]:

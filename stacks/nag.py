@@ -53,6 +53,16 @@ REASONS: dict[str, str] = {
         "makes in VPC mode, and the X-Ray and CloudWatch Logs delivery calls of Step Functions); IAM "
         'requires Resource "*" for them. Every action is listed explicitly; none is a wildcard.'
     ),
+    # Data preparation (stacks/processing_role.py).
+    "AwsSolutions-IAM5:processing-data": (
+        "`trainstack data prepare` jobs read the objects under the recipe's raw-corpus prefixes "
+        "(data.corpus_s3_uris) and read and write under its token-shard prefix (data.train_s3_uri; no "
+        "delete): the files there are many, named by the corpus and by the preparation, unknown at deploy."
+    ),
+    "AwsSolutions-IAM5:processing-logs": (
+        "SageMaker writes to the /aws/sagemaker/ProcessingJobs log group with one stream per job and "
+        "instance, named at run time."
+    ),
     # Monitoring (stacks/monitoring.py).
     "AwsSolutions-IAM5:run-alarms": (
         "The alarm manager puts and deletes the alarms of each run, named <job>-<alarm> after a training "

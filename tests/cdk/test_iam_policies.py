@@ -122,8 +122,12 @@ def test_sagemaker_may_assume_the_execution_role_only_for_this_recipes_jobs(ever
         condition = statement["Condition"]
         assert condition["StringEquals"]["aws:SourceAccount"]
         source = json.dumps(condition["ArnLike"]["aws:SourceArn"])
-        prefix = stack.removeprefix("Trainstack-").split("-Launcher")[0]  # <team>-<recipe>
-        assert f":training-job/ts-{prefix}--*" in source, (stack, source)
+        prefix = stack.removeprefix("Trainstack-").split("-Launcher")[0].split("-Data")[0]  # <team>-<recipe>
+        if stack.endswith("-Data"):  # the processing role (stacks/processing_role.py): data prepare jobs
+            assert f":processing-job/ts-prep-{prefix}--*" in source, (stack, source)
+        else:
+            assert f":training-job/ts-{prefix}--*" in source, (stack, source)
+    assert any(stack.endswith("-Data") for stack, _ in roles)  # nlp's 8b-fp8 names a corpus
 
 
 def test_vpc_mode_scopes_network_interfaces_to_this_deployment(vpc_templates: dict) -> None:

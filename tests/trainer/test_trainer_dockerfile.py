@@ -64,10 +64,18 @@ def test_core_and_checkpoint_dependencies_are_pinned_as_in_pyproject():
     declared = project["dependencies"] + project["optional-dependencies"]["trainer"]
     pins = {re.split(r"[\[=]", d)[0]: d for d in declared}
     text = DOCKERFILE.read_text()
-    for name in ("pydantic", "pyyaml", "s3torchconnector", "s3torchconnectorclient", "tenacity"):
+    for name in (
+        "pydantic",
+        "pyyaml",
+        "s3torchconnector",
+        "s3torchconnectorclient",
+        "tenacity",
+        "tokenizers",
+        "pyarrow",
+    ):
         assert f'"{pins[name]}"' in text, pins[name]
     lock = (REPO / "requirements.lock").read_text().splitlines()
-    for name in ("s3torchconnector", "s3torchconnectorclient", "tenacity"):  # make setup installs these
+    for name in ("s3torchconnector", "s3torchconnectorclient", "tenacity", "tokenizers", "pyarrow"):
         assert pins[name].replace("[dcp]", "") in lock, pins[name]
 
 
@@ -94,7 +102,7 @@ class Block(importlib.abc.MetaPathFinder):
         ):
             raise ImportError("not in the image's build context (.dockerignore): " + name)
 sys.meta_path.insert(0, Block())
-import trainer.__main__, trainer.entrypoint, trainer.make_shards, trainer.train
+import trainer.__main__, trainer.entrypoint, trainer.make_shards, trainer.prepare, trainer.train
 import s3torchconnector.dcp  # the S3 checkpoint backend, imported only for s3:// locations
 """
     )

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from trainer.activation_checkpointing import apply_activation_checkpointing, checkpointed_blocks
 from trainer.checkpoint import MARKER, completeness_problem, manifest_name, newest_complete
 from trainer.config import recipe_from_json, resolve_layout
-from trainer.data import ShardedTokens, SyntheticTokens, micro_batch_indices
+from trainer.data import SyntheticTokens, micro_batch_indices, open_source
 from trainer.loss import chunked_cross_entropy
 from trainer.make_shards import write_shards
 from trainer.model import apply_rotary, build_model, pytorch_backend, rotary_tables
@@ -257,25 +257,28 @@ def test_shards_round_trip_through_make_shards(tmp_path):
     assert sorted(bytes(stream[stream != 256].astype(np.uint8)).decode().replace("x" * 50, "X")) == sorted(
         "hello world" + "ünïcode text" + "X"
     )
-    source = ShardedTokens(tmp_path / "out", seq_len=8, model_vocab=257)
-    first = source.sample(0)
-    assert len(first) == 9 and np.array_equal(
-        first, np.fromfile(tmp_path / "out" / "shard-00000.bin", dtype=np.uint16)[:9]
-    )
-    assert np.array_equal(source.sample(source.total_windows), first)  # next epoch wraps
+    source = open_source(tmp_path / "out", seq_len=8, vocab=257, seed=0)
+    assert source.total_windows == (stream.size - 1) // 8  # windows span shard ends: none is lost
+    visited = [source.order(i) for i in range(source.total_windows)]
+    assert sorted(visited) == list(range(source.total_windows)) and visited != sorted(visited)
+    for i, w in enumerate(visited):  # sample i is window order(i) of the token stream, read in place
+        assert np.array_equal(source.sample(i), stream[8 * w : 8 * w + 9])
+    next_epoch = source.sample(source.total_windows)
+    assert np.array_equal(next_epoch, stream[8 * source.order(0, 1) :][:9])
 
 
 def test_shard_problems_are_one_line_naming_the_file(tmp_path):
     (tmp_path / "a.txt").write_text("some text " * 20)
     write_shards([tmp_path / "a.txt"], tmp_path / "out", "bytes")
     with pytest.raises(TrainstackError, match="vocab_size: the shards use 257"):
-        ShardedTokens(tmp_path / "out", 8, model_vocab=256)
-    shard = tmp_path / "out" / "shard-00000.bin"
+        open_source(tmp_path / "out", 8, vocab=256, seed=0)
+    (shard,) = (tmp_path / "out" / "shards").glob("*.bin")
     shard.write_bytes(shard.read_bytes()[:-10])
-    with pytest.raises(TrainstackError, match="shard-00000.bin: holds .* tokens, index.json says"):
-        ShardedTokens(tmp_path / "out", 8, model_vocab=257)
-    with pytest.raises(TrainstackError, match="index.json: no token-shard index"):
-        ShardedTokens(tmp_path, 8, model_vocab=257)
+    with pytest.raises(TrainstackError, match=r"\.bin: holds .* tokens, index.json says"):
+        open_source(tmp_path / "out", 8, vocab=257, seed=0)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(TrainstackError, match="no token-shard index"):
+        open_source(tmp_path / "empty", 8, vocab=257, seed=0)
 
 
 # --- recipe input ------------------------------------------------------------------------------------

@@ -205,10 +205,16 @@ def source_directories(recipe: Recipe, data_dir: Path | None) -> list[tuple[str,
     return found
 
 
-def open_blend(recipe: Recipe, data_dir: Path | None, open_source: Callable[[Path], TokenSource]) -> Blend:
+def open_blend(
+    recipe: Recipe, data_dir: Path | None, open_source: Callable[[Path, str | None], TokenSource]
+) -> Blend:
     """The recipe's blend from its mounted sources, with the recipe's weights from position 0 (a resumed
-    job replaces the schedule with its checkpoint's: `Blend.resumed`)."""
-    sources = [(name, open_source(directory)) for name, directory in source_directories(recipe, data_dir)]
+    job replaces the schedule with its checkpoint's: `Blend.resumed`). `open_source(directory, uri)`
+    opens one source; its S3 URI goes into the source's data identity."""
+    uris = {source.resolved_name: source.uri for source in recipe.data.sources}
+    sources = [
+        (name, open_source(directory, uris[name])) for name, directory in source_directories(recipe, data_dir)
+    ]
     weights = tuple(s.weight for s in recipe.data.sources)
     return Blend(sources, Schedule([Segment(0, weights)]))
 

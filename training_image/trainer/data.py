@@ -1,17 +1,19 @@
 """Training data: token shards read by memory map, or a synthetic source; exact positions for resume.
 
-Token-shard format (written by `python -m trainer.make_shards`), one directory:
+Shards are what `trainer.shard_index` validated: trainstack token shards (index.json, written by
+`trainstack data prepare`) or a Megatron indexed dataset of another tool. Their token ids, in index order,
+form one stream; a sample is a window of seq_len + 1 consecutive tokens of it (inputs = window[:-1],
+targets = window[1:]), window w starting at token w * seq_len, so the stream holds
+(total_tokens - 1) // seq_len windows and none is lost at a shard's end (a window may span two shards,
+as Megatron's samples span documents). Sample s of the run is window order(s mod W), epoch s // W, where
+`WindowOrder` is a seeded pseudo-random permutation of the W windows, new each epoch: a prepared dataset
+keeps documents in input-file order (one shard per input file), and the permutation mixes the whole
+corpus without a shuffle pass or an index in memory. The data position stays one integer (samples
+consumed so far), exact across restarts and world sizes.
 
-    index.json          {"format": "trainstack-tokens-v1", "dtype": "uint16" | "uint32",
-                         "vocab_size": int, "eos_id": int, "tokenizer": str,
-                         "shards": [{"file": "shard-00000.bin", "tokens": int}, ...]}
-    shard-00000.bin     raw little-endian token ids, documents joined with eos_id between them
-
-A sample is a window of seq_len + 1 consecutive tokens inside one shard (inputs = window[:-1],
-targets = window[1:]); shard k holds (tokens_k - 1) // seq_len windows, taken in order. Sample index s
-of the run maps to window s mod total_windows (epoch s // total_windows), so the data position is one
-integer: samples consumed so far. Shuffle documents when writing shards, not here: reading stays a
-contiguous memory-mapped slice, and the position stays exact across restarts and world sizes.
+Every window's ids are checked against the model's vocabulary as it is read (a max/min over seq_len + 1
+ids): an id outside it is one line naming the shard and position (exit 2), not an embedding crash or a
+device-side assert.
 
 Within an optimizer step that starts at position p, micro-step m of rank r (world W, micro-batch b)
 takes samples p + (m * W + r) * b ... + b - 1; the step consumes global_batch samples in total.
@@ -23,9 +25,11 @@ so the step loop never waits on a read; the loop copies each to the GPU without 
 from __future__ import annotations
 
 import bisect
-import json
+import hashlib
+import logging
 import queue
 import threading
+from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,11 +38,12 @@ from typing import Protocol
 import numpy as np
 import torch
 
+from trainer.manifest import check_tokenizer, read_manifest
+from trainer.shard_index import FORMAT, INDEX_FILE, DatasetIndex, read_dataset  # noqa: F401 (re-exported)
 from trainstack.errors import TrainstackError
 
-FORMAT = "trainstack-tokens-v1"
-INDEX_FILE = "index.json"
-DTYPES = {"uint16": np.uint16, "uint32": np.uint32}
+log = logging.getLogger("trainer.data")
+OPEN_SHARDS = 256  # memory maps kept open at once (each holds a file descriptor)
 
 
 class TokenSource(Protocol):
@@ -56,58 +61,111 @@ class Batch:
     sample_indices: tuple[int, ...]
 
 
-class ShardedTokens:
-    """Windows of seq_len + 1 tokens over the shards listed in `directory/index.json`."""
+_MASK64 = (1 << 64) - 1
 
-    def __init__(self, directory: Path, seq_len: int, model_vocab: int):
-        self.directory, self.seq_len = Path(directory), seq_len
-        index_path = self.directory / INDEX_FILE
-        try:
-            index = json.loads(index_path.read_text())
-        except FileNotFoundError:
+
+def _mix(value: int) -> int:
+    """splitmix64's finaliser: a cheap, well-spread 64-bit hash of an integer."""
+    value = (value + 0x9E3779B97F4A7C15) & _MASK64
+    value = ((value ^ (value >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    value = ((value ^ (value >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return value ^ (value >> 31)
+
+
+class WindowOrder:
+    """A seeded permutation of range(n), different for each epoch, computed per index in O(1) memory:
+    a 4-round Feistel network over the smallest even power of two >= n, cycle-walking until the value
+    falls inside range(n) (fewer than 4 steps on average)."""
+
+    ROUNDS = 4
+
+    def __init__(self, n: int, seed: int):
+        self.n = n
+        self.half = max(1, ((n - 1).bit_length() + 1) // 2)
+        self.mask = (1 << self.half) - 1
+        self.seed = int.from_bytes(hashlib.blake2b(f"trainstack-window-order:{seed}".encode()).digest()[:8])
+
+    def __call__(self, index: int, epoch: int = 0) -> int:
+        keys = [_mix(self.seed ^ _mix((epoch << 8) | r)) for r in range(self.ROUNDS)]
+        value = index
+        while True:
+            left, right = value >> self.half, value & self.mask
+            for key in keys:
+                left, right = right, left ^ (_mix(right ^ key) & self.mask)
+            value = (left << self.half) | right
+            if value < self.n:
+                return value
+
+
+class ShardedTokens:
+    """Windows of seq_len + 1 tokens over a validated dataset's token stream (see the module doc)."""
+
+    def __init__(self, dataset: DatasetIndex, seq_len: int, model_vocab: int, seed: int = 0, name: str = ""):
+        self.dataset, self.seq_len, self.vocab = dataset, seq_len, model_vocab
+        self.name = name or f"shards:sha256={dataset.content_sha256[:16]}"
+        where = dataset.directory / INDEX_FILE if dataset.kind == "trainstack" else dataset.directory
+        if dataset.vocab_size is not None and dataset.vocab_size > model_vocab:
             raise TrainstackError(
-                f"{index_path}: no token-shard index (write one with python -m trainer.make_shards)"
-            ) from None
-        except json.JSONDecodeError as exc:
-            raise TrainstackError(f"{index_path}: not valid JSON ({exc.msg}, line {exc.lineno})") from None
-        if index.get("format") != FORMAT:
-            raise TrainstackError(f"{index_path}: format: expected {FORMAT!r}, got {index.get('format')!r}")
-        if index.get("dtype") not in DTYPES:
-            raise TrainstackError(
-                f"{index_path}: dtype: expected one of {sorted(DTYPES)}, got {index.get('dtype')!r}"
-            )
-        if int(index.get("vocab_size", 0)) > model_vocab:
-            raise TrainstackError(
-                f"{index_path}: vocab_size: the shards use {index['vocab_size']} token ids but model.vocab "
+                f"{where}: vocab_size: the shards use {dataset.vocab_size} token ids but model.vocab "
                 f"is {model_vocab}"
             )
-        self.name = f"shards:{self.directory}"
-        self.maps: list[np.memmap] = []
-        self.starts: list[int] = []  # cumulative window count before each shard
-        total = 0
-        for entry in index.get("shards", []):
-            path = self.directory / entry["file"]
-            if not path.is_file():
-                raise TrainstackError(f"{index_path}: shards: {entry['file']} is listed but missing")
-            tokens = np.memmap(path, dtype=DTYPES[index["dtype"]], mode="r")
-            if tokens.size != int(entry["tokens"]):
-                raise TrainstackError(
-                    f"{path}: holds {tokens.size} tokens, index.json says {entry['tokens']} (truncated copy?)"
-                )
-            windows = (tokens.size - 1) // seq_len if tokens.size > seq_len else 0
-            if windows:
-                self.maps.append(tokens)
-                self.starts.append(total)
-                total += windows
-        if total == 0:
-            raise TrainstackError(f"{index_path}: no shard holds a full window of {seq_len + 1} tokens")
-        self.total_windows = total
+        if dataset.max_token_id is not None and dataset.max_token_id >= model_vocab:
+            raise TrainstackError(
+                f"{where}: max_token_id: the shards hold token id {dataset.max_token_id}, outside "
+                f"model.vocab {model_vocab}"
+            )
+        self.shards = [s for s in dataset.shards if s.tokens]
+        self.starts = np.cumsum([0] + [s.tokens for s in self.shards]).tolist()  # token offset per shard
+        total_tokens = self.starts[-1]
+        self.total_windows = (total_tokens - 1) // seq_len if total_tokens > seq_len else 0
+        if self.total_windows == 0:
+            raise TrainstackError(
+                f"{where}: the shards hold {total_tokens} tokens, fewer than one window of {seq_len + 1}"
+            )
+        self.order = WindowOrder(self.total_windows, seed)
+        self._maps: OrderedDict[int, np.memmap] = OrderedDict()
+        self._lock = threading.Lock()  # the prefetcher and validation may read from two threads
+
+    def _map(self, shard: int) -> np.memmap:
+        with self._lock:
+            tokens = self._maps.get(shard)
+            if tokens is None:
+                spec = self.shards[shard]
+                tokens = np.memmap(spec.path, dtype=spec.dtype, mode="r")
+                self._maps[shard] = tokens
+                if len(self._maps) > OPEN_SHARDS:
+                    self._maps.popitem(last=False)
+            else:
+                self._maps.move_to_end(shard)
+            return tokens
+
+    def window(self, window: int) -> np.ndarray:
+        """Window `window` of the stream in stream order (no permutation), checked against the vocab."""
+        start = window * self.seq_len
+        end = start + self.seq_len + 1
+        pieces = []
+        shard = bisect.bisect_right(self.starts, start) - 1
+        position = start
+        while position < end:
+            offset = position - self.starts[shard]
+            take = min(end - position, self.shards[shard].tokens - offset)
+            pieces.append(np.asarray(self._map(shard)[offset : offset + take], dtype=np.int64))
+            position += take
+            shard += 1
+        ids = pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
+        low, high = int(ids.min()), int(ids.max())
+        if low < 0 or high >= self.vocab:
+            bad = int(np.flatnonzero((ids < 0) | (ids >= self.vocab))[0])
+            shard = bisect.bisect_right(self.starts, start + bad) - 1
+            raise TrainstackError(
+                f"{self.shards[shard].path}: token {start + bad - self.starts[shard]} is id {int(ids[bad])}, "
+                f"outside model.vocab {self.vocab} (shards made with another tokenizer?)"
+            )
+        return ids
 
     def sample(self, index: int) -> np.ndarray:
-        window = index % self.total_windows
-        shard = bisect.bisect_right(self.starts, window) - 1
-        offset = (window - self.starts[shard]) * self.seq_len
-        return np.asarray(self.maps[shard][offset : offset + self.seq_len + 1], dtype=np.int64)
+        epoch, window = divmod(index, self.total_windows)
+        return self.window(self.order(window, epoch))
 
 
 class SyntheticTokens:
@@ -128,11 +186,30 @@ class SyntheticTokens:
         return self.cycle[(start + np.arange(self.seq_len + 1)) % self.vocab]
 
 
-def open_source(data_dir: Path | None, seq_len: int, vocab: int, seed: int) -> TokenSource:
-    """Shards from `data_dir` when it holds an index.json; the synthetic set when data_dir is None."""
+def open_source(
+    data_dir: Path | None,
+    seq_len: int,
+    vocab: int,
+    seed: int,
+    *,
+    tokenizer: str | None = None,
+    uri: str | None = None,
+) -> TokenSource:
+    """Shards from `data_dir` (trainstack's or a Megatron indexed dataset); the synthetic set when None.
+
+    `tokenizer`: the identity the recipe expects (`data.tokenizer`), checked against the dataset's
+    manifest. `uri`: where the data lives in S3 (`data.train_s3_uri`; SageMaker's channel config,
+    inputdataconfig.json, names no URI). The source's name, which checkpoints record and a resume
+    compares, is the dataset's content hash and that URI, never the mount path, which is the same for
+    every job (/opt/ml/input/data/train).
+    """
     if data_dir is None:
         return SyntheticTokens(vocab, seq_len, seed)
-    return ShardedTokens(data_dir, seq_len, vocab)
+    dataset = read_dataset(Path(data_dir))
+    if tokenizer is not None:
+        check_tokenizer(read_manifest(dataset.directory), dataset.directory, tokenizer, "data.tokenizer")
+    name = f"shards:sha256={dataset.content_sha256[:16]}" + (f"@{uri}" if uri else "")
+    return ShardedTokens(dataset, seq_len, vocab, seed, name)
 
 
 def micro_batch_indices(position: int, micro_step: int, rank: int, world: int, micro_batch: int) -> range:
@@ -205,3 +282,21 @@ class Prefetcher:
     def close(self) -> None:
         self._closed.set()
         self._thread.join(timeout=5)
+
+
+def same_data(recorded: str, current: str) -> bool:
+    """Whether a checkpoint trained on `recorded` may resume on `current` (TokenSource names).
+
+    Checkpoints written before data identities were content hashes recorded the mount path
+    (`shards:/opt/ml/input/data/train`), which names no content: those resume, with a warning, as they
+    did then."""
+    if recorded == current:
+        return True
+    if recorded.startswith("shards:/") and current.startswith("shards:sha256="):
+        log.warning(
+            "the checkpoint recorded its data as a path (%s), not a content hash: cannot check it is %s",
+            recorded,
+            current,
+        )
+        return True
+    return False

@@ -39,7 +39,14 @@ from trainer.capacity import watch_capacity
 from trainer.checkpoint import CheckpointManager, TrainerState
 from trainer.comms import check_efa
 from trainer.config import Layout, load_recipe, resolve_layout
-from trainer.data import Prefetcher, TokenSource, micro_batch_indices, micro_batch_plan, open_source
+from trainer.data import (
+    Prefetcher,
+    TokenSource,
+    micro_batch_indices,
+    micro_batch_plan,
+    open_source,
+    same_data,
+)
 from trainer.health import NonFiniteWatch, Trace
 from trainer.model import Transformer, build_model, compile_blocks, compile_decision, select_backend
 from trainer.optim import build_optimizer, build_scheduler
@@ -148,13 +155,20 @@ def _train(
             "channel is mounted (pass --synthetic to train on synthetic tokens anyway)"
         )
 
-    def open_dataset(directory: Path | None) -> TokenSource:
-        return open_source(directory, recipe.training.seq_len, recipe.model.vocab, recipe.training.seed)
+    def open_dataset(directory: Path | None, uri: str | None = None) -> TokenSource:
+        return open_source(
+            directory,
+            recipe.training.seq_len,
+            recipe.model.vocab,
+            recipe.training.seed,
+            tokenizer=recipe.data.tokenizer,
+            uri=uri,
+        )
 
     if recipe.data.sources and not options.synthetic:
         token_source: TokenSource = blend.open_blend(recipe, options.data_dir, open_dataset)
     else:
-        token_source = open_dataset(data_dir)
+        token_source = open_dataset(data_dir, recipe.data.train_s3_uri)
     validator = build_validator(
         recipe, layout, rank, device, options.data_dir, options.synthetic, token_source, open_dataset
     )
@@ -219,7 +233,7 @@ def _train(
     if latest is not None:
         abandon_after(checkpoints, resuming)
         state = checkpoints.load(latest, model, optimizer, scheduler)
-        if state.data_source != token_source.name:
+        if not same_data(state.data_source, token_source.name):
             raise TrainstackError(
                 f"{checkpoints.describe(latest)}: was trained on {state.data_source}, this run reads "
                 f"{token_source.name}; use a new checkpoint location for new data"

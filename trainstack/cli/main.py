@@ -34,6 +34,7 @@ COMMAND_MODULES = [
     "trainstack.cli.commands.runs",
     "trainstack.cli.commands.stop_resume",
     "trainstack.cli.commands.emulator",
+    "trainstack.cli.commands.data",
 ]
 
 

@@ -237,6 +237,11 @@ class Image(Section):
     framework_version: str = "2.9"  # AWS Deep Learning Container PyTorch version for the base image
 
 
+# A tokenizer's identity as `trainstack data prepare` prints it and the dataset's manifest records it:
+# sha256 of the tokenizer.json bytes, or the built-in byte-level tokenizer (docs/data.md).
+TokenizerIdentity = Annotated[str, Field(pattern=r"^(bytes|sha256:[0-9a-f]{64})$")]
+
+
 # --- Data: one prepared dataset, or a blend of several (training_image/trainer/blend.py) ----------
 # Each source of a blend reaches the job as an input channel of its own, and adds one metric definition
 # (its val_loss_<name>). CreateTrainingJob takes at most 20 channels and 40 metric definitions
@@ -287,6 +292,11 @@ class Data(Section):
     sources: tuple[DataSource, ...] = ()
     # How shards reach the nodes: auto chooses from their size (trainstack.planner.input_mode).
     input_mode: Literal["auto", "File", "FastFile"] = "auto"
+    # The tokenizer the model is trained for: the trainer refuses shards whose manifest names another.
+    tokenizer: TokenizerIdentity | None = None
+    # Raw corpus prefixes `trainstack data prepare` may read on AWS (the data stack's processing role gets
+    # read access to exactly these, and write access to train_s3_uri).
+    corpus_s3_uris: tuple[S3Uri, ...] = ()
 
     @model_validator(mode="after")
     def _one_kind(self) -> Data:

@@ -1,0 +1,562 @@
+"""`python -m trainer.prepare`: raw text (JSONL, Parquet, plain text) -> token shards, on every core.
+
+    python -m trainer.prepare SRC... --tokenizer tokenizer.json --out DEST [--text-field text]
+        [--validation-fraction 0.005] [--workers N] [--shard-tokens N] [--max-bad-records N]
+
+SRC: files, directories (every JSONL/Parquet/text file below) or s3:// prefixes; DEST: a directory or an
+s3:// prefix; the tokenizer: a local tokenizer.json, one in S3, or `bytes` (built-in, byte level).
+Nothing is downloaded from a model hub. `trainstack data prepare` runs this same entrypoint here, against
+the local emulator (`--local`), or on every instance of a SageMaker Processing job (docs/data.md).
+
+One input file is one unit of work, tokenized by one worker of a process pool (one per core): its
+documents go to shards `shards/<file>-<id>-NNNNN.bin` (+ `.idx`), those held out for validation to
+`validation/shards/...`, and when they are written a completion marker `_prepare/done/<id>.json` records
+what the file gave. A rerun skips every file with a marker (so an interrupted preparation resumes; a file
+whose size changed is redone), then writes `index.json` and `manifest.json` for each split from the
+markers, the root manifest last: a prefix without it is visibly unfinished. `--no-finalize` (each
+instance of a Processing job) leaves that to the run that sees every marker.
+
+Settings that change what is written (tokenizer, text field, validation fraction, shard size) are kept
+in `_prepare/config.json`; an output that holds a dataset made otherwise, or any other dataset, is refused.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import multiprocessing
+import os
+import re
+import sys
+import tempfile
+import time
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from dataclasses import dataclass
+from pathlib import Path
+
+from trainer.manifest import DATASET_FORMAT
+from trainer.prepare_inputs import (
+    RecordCounts,
+    TokenizerInfo,
+    format_of,
+    in_validation,
+    load_tokenizer,
+    read_documents,
+)
+from trainer.prepare_store import S3Store, open_store, split_s3
+from trainer.shard_index import FORMAT, INDEX_FILE, MANIFEST_FILE
+from trainer.shard_writer import ShardWriter
+from trainstack import __version__
+from trainstack.errors import TrainstackError
+
+TOOL = "trainstack data prepare"
+CONFIG_KEY = "_prepare/config.json"
+DONE_PREFIX = "_prepare/done/"
+VALIDATION = "validation"
+DEFAULT_VALIDATION_FRACTION = 0.005
+DEFAULT_SHARD_TOKENS = 1 << 28  # 512 MiB of uint16 ids per shard file
+DEFAULT_MAX_BAD_RECORDS = 100
+BATCH_DOCUMENTS = 256
+BATCH_CHARS = 4 << 20
+
+
+@dataclass(frozen=True)
+class Unit:
+    uri: str  # what names the file everywhere (markers, manifest, messages)
+    size: int
+    fmt: str
+    local: str | None  # a local path, or None for an S3 object (downloaded by the worker)
+
+    @property
+    def id(self) -> str:
+        return hashlib.sha256(self.uri.encode()).hexdigest()[:16]
+
+    @property
+    def stem(self) -> str:
+        base = self.uri.rstrip("/").rsplit("/", 1)[-1]
+        base = re.sub(r"(\.gz)?$", "", base, flags=re.I).rsplit(".", 1)[0]
+        return re.sub(r"[^A-Za-z0-9_.-]+", "_", base)[:40] or "input"
+
+
+@dataclass(frozen=True)
+class Settings:
+    out: str
+    tokenizer: str  # a local path or "bytes"
+    tokenizer_shown: str  # as the user gave it
+    eos_token: str | None
+    text_field: str
+    validation_fraction: float
+    shard_tokens: int
+    max_bad_records: int
+    scratch: str
+
+
+# --- inputs -------------------------------------------------------------------------------------------
+
+
+def list_units(sources: list[str], out: str) -> list[Unit]:
+    """Every input file of `sources`, sorted by URI, skipping what lies under the output."""
+    units: dict[str, Unit] = {}
+    for source in sources:
+        local, _, mapped = source.partition("=") if "=s3://" in source else (source, "", "")
+        if local.startswith("s3://"):
+            units.update((u.uri, u) for u in _s3_units(local, out))
+            continue
+        path = Path(local)
+        if not path.exists():
+            raise TrainstackError(f"{source}: no such file or directory")
+        base = mapped.rstrip("/") if mapped else None
+        for file, explicit in (
+            [(path, True)] if path.is_file() else [(p, False) for p in sorted(path.rglob("*"))]
+        ):
+            if (
+                not file.is_file()
+                or _under_local(file, out)
+                or any(p.startswith(".") for p in file.parts[-1:])
+            ):
+                continue
+            fmt = format_of(file.name, explicit)
+            if fmt is None:
+                continue
+            uri = f"{base}/{file.relative_to(path).as_posix()}" if base else str(file)
+            units[uri] = Unit(uri, file.stat().st_size, fmt, str(file))
+    return sorted(units.values(), key=lambda u: u.uri)
+
+
+def _under_local(file: Path, out: str) -> bool:
+    return not out.startswith("s3://") and file.resolve().is_relative_to(Path(out).resolve())
+
+
+def _s3_units(uri: str, out: str) -> list[Unit]:
+    bucket, prefix = split_s3(uri)
+    store = S3Store(f"s3://{bucket}/")
+    found = []
+    for key, size in sorted(store.list(prefix).items()):
+        full = f"s3://{bucket}/{key}"
+        if out.startswith("s3://") and full.startswith(out.rstrip("/") + "/"):
+            continue
+        fmt = format_of(key, explicit=key == prefix)
+        if fmt is not None and not key.endswith("/"):
+            found.append(Unit(full, size, fmt, None))
+    if not found:
+        raise TrainstackError(f"{uri}: no JSONL, Parquet or text objects under this prefix")
+    return found
+
+
+# --- the worker -------------------------------------------------------------------------------------
+
+
+_state: dict = {}
+
+
+def _init_worker(settings: Settings) -> None:
+    # One process per core: the tokenizer's own thread pool would oversubscribe them.
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    info, encode = load_tokenizer(settings.tokenizer, settings.eos_token, settings.tokenizer_shown)
+    _state.update(settings=settings, info=info, encode=encode, store=open_store(settings.out))
+
+
+def process_unit(unit: Unit) -> dict:
+    """Tokenize one input file into its shards and write its completion marker; returns the marker."""
+    settings, info, encode, store = (_state[k] for k in ("settings", "info", "encode", "store"))
+    started = time.monotonic()
+    path, downloaded = _local_copy(unit, settings)
+    name = f"{unit.stem}-{unit.id}"
+    writers = {
+        "train": ShardWriter(store, f"shards/{name}", info.dtype, info.eos_id, settings.shard_tokens),
+        VALIDATION: ShardWriter(
+            store,
+            f"{VALIDATION}/shards/{name}",
+            info.dtype,
+            info.eos_id,
+            settings.shard_tokens,
+            f"{VALIDATION}/",
+        ),
+    }
+    documents = {"train": 0, VALIDATION: 0}
+    counts = RecordCounts()
+    batch: list = []
+    batch_chars = 0
+
+    def split_of(key: bytes) -> str:
+        return VALIDATION if in_validation(key, settings.validation_fraction) else "train"
+
+    def flush() -> None:
+        nonlocal batch, batch_chars
+        if batch:
+            for document, ids in zip(batch, encode([d.text for d in batch]), strict=True):
+                split = split_of(document.split_key)
+                writers[split].add(ids)
+                writers[split].end_document()
+                documents[split] += 1
+        batch, batch_chars = [], 0
+
+    try:
+        for document in read_documents(
+            path, unit.uri, unit.fmt, settings.text_field, counts, settings.max_bad_records
+        ):
+            if document.text is None:  # a plain-text file: one document, in pieces
+                flush()
+                split = split_of(document.split_key)
+                for piece in document.pieces:
+                    writers[split].add(encode([piece])[0])
+                writers[split].end_document()
+                documents[split] += 1
+                continue
+            batch.append(document)
+            batch_chars += len(document.text)
+            if len(batch) >= BATCH_DOCUMENTS or batch_chars >= BATCH_CHARS:
+                flush()
+        flush()
+        shards = {split: writer.close() for split, writer in writers.items()}
+    except BaseException:
+        for writer in writers.values():
+            writer.abort()
+        raise
+    finally:
+        if downloaded:
+            path.unlink(missing_ok=True)
+    marker = {
+        "uri": unit.uri,
+        "size": unit.size,
+        "documents": documents,
+        "tokens": {split: sum(s["tokens"] for s in entries) for split, entries in shards.items()},
+        "skipped_records": counts.bad,
+        "empty_records": counts.empty,
+        "first_skipped": counts.first_bad,
+        "shards": shards,
+        "seconds": round(time.monotonic() - started, 3),
+    }
+    store.write(f"{DONE_PREFIX}{unit.id}.json", json.dumps(marker).encode())
+    return marker
+
+
+def _local_copy(unit: Unit, settings: Settings) -> tuple[Path, bool]:
+    if unit.local is not None:
+        return Path(unit.local), False
+    bucket, key = split_s3(unit.uri)
+    suffix = "".join(Path(key).suffixes[-2:])
+    destination = Path(settings.scratch) / f"{unit.id}{suffix}"
+    S3Store(f"s3://{bucket}/").download(key, destination)
+    return destination, True
+
+
+# --- the run --------------------------------------------------------------------------------------------
+
+
+def check_output(store, config: dict) -> None:
+    """Refuse an output that holds another dataset; record this one's settings on first use."""
+    recorded = store.read(CONFIG_KEY)
+    if recorded is None:
+        held = [k for k in store.list() if k in (INDEX_FILE, MANIFEST_FILE) or k.endswith((".bin", ".idx"))]
+        if held:
+            raise TrainstackError(
+                f"--out {store.uri}: already holds a dataset ({held[0]}) not made by this preparation; "
+                "give an empty prefix"
+            )
+        store.write(CONFIG_KEY, json.dumps(config, indent=1).encode())
+        return
+    try:
+        before = json.loads(recorded)
+    except json.JSONDecodeError:
+        raise TrainstackError(f"{store.uri}{CONFIG_KEY}: not valid JSON") from None
+    if before != config and not store.list(DONE_PREFIX):
+        # Nothing was finished under the old settings (a first run that stopped on bad input): start over.
+        store.write(CONFIG_KEY, json.dumps(config, indent=1).encode())
+        return
+    for key, value in config.items():
+        if before.get(key) != value:
+            raise TrainstackError(
+                f"--out {store.uri}: already holds a dataset prepared with {key} {before.get(key)!r}, not "
+                f"{value!r}; give another prefix (or the same settings, to resume it)"
+            )
+
+
+def done_markers(store) -> dict[str, dict]:
+    markers = {}
+    for key in sorted(store.list(DONE_PREFIX)):
+        if key.endswith(".json"):
+            marker = json.loads(store.read(key))
+            markers[marker["uri"]] = marker
+    return markers
+
+
+class Progress:
+    """`files, tokens, tokens/s, ETA` on stderr, at most every `every_s` seconds and at the end."""
+
+    def __init__(self, total_files: int, total_bytes: int, every_s: float = 2.0):
+        self.total_files, self.total_bytes, self.every_s = total_files, total_bytes, every_s
+        self.files = self.bytes = self.tokens = 0
+        self.started = self.shown = time.monotonic()
+
+    def add(self, unit: Unit, marker: dict, force: bool = False) -> None:
+        self.files += 1
+        self.bytes += unit.size
+        self.tokens += sum(marker["tokens"].values())
+        now = time.monotonic()
+        if force or self.files == self.total_files or now - self.shown >= self.every_s:
+            self.shown = now
+            print(self.line(now), file=sys.stderr, flush=True)
+
+    def line(self, now: float) -> str:
+        elapsed = max(now - self.started, 1e-9)
+        rate = self.tokens / elapsed
+        left = (self.total_bytes - self.bytes) / (self.bytes / elapsed) if self.bytes else float("nan")
+        eta = time.strftime("%H:%M:%S", time.gmtime(left)) if left == left else "?"
+        share = 100.0 * self.bytes / self.total_bytes if self.total_bytes else 100.0
+        return (
+            f"prepare: {self.files}/{self.total_files} files, {self.tokens:,} tokens, {rate:,.0f} tokens/s, "
+            f"{share:.0f}% of {self.total_bytes / 1e9:.2f} GB, ETA {eta}"
+        )
+
+
+def prepare(
+    sources: list[str],
+    tokenizer: str,
+    out: str,
+    *,
+    text_field: str = "text",
+    validation_fraction: float = DEFAULT_VALIDATION_FRACTION,
+    eos_token: str | None = None,
+    shard_tokens: int = DEFAULT_SHARD_TOKENS,
+    workers: int | None = None,
+    max_bad_records: int = DEFAULT_MAX_BAD_RECORDS,
+    finalize: bool = True,
+) -> dict:
+    """Prepare `sources` into `out`; returns the root manifest (or, without finalize, a summary)."""
+    if not 0 <= validation_fraction < 1:
+        raise TrainstackError(f"--validation-fraction {validation_fraction}: expected 0 <= F < 1")
+    if shard_tokens < 1 or max_bad_records < 0:
+        raise TrainstackError("--shard-tokens must be positive and --max-bad-records non-negative")
+    store = open_store(out)
+    with tempfile.TemporaryDirectory(prefix="trainstack-prepare-") as scratch:
+        local_tokenizer = _tokenizer_file(tokenizer, Path(scratch))
+        info, _ = load_tokenizer(local_tokenizer, eos_token, tokenizer)
+        config = {
+            "format": DATASET_FORMAT,
+            "tokenizer": info.identity,
+            "eos_id": info.eos_id,
+            "dtype": info.dtype,
+            "text_field": text_field,
+            "validation_fraction": validation_fraction,
+            "shard_tokens": shard_tokens,
+        }
+        units = list_units(sources, out)
+        if not units:
+            raise TrainstackError(f"{' '.join(sources)}: no JSONL, Parquet or text files found")
+        check_output(store, config)
+        done = done_markers(store)
+        pending = [u for u in units if done.get(u.uri, {}).get("size") != u.size]
+        workers = max(1, min(workers or os.cpu_count() or 1, len(pending) or 1))
+        print(
+            f"prepare: {len(units)} input files ({sum(u.size for u in units) / 1e9:.2f} GB), "
+            f"{len(units) - len(pending)} already done; tokenizer {info.file} ({info.identity[:19]}, vocab "
+            f"{info.vocab_size}, eos {info.eos_id}); {workers} worker(s); output {store.uri}",
+            file=sys.stderr,
+            flush=True,
+        )
+        settings = Settings(
+            out=out,
+            tokenizer=local_tokenizer,
+            tokenizer_shown=tokenizer,
+            eos_token=eos_token,
+            text_field=text_field,
+            validation_fraction=validation_fraction,
+            shard_tokens=shard_tokens,
+            max_bad_records=max_bad_records,
+            scratch=scratch,
+        )
+        _run(pending, settings, workers)
+    if not finalize:
+        return {"files": len(units), "processed": len(pending)}
+    return write_indexes(store, info, config, [u.uri for u in units])
+
+
+def _tokenizer_file(tokenizer: str, scratch: Path) -> str:
+    if not tokenizer.startswith("s3://"):
+        return tokenizer
+    bucket, key = split_s3(tokenizer)
+    destination = scratch / (Path(key).name or "tokenizer.json")
+    data = S3Store(f"s3://{bucket}/").read(key)
+    if data is None:
+        raise TrainstackError(f"--tokenizer {tokenizer}: no such object")
+    destination.write_bytes(data)
+    return str(destination)
+
+
+def _run(pending: list[Unit], settings: Settings, workers: int) -> None:
+    progress = Progress(len(pending), sum(u.size for u in pending))
+    largest_first = sorted(pending, key=lambda u: -u.size)  # the long files start first: a shorter tail
+    if workers == 1:
+        _init_worker(settings)
+        for unit in largest_first:
+            progress.add(unit, process_unit(unit))
+        return
+    context = multiprocessing.get_context("spawn")  # fork after torch/tokenizers threads can deadlock
+    with ProcessPoolExecutor(
+        workers, mp_context=context, initializer=_init_worker, initargs=(settings,)
+    ) as pool:
+        futures = {pool.submit(process_unit, unit): unit for unit in largest_first}
+        try:
+            remaining = set(futures)
+            while remaining:
+                finished, remaining = wait(remaining, return_when=FIRST_COMPLETED)
+                for future in finished:
+                    progress.add(futures[future], future.result())
+        except BaseException:
+            pool.shutdown(wait=True, cancel_futures=True)  # files finished so far keep their markers
+            raise
+
+
+def write_indexes(store, info: TokenizerInfo, config: dict, uris: list[str]) -> dict:
+    """index.json and manifest.json for each split, from the markers of `uris` (root manifest last)."""
+    markers = done_markers(store)
+    missing = [u for u in uris if u not in markers]
+    if missing:
+        raise TrainstackError(
+            f"{missing[0]}: not prepared yet ({len(missing)} files missing); rerun to resume"
+        )
+    chosen = [markers[u] for u in uris]
+    splits = [VALIDATION, "train"] if config["validation_fraction"] > 0 else ["train"]
+    manifests = {}
+    for split in splits:
+        entries = [entry for m in chosen for entry in m["shards"][split]]
+        if split == "train" and not entries:
+            raise TrainstackError(f"{uris[0]}: the inputs hold no document to train on")
+        index = {
+            "format": FORMAT,
+            "dtype": info.dtype,
+            "vocab_size": info.vocab_size,
+            "eos_id": info.eos_id,
+            "tokenizer": info.file,
+            "shards": entries,
+        }
+        index_data = (json.dumps(index, indent=1) + "\n").encode()
+        base = "" if split == "train" else f"{VALIDATION}/"
+        manifest = {
+            "format": DATASET_FORMAT,
+            "split": split,
+            "tool": {"name": TOOL, "version": __version__},
+            "tokenizer": {
+                "identity": info.identity,
+                "file": info.file,
+                "vocab_size": info.vocab_size,
+                "eos_id": info.eos_id,
+            },
+            "dtype": info.dtype,
+            "documents": sum(m["documents"][split] for m in chosen),
+            "tokens": sum(e["tokens"] for e in entries),
+            "sources": [
+                {
+                    "uri": m["uri"],
+                    "documents": m["documents"][split],
+                    "tokens": m["tokens"][split],
+                    "skipped_records": m["skipped_records"],
+                }
+                for m in chosen
+            ],
+            "validation": None,
+            "index_sha256": hashlib.sha256(index_data).hexdigest(),
+            "text_field": config["text_field"],
+            "shard_tokens": config["shard_tokens"],
+        }
+        if split == "train" and VALIDATION in manifests:
+            held = manifests[VALIDATION]
+            manifest["validation"] = {
+                "fraction": config["validation_fraction"],
+                "path": VALIDATION,
+                "documents": held["documents"],
+                "tokens": held["tokens"],
+                "index_sha256": held["index_sha256"],
+            }
+        store.write(f"{base}{INDEX_FILE}", index_data)
+        store.write(f"{base}{MANIFEST_FILE}", (json.dumps(manifest, indent=1) + "\n").encode())
+        manifests[split] = manifest
+    return manifests["train"]
+
+
+# --- command line -----------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m trainer.prepare",
+        description="Tokenize JSONL, Parquet or text files into token shards (trainstack's index plus a "
+        "Megatron .idx per shard), on every core; a rerun resumes.",
+    )
+    parser.add_argument("sources", nargs="+", metavar="SRC", help="files, directories or s3:// prefixes")
+    parser.add_argument("--tokenizer", required=True, help="tokenizer.json (local or s3://), or 'bytes'")
+    parser.add_argument("--out", required=True, help="output directory or s3:// prefix")
+    parser.add_argument("--text-field", default="text", help="JSONL field / Parquet column (default: text)")
+    parser.add_argument(
+        "--validation-fraction",
+        type=float,
+        default=DEFAULT_VALIDATION_FRACTION,
+        help="share of documents held out, by a hash of each "
+        f"(default {DEFAULT_VALIDATION_FRACTION}; 0: none)",
+    )
+    parser.add_argument(
+        "--eos-token", help="end-of-document token of the tokenizer (default: the usual names)"
+    )
+    parser.add_argument(
+        "--shard-tokens", type=int, default=DEFAULT_SHARD_TOKENS, help="tokens per shard file"
+    )
+    parser.add_argument("--workers", type=int, help="worker processes (default: one per core)")
+    parser.add_argument(
+        "--max-bad-records",
+        type=int,
+        default=DEFAULT_MAX_BAD_RECORDS,
+        help="per file: records that are not UTF-8 or JSON, skipped, before it stops "
+        f"(default {DEFAULT_MAX_BAD_RECORDS})",
+    )
+    parser.add_argument(
+        "--no-finalize",
+        action="store_true",
+        help="process files only; write no index (Processing job instances)",
+    )
+    return parser
+
+
+def summary(manifest: dict, out: str) -> str:
+    held = manifest.get("validation") or {"documents": 0, "tokens": 0}
+    return (
+        f"prepared {out}: {manifest['documents']:,} documents, {manifest['tokens']:,} tokens to train on, "
+        f"{held['documents']:,} documents ({held['tokens']:,} tokens) held out for validation; "
+        f"{sum(s['skipped_records'] for s in manifest['sources'])} records skipped. "
+        f"Recipe: data.tokenizer: {manifest['tokenizer']['identity']}"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        result = prepare(
+            args.sources,
+            args.tokenizer,
+            args.out,
+            text_field=args.text_field,
+            validation_fraction=args.validation_fraction,
+            eos_token=args.eos_token,
+            shard_tokens=args.shard_tokens,
+            workers=args.workers,
+            max_bad_records=args.max_bad_records,
+            finalize=not args.no_finalize,
+        )
+    except TrainstackError as exc:
+        print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print(
+            "interrupted: files finished so far are kept; rerun the same command to resume", file=sys.stderr
+        )
+        return 130
+    if args.no_finalize:
+        print(f"processed {result['processed']} of {result['files']} files (no index written: --no-finalize)")
+    else:
+        print(summary(result, args.out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
