@@ -208,6 +208,30 @@ def s3_bucket():
 
 
 @pytest.mark.slow
+def test_s3_read_of_a_missing_key_is_absent_and_every_other_error_stays_an_error(s3_bucket, monkeypatch):
+    """s3torchconnector 1.5.0 says "Service error: The key does not exist" for a GET of a missing key;
+    treating only "not found" as absent made every read of a missing file raise: a step folder without
+    its marker on discovery, a new rank's rank file on a resume with more ranks."""
+    from s3torchconnectorclient import S3Exception
+
+    env, bucket, _ = s3_bucket
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    storage = open_storage(f"s3://{bucket}/missing-keys/run-a/")
+    storage.write(7, "rank-00000.pt", b"state")
+    assert storage.read(7, "rank-00000.pt") == b"state"
+    assert storage.read(7, "rank-00003.pt") is None  # a resume on more ranks than saved
+    assert storage.read(8, MARKER) is None  # a folder that does not exist at all
+    with pytest.raises(FileNotFoundError), storage.open_read(7, "rank-00003.pt") as stream:
+        stream.read()
+    with storage.open_read(7, "rank-00000.pt") as stream:
+        assert stream.read() == b"state"
+    elsewhere = open_storage("s3://no-such-bucket-anywhere/run-a/")
+    with pytest.raises(S3Exception, match="The bucket does not exist"):
+        elsewhere.read(7, MARKER)
+
+
+@pytest.mark.slow
 def test_s3_checkpoints_save_resume_prune_and_skip_truncated_objects(world_of_one, s3_bucket, monkeypatch):
     env, bucket, client = s3_bucket
     for name, value in env.items():
