@@ -191,9 +191,9 @@ def _train(
         run=os.environ.get("TRAINSTACK_RUN"),
     )
     state = TrainerState(step=0, samples_consumed=0, data_source=token_source.name, world_size=world)
-    latest = checkpoints.discover()
-    if latest is not None:
-        state = checkpoints.load(latest, model, optimizer, scheduler)
+    resumed = checkpoints.resume(model, optimizer, scheduler)  # newest intact; exit 2 if none of several
+    if resumed is not None:
+        state, latest = resumed, resumed.step
         if state.data_source != token_source.name:
             raise TrainstackError(
                 f"{checkpoints.describe(latest)}: was trained on {state.data_source}, this run reads "
@@ -206,7 +206,7 @@ def _train(
             state.samples_consumed,
         )
     else:
-        log.info("no complete checkpoint in %s: starting at step 0", checkpoints.location)
+        log.info("no checkpoint in %s: a new run, starting at step 0", checkpoints.location)
     max_steps = options.max_steps if options.max_steps is not None else recipe.training.steps
     ctx = LoopContext(
         recipe=recipe,
