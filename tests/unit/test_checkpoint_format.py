@@ -116,7 +116,8 @@ def test_a_marker_that_is_not_a_json_object_is_damaged(garbage):
     files = folder()
     files[MARKER] = garbage
     found = check(files)
-    assert found.state == DAMAGED and found.problem in ("COMPLETE.json: not valid JSON", "COMPLETE.json: not a JSON object")
+    assert found.state == DAMAGED
+    assert found.problem in ("COMPLETE.json: not valid JSON", "COMPLETE.json: not a JSON object")
 
 
 def test_missing_files_are_reported_manifest_first_with_the_rank_that_had_not_finished():
@@ -126,7 +127,8 @@ def test_missing_files_are_reported_manifest_first_with_the_rank_that_had_not_fi
     found = check(files)
     assert found.state == DAMAGED
     assert found.problem == (
-        "manifest-rank00001.json is missing (rank 1 had not finished, or its files were lost) (3 files missing)"
+        "manifest-rank00001.json is missing (rank 1 had not finished, or its files were lost) "
+        "(3 files missing)"
     )
 
 
