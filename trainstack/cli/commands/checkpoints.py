@@ -172,7 +172,12 @@ def render(views: list[CheckpointView], where: str, run: str, now: datetime, ver
     if not views:
         console.print(Text.assemble(("No checkpoints ", "bold yellow"), f"of {run} in {where}: a new run."))
         return
-    table = Table(title=f"Checkpoints of {run} in {where}, newest first", title_justify="left")
+    title = (
+        f"Checkpoints in {where}"
+        if run.rstrip("/") == where.rstrip("/")
+        else f"Checkpoints of {run} in {where}"
+    )
+    table = Table(title=f"{title}, newest first", title_justify="left")
     for column in ("step", "size", "age", "files", "state"):
         table.add_column(column, justify="right" if column in ("step", "size", "age", "files") else "left")
     for item in views:
