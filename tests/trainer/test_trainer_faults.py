@@ -218,12 +218,14 @@ def test_kill_9_at_each_phase_of_a_save_resumes_exactly(backend, reference, fork
     assert job.wait() == [-signal.SIGKILL], job.log()[-3000:]
     assert f"kill -9 at {phase} of step 5" in job.log()
     assert backend.steps(location) == [4, 5]
-    outcome = train(backend, location, 6, tmp_path / "trace")
     if phase == "after-marker":  # the marker was written: step 5 is complete
+        outcome = train(backend, location, 6, tmp_path / "trace")
         assert_resumed_exactly(reference, outcome, tmp_path / "trace", 5, 6)
-    else:
+    else:  # step 5 is trained again and saved over the folder the kill left
+        outcome = train(backend, location, 5, tmp_path / "trace")
         assert skipped(outcome) == {5: LEFT_BY_KILL[phase]}
-        assert_resumed_exactly(reference, outcome, tmp_path / "trace", 4, 6)
+        assert_resumed_exactly(reference, outcome, tmp_path / "trace", 4, 5)
+        assert backend.steps(location) == [4, 5] and MARKER in backend.files(location, 5)
 
 
 # --- damaged files ---------------------------------------------------------------------------------
