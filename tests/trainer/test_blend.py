@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from blend_helpers import write_dataset
 from trainer.blend import Blend, Schedule, Segment, counts, open_blend, pick, split_ratios
-from trainer.data import ShardedTokens
+from trainer.data import open_source
 from trainer_helpers import TINY
 
 from trainstack.errors import TrainstackError
@@ -95,8 +95,8 @@ def test_a_weight_change_keeps_the_past_and_continues_every_source_where_it_was(
 
 def test_a_blend_reads_each_source_by_the_schedule_and_names_them_without_weights(tmp_path):
     seq = 32
-    web = ShardedTokens(write_dataset(tmp_path / "web", 0), seq, 256)
-    code = ShardedTokens(write_dataset(tmp_path / "code", 100), seq, 256)
+    web = open_source(write_dataset(tmp_path / "web", 0), seq, 256, 0)
+    code = open_source(write_dataset(tmp_path / "code", 100), seq, 256, 0)
     mix = Blend([("web", web), ("code", code)], Schedule([Segment(0, (0.75, 0.25))]))
     taken = {0: 0, 1: 0}
     for p in range(40):
@@ -125,8 +125,8 @@ def test_open_blend_finds_each_source_in_its_channel_folder_or_names_the_missing
     assert recipe.data.source_names == ("web", "code")
     write_dataset(tmp_path / "train_web", 0)
 
-    def opener(d):
-        return ShardedTokens(d, 32, 256)
+    def opener(d, uri=None):
+        return open_source(d, 32, 256, 0)
 
     with pytest.raises(TrainstackError, match=r"data\.sources\.1\.uri: s3://corpus/code/ is not mounted"):
         open_blend(recipe, tmp_path, opener)

@@ -3,6 +3,8 @@ and the S3 backend against the local emulator's S3 (moto server)."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import pickle
 from pathlib import Path
 
@@ -163,6 +165,38 @@ def test_async_save_holds_the_state_of_its_step_though_training_goes_on(world_of
         assert torch.equal(value, expected[key]), key
 
 
+def test_synchronous_saves_return_complete_and_hold_the_state_of_their_step(world_of_one, tmp_path):
+    """--sync-checkpoints: every save is made from the state of its step while the loop waits. It used
+    to be written on the background thread from the live weights while training went on, and marked
+    complete holding later weights."""
+    model, optimizer, scheduler = tiny_training()
+    train_step(model, optimizer)
+    expected = {k: v.clone() for k, v in model.state_dict().items()}
+    manager = CheckpointManager(tmp_path / "ck", keep=2, rank=0, world=1, asynchronous=False)
+    manager.save(model, optimizer, scheduler, state_at(1))  # no blocking=True: the manager is synchronous
+    assert manager.in_flight() is None
+    assert completeness_problem(tmp_path / "ck" / "step-000000001") is None
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(1.0)  # what the loop does next, at once
+    manager.close()
+    fresh, fresh_optimizer, fresh_scheduler = tiny_training(seed=1)
+    reader = CheckpointManager(tmp_path / "ck", keep=2, rank=0, world=1)
+    reader.load(reader.discover(), fresh, fresh_optimizer, fresh_scheduler)
+    reader.close()
+    for key, value in fresh.state_dict().items():
+        assert torch.equal(value, expected[key]), key
+
+
+def test_no_step_0_checkpoint_is_written(world_of_one, tmp_path):
+    model, optimizer, scheduler = tiny_training()
+    manager = CheckpointManager(tmp_path / "ck", keep=2, rank=0, world=1)
+    with pytest.raises(ValueError, match="no step-0 checkpoint"):
+        manager.save(model, optimizer, scheduler, state_at(0), blocking=True)
+    manager.close()
+    assert not (tmp_path / "ck").exists()
+
+
 def test_every_recipes_shard_objects_stay_within_s3_multipart_limits():
     """Amazon S3 multipart upload limits (S3 User Guide, "Amazon S3 multipart upload limits"): at most
     10,000 parts per upload, parts of 5 MiB to 5 GiB. One DCP writer thread's object holds a rank's
@@ -208,6 +242,30 @@ def s3_bucket():
 
 
 @pytest.mark.slow
+def test_s3_read_of_a_missing_key_is_absent_and_every_other_error_stays_an_error(s3_bucket, monkeypatch):
+    """s3torchconnector 1.5.0 says "Service error: The key does not exist" for a GET of a missing key;
+    treating only "not found" as absent made every read of a missing file raise: a step folder without
+    its marker on discovery, a new rank's rank file on a resume with more ranks."""
+    from s3torchconnectorclient import S3Exception
+
+    env, bucket, _ = s3_bucket
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    storage = open_storage(f"s3://{bucket}/missing-keys/run-a/")
+    storage.write(7, "rank-00000.pt", b"state")
+    assert storage.read(7, "rank-00000.pt") == b"state"
+    assert storage.read(7, "rank-00003.pt") is None  # a resume on more ranks than saved
+    assert storage.read(8, MARKER) is None  # a folder that does not exist at all
+    with pytest.raises(FileNotFoundError), storage.open_read(7, "rank-00003.pt") as stream:
+        stream.read()
+    with storage.open_read(7, "rank-00000.pt") as stream:
+        assert stream.read() == b"state"
+    elsewhere = open_storage("s3://no-such-bucket-anywhere/run-a/")
+    with pytest.raises(S3Exception, match="The bucket does not exist"):
+        elsewhere.read(7, MARKER)
+
+
+@pytest.mark.slow
 def test_s3_checkpoints_save_resume_prune_and_skip_truncated_objects(world_of_one, s3_bucket, monkeypatch):
     env, bucket, client = s3_bucket
     for name, value in env.items():
@@ -236,6 +294,16 @@ def test_s3_checkpoints_save_resume_prune_and_skip_truncated_objects(world_of_on
         MARKER,
     }
     assert storage_completeness_problem(storage, 3) is None
+    # Each object's SHA-256 was taken from the bytes as they were uploaded; boto3 reads them back here.
+    recorded = json.loads(
+        client.get_object(Bucket=bucket, Key=prefix + "step-000000003/" + MARKER)["Body"].read()
+    )
+    assert set(recorded["files"]) == {
+        k.removeprefix(prefix + "step-000000003/") for k in keys if "step-000000003" in k
+    } - {MARKER}
+    for name, record in recorded["files"].items():
+        body = client.get_object(Bucket=bucket, Key=prefix + "step-000000003/" + name)["Body"].read()
+        assert record == {"size": len(body), "sha256": hashlib.sha256(body).hexdigest()}, name
 
     # A shard object replaced by half of itself (a copy cut short): skipped for the previous one.
     shard_key = prefix + "step-000000003/__0_0.distcp"

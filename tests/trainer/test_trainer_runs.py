@@ -4,6 +4,7 @@ half-written checkpoints, SIGTERM, NaN, and the stack's metric regexes against t
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import signal
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from trainer.checkpoint import MARKER, completeness_problem
+from trainer.entrypoint import child_pids
 from trainer_helpers import REPO, TINY, metric_lines, torchrun, trainer_env, two_nodes
 
 from trainstack.aws.request import create_training_job_request
@@ -236,11 +238,13 @@ def test_every_metric_regex_matches_real_lines_and_only_the_intended_numbers(str
             assert not re.search(definition["Regex"], line), (definition["Name"], line)
 
 
-def test_sigterm_mid_step_through_the_entrypoint_exits_zero_and_resumes_exactly(straight, tmp_path):
-    """SageMaker's stop, as the container gets it: SIGTERM to the entrypoint, which forwards it to the
-    2 trainer ranks. They agree on it at a micro-step boundary, drop the partial step (or complete it
-    when only its optimizer step was left), save, exit 0; a second job resumes and matches the
-    uninterrupted run to 1e-6 with every sample used once."""
+def test_sigterm_to_the_entrypoint_and_torchrun_exits_zero_and_resumes_exactly(straight, tmp_path):
+    """SageMaker's stop, as the container may get it: SIGTERM to the entrypoint, which forwards it to the
+    2 trainer ranks, and to torchrun too (a signal to the container's process tree). torchrun must not
+    act on it (its agent would cut the save short and exit 1, failing the job: it did before torchrun
+    was started with SIGTERM blocked). The ranks agree on the stop at a micro-step boundary, drop the
+    partial step (or complete it when only its optimizer step was left), save, exit 0; a second job
+    resumes and matches the uninterrupted run to 1e-6 with every sample used once."""
     resource_config = tmp_path / "resourceconfig.json"
     resource_config.write_text(json.dumps({"current_host": "algo-1", "hosts": ["algo-1"]}))
     hyperparameters = tmp_path / "hyperparameters.json"  # exactly what the launcher passes
@@ -277,8 +281,10 @@ def test_sigterm_mid_step_through_the_entrypoint_exits_zero_and_resumes_exactly(
     while "step=13 " not in (tmp_path / "out.txt").read_text():
         assert process.poll() is None and time.monotonic() < deadline, (tmp_path / "out.txt").read_text()
         time.sleep(0.05)
+    (torchrun_pid,) = child_pids(process.pid)
     signalled = time.monotonic()
     process.send_signal(signal.SIGTERM)
+    os.kill(torchrun_pid, signal.SIGTERM)
     code = process.wait(timeout=120)
     elapsed = time.monotonic() - signalled
     log = (tmp_path / "out.txt").read_text()

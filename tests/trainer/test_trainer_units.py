@@ -13,7 +13,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 from trainer.activation_checkpointing import apply_activation_checkpointing, checkpointed_blocks
-from trainer.checkpoint import MARKER, completeness_problem, manifest_name, newest_complete
 from trainer.config import recipe_from_json, resolve_layout
 from trainer.data import SyntheticTokens, micro_batch_indices, open_source
 from trainer.loss import chunked_cross_entropy
@@ -331,27 +330,3 @@ def test_cli_mistakes_exit_2_with_one_line(args, expected, tmp_path):
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and expected in errors[0], result.stderr[-2000:]
     assert "Traceback" not in result.stderr
-
-
-# --- checkpoint completeness --------------------------------------------------------------------------
-def test_completeness_needs_the_marker_every_manifest_and_exact_sizes(tmp_path):
-    step = tmp_path / "step-000000005"
-    step.mkdir()
-    for name, size in (("__0_0.distcp", 100), ("__1_0.distcp", 80), (".metadata", 3)):
-        (step / name).write_bytes(b"x" * size)
-    assert "no COMPLETE.json" in completeness_problem(step)
-    (step / MARKER).write_text(json.dumps({"step": 5, "world_size": 2}))
-    (step / manifest_name(0)).write_text(json.dumps({"files": {"__0_0.distcp": 100, ".metadata": 3}}))
-    assert "manifest-rank00001.json is missing" in completeness_problem(step)
-    (step / manifest_name(1)).write_text(json.dumps({"files": {"__1_0.distcp": 80, "rank-00001.pt": 7}}))
-    assert "rank-00001.pt is missing" in completeness_problem(step)
-    (step / "rank-00001.pt").write_bytes(b"y" * 7)
-    assert completeness_problem(step) is None
-    (step / "__1_0.distcp").write_bytes(b"x" * 40)  # half-synced from S3
-    assert "__1_0.distcp has 40 bytes, expected 80 (truncated)" in completeness_problem(step)
-    (step / "__1_0.distcp").write_bytes(b"x" * 80)
-    assert newest_complete(tmp_path) == step
-    newer = tmp_path / "step-000000010"
-    newer.mkdir()
-    (newer / "__0_0.distcp").write_bytes(b"partial")
-    assert newest_complete(tmp_path) == step

@@ -1,41 +1,44 @@
-"""Checkpoints with torch.distributed.checkpoint (DCP): sharded, async, complete-or-ignored, last K kept.
+"""Checkpoints with torch.distributed.checkpoint (DCP): sharded, async, digested, verified, last K kept.
 
-Layout of one checkpoint, under the run's location (trainer.storage: an s3:// prefix on SageMaker,
-written straight from every rank; a local directory on CPU runs and in tests):
-
-    step-000001000/
-        __0_0.distcp ...           DCP shards of {"model", "optim"}: rank r writes __r_*.distcp
-        .metadata                  DCP's index, written by rank 0 once every rank's shards are written
-        rank-00000.pt ...          per-rank trainer state: step, data position, LR scheduler, RNG states
-        manifest-rank00000.json    per rank, after its shards were written: its own files and sizes
-        COMPLETE.json              rank 0, only after every rank reported its manifest written
-
-A checkpoint is complete only when COMPLETE.json and all world_size manifests exist and every listed
-file has exactly the listed size; anything else (killed mid-write, abandoned at SIGTERM, half-copied)
-is skipped with a log line, and resume takes the newest complete one (rank 0 decides, every rank is
-told). Small files are written whole or not at all (storage.py). The same rules hold for both
-backends; with local directories that are one per node, each rank lists only its own files, so a
-merge of every node's directory is complete exactly when every node finished.
+The folder's format (file names, COMPLETE.json and manifest schema, SHA-256 per file) is defined in
+trainstack.protocol.checkpoint_format; where it lives (a local directory or an s3:// prefix written
+straight from every rank) in trainer.storage; which folders are candidates in trainer.discovery; how
+digests are computed while writing and checked while reading in trainer.integrity.
 
 A save, step by step (`_write`, on a background thread, over a gloo process group of its own so
 nothing interleaves with the training loop's collectives; every rank runs the same collectives in
 the same order whatever fails, so a failure never leaves one rank waiting):
  1. the state is staged to host memory: `DefaultStager` with pinned, cached buffers and a side CUDA
     stream, so the copy overlaps the next step's compute; the loop waits for it only before the next
-    optimizer step (`wait_for_staging`), which is the first thing that changes what is being saved;
- 2. rank-N.pt and the DCP shards are written; DCP returns on every rank once all shards and .metadata
-    are written (and raises on every rank if any rank failed);
- 3. each rank writes its manifest; an all-reduce tells every rank whether all did;
- 4. rank 0 writes COMPLETE.json and says whether that worked; only then is the step counted complete;
+    optimizer step (`wait_for_staging`), which is the first thing that changes what is being saved.
+    With `asynchronous=False` (--sync-checkpoints) every save is blocking instead: written from the
+    live state while the loop waits, so what is marked complete is exactly the step it names;
+ 2. rank-N.pt and the DCP shards are written, each file's size and SHA-256 taken from the bytes as
+    they stream out; DCP returns on every rank once all shards and .metadata are written (and raises
+    on every rank if any rank failed);
+ 3. each rank writes its manifest (its files, sizes and digests); an all-reduce tells every rank
+    whether all did;
+ 4. every rank's file table is gathered; rank 0 writes COMPLETE.json listing every file, and says
+    whether that worked; only then is the step counted complete;
  5. older checkpoints are pruned (below), by rank 0 on S3 or the first rank of each node locally.
+No step-0 checkpoint is ever written: a stop before the first step has nothing the recipe's seed does
+not already give, and DCP's `get_state_dict` would first give the fresh optimizer a step of its own
+(torch initialises optimizer state by running `step()` with zero gradients), so a resume from it
+would count one step too many.
+
+Resume (`resume`): rank 0 inspects every step folder (trainer.discovery) and tells every rank; the
+newest candidate is loaded with every file verified against its digest by one rank (trainer.integrity);
+a mismatch anywhere makes every rank skip that checkpoint, log which file, and load the next older
+one. When the location holds step folders but none can be resumed from, the job stops (exit 2, fatal
+for the supervisor: `NoIntactCheckpoint`) instead of starting again at step 0 over the run's history;
+an empty location is a new run.
 
 Pruning keeps the newest `keep` checkpoints *known complete* (found complete at start, or finished
 by step 4 in this job; the same list on every rank) and deletes everything older than the oldest of
 them, plus incomplete directories between them. A directory merely present is never counted as one
 of `keep`: a half-written newer checkpoint (an earlier job killed mid-save) must not push the last
-complete one out. Incomplete directories newer than the newest complete one are left alone: they are
-skipped on resume and removed once a newer checkpoint completes (or replaced when that step is saved
-again).
+complete one out. Incomplete or damaged directories newer than the newest complete one are left
+alone: they are skipped on resume and replaced when that step is saved again.
 
 Transformer Engine FP8 modules carry their scaling state as `_extra_state`, a byte tensor that is
 empty until the module's first FP8 forward (TE's `get_extra_state` returns `torch.empty(0)` then).
@@ -46,8 +49,8 @@ checkpoint's own metadata, then handed to the module's `set_extra_state` through
 
 from __future__ import annotations
 
+import dataclasses
 import io
-import json
 import logging
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -63,27 +66,67 @@ from torch.distributed.checkpoint.metadata import BytesStorageMetadata, Metadata
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-from trainer.storage import STEP_DIR, CheckpointStorage, LocalStorage, open_storage, step_dir_name
+from trainer import faults
+from trainer.discovery import (
+    NoIntactCheckpoint,
+    complete_steps,
+    completeness_problem,
+    inspect_all,
+    inspect_step,
+    newest_complete,
+    prune_candidates,
+    step_dirs,
+    storage_completeness_problem,
+)
+from trainer.integrity import DigestingWrites, VerifiedReads
+from trainer.storage import CheckpointStorage, open_storage
+from trainstack.protocol.checkpoint_format import (
+    DAMAGED,
+    MARKER,
+    FileRecord,
+    Inspection,
+    extras_name,
+    manifest_document,
+    manifest_name,
+    marker_document,
+    record_of,
+    step_dir_name,
+)
 
 log = logging.getLogger(__name__)
-MARKER = "COMPLETE.json"
 EXTRA_STATE = "_extra_state"
 
 __all__ = [
     "MARKER",
+    "CheckpointDamaged",
     "CheckpointError",
     "CheckpointManager",
+    "NoIntactCheckpoint",
     "TrainerState",
+    "complete_steps",
     "completeness_problem",
+    "extras_name",
+    "inspect_step",
+    "manifest_name",
     "newest_complete",
     "prune_candidates",
     "step_dir_name",
     "step_dirs",
+    "storage_completeness_problem",
 ]
 
 
 class CheckpointError(Exception):
-    """A save that had to succeed (the final one) did not."""
+    """A save that had to succeed (the final one) did not, or a load failed for a reason other than
+    the checkpoint's own files (which CheckpointDamaged reports)."""
+
+
+class CheckpointDamaged(Exception):
+    """A checkpoint whose files do not match what its marker recorded (raised on every rank)."""
+
+    def __init__(self, step: int, problem: str):
+        super().__init__(f"{step_dir_name(step)}: {problem}")
+        self.step, self.problem = step, problem
 
 
 @dataclass(frozen=True)
@@ -94,95 +137,6 @@ class TrainerState:
     world_size: int
     recipe: str | None = None  # the resolved recipe (JSON) it was written with; trainer.resume compares
     data_schedule: str = ""  # a blend's weights by data position (trainer.blend.Schedule); "" otherwise
-
-
-def manifest_name(rank: int) -> str:
-    return f"manifest-rank{rank:05d}.json"
-
-
-def extras_name(rank: int) -> str:
-    return f"rank-{rank:05d}.pt"
-
-
-def _json(data: bytes | None) -> dict | None:
-    if data is None:
-        return None
-    try:
-        value = json.loads(data)
-    except ValueError:
-        return None
-    return value if isinstance(value, dict) else None
-
-
-def storage_completeness_problem(storage: CheckpointStorage, step: int) -> str | None:
-    """Why step `step` in `storage` is not a complete checkpoint, or None when it is."""
-    marker = _json(storage.read(step, MARKER))
-    if marker is None:
-        present = storage.read(step, MARKER) is not None
-        return f"unreadable {MARKER}" if present else f"no {MARKER} (interrupted while writing)"
-    try:
-        world = int(marker["world_size"])
-    except (KeyError, TypeError, ValueError):
-        return f"unreadable {MARKER}"
-    listed: dict[str, int] = {}
-    for rank in range(world):
-        raw = storage.read(step, manifest_name(rank))
-        if raw is None:
-            return f"{manifest_name(rank)} is missing (rank {rank} had not finished)"
-        manifest = _json(raw)
-        if manifest is None or not isinstance(manifest.get("files"), dict):
-            return f"unreadable {manifest_name(rank)}"
-        listed.update(manifest["files"])
-    present = storage.files(step)
-    for name, size in listed.items():
-        if name not in present:
-            return f"{name} is missing"
-        if present[name] != size:
-            return f"{name} has {present[name]} bytes, expected {size} (truncated)"
-    return None
-
-
-def completeness_problem(directory: Path) -> str | None:
-    """`storage_completeness_problem` for a local step directory (root/step-NNNNNNNNN)."""
-    match = STEP_DIR.match(directory.name)
-    if not match:
-        return f"{directory.name} is not a step directory"
-    return storage_completeness_problem(LocalStorage(directory.parent), int(match.group(1)))
-
-
-def step_dirs(root: Path) -> list[tuple[int, Path]]:
-    """(step, directory) for every step-N directory under a local root, newest first."""
-    return [(step, root / step_dir_name(step)) for step in LocalStorage(root).steps()]
-
-
-def newest_complete(root: Path) -> Path | None:
-    """The newest complete checkpoint directory under a local root (incomplete ones logged)."""
-    found = complete_steps(LocalStorage(Path(root)))
-    return Path(root) / step_dir_name(found[0]) if found else None
-
-
-def complete_steps(storage: CheckpointStorage) -> list[int]:
-    """Every complete checkpoint's step, newest first; each incomplete one is logged and skipped."""
-    found = []
-    for step in storage.steps():
-        problem = storage_completeness_problem(storage, step)
-        if problem is None:
-            found.append(step)
-        else:
-            log.warning(
-                "skipping checkpoint %s/%s: %s", storage.location.rstrip("/"), step_dir_name(step), problem
-            )
-    return found
-
-
-def prune_candidates(present: list[int], complete: list[int], keep: int) -> list[int]:
-    """Steps to delete: older than the oldest of the newest `keep` complete checkpoints, or incomplete
-    and older than the newest complete one. Nothing is deleted before one checkpoint is complete."""
-    kept = sorted(complete, reverse=True)[:keep]
-    if not kept:
-        return []
-    oldest_kept, newest = kept[-1], kept[0]
-    return sorted(s for s in present if s < oldest_kept or (s not in kept and s < newest))
 
 
 def _rng_state() -> dict[str, torch.Tensor]:
@@ -249,6 +203,7 @@ class CheckpointManager:
         self._pending: _Pending | None = None
         self.abandoned = False  # set when SIGTERM left a save behind: close() would wait forever
         self.complete: list[int] = []  # known complete, newest first; the same list on every rank
+        self.inspections: dict[int, Inspection] = {}  # every step folder found at start, as rank 0 saw it
         self.measured_save_s: float | None = None  # the slowest save of this job, for SIGTERM decisions
         cuda = torch.cuda.is_available()
         self._stager = (
@@ -270,12 +225,22 @@ class CheckpointManager:
 
     # --- discover and load --------------------------------------------------------------------------
     def discover(self) -> int | None:
-        """Every complete checkpoint as rank 0 sees it, agreed by every rank; the newest one's step."""
-        found = complete_steps(self.storage) if self.rank == 0 else None
+        """Every step folder as rank 0 inspects it (trainer.discovery), agreed by every rank; the newest
+        candidate's step."""
+        found = inspect_all(self.storage) if self.rank == 0 else None
         shared = [found]
         dist.broadcast_object_list(shared, src=0, group=self.group)
-        self.complete = list(shared[0] or [])
+        self.inspections = {i.step: i for i in shared[0] or []}
+        self.complete = [i.step for i in shared[0] or [] if i.usable]
         return self.complete[0] if self.complete else None
+
+    def inspection(self, step: int) -> Inspection:
+        """Step `step`'s inspection, agreed by every rank (from `discover`, else made now by rank 0)."""
+        if step not in self.inspections:
+            shared = [inspect_step(self.storage, step) if self.rank == 0 else None]
+            dist.broadcast_object_list(shared, src=0, group=self.group)
+            self.inspections[step] = shared[0]
+        return self.inspections[step]
 
     def newest_complete(self) -> int | None:
         return self.complete[0] if self.complete else None
@@ -285,26 +250,94 @@ class CheckpointManager:
             return f"{self.location.rstrip('/')} (no complete checkpoint: step 0)"
         return f"{self.location.rstrip('/')}/{step_dir_name(step)}"
 
+    def resume(
+        self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any
+    ) -> TrainerState | None:
+        """Load the newest checkpoint that is intact, skipping (and logging) each damaged newer one.
+        None for an empty location (a new run); NoIntactCheckpoint when step folders exist but none can
+        be resumed from."""
+        self.discover()
+        unusable = {step: i.problem or "" for step, i in self.inspections.items() if not i.usable}
+        for step in list(self.complete):
+            try:
+                return self.load(step, model, optimizer, scheduler)
+            except CheckpointDamaged as damaged:
+                if self.rank == 0:
+                    log.warning("skipping checkpoint %s: %s", self.describe(step), damaged.problem)
+                unusable[step] = damaged.problem
+                self.forget(step, damaged.problem)
+        if unusable:
+            raise NoIntactCheckpoint(self.location, unusable)
+        return None
+
+    def forget(self, step: int, problem: str) -> None:
+        """Count step `step` as unusable from now on (it is never one of `keep`)."""
+        self.complete = [s for s in self.complete if s != step]
+        if step in self.inspections:
+            self.inspections[step] = dataclasses.replace(
+                self.inspections[step], state=DAMAGED, problem=problem
+            )
+
     def load(
         self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any
     ) -> TrainerState:
+        """Load step `step` into model, optimizer and scheduler, every file verified against its digest
+        by one rank. Raises CheckpointDamaged on every rank when any file does not match (the model and
+        optimizer may then hold part of it: load another checkpoint before training)."""
+        found = self.inspection(step)
+        if not found.usable:
+            raise CheckpointDamaged(step, found.problem or "not a complete checkpoint")
+        saved_world = found.marker.world_size
+        if self.rank == 0 and found.marker.files is None:
+            log.warning("%s has no digests (format 1): checked by file sizes only", self.describe(step))
+        reader = self.storage.reader(step)
+        verified = VerifiedReads(
+            reader.fs, found.files, self.rank, self.world, lambda name: self.storage.open_read(step, name)
+        )
+        reader.fs = verified
         model_state, optim_state = get_state_dict(model, optimizer)
-        size_extra_states_from(self.storage.reader(step).read_metadata(), model_state)
+        error: BaseException | None = None
+        try:
+            size_extra_states_from(reader.read_metadata(), model_state)
+        except BaseException as exc:
+            error = exc
+        self._agree_on_load(step, verified, error)  # before DCP's collectives: every rank or none
         payload = {"model": model_state, "optim": optim_state}
-        dcp.load(payload, storage_reader=self.storage.reader(step), process_group=self.group)
+        raw = b""
+        try:
+            dcp.load(payload, storage_reader=reader, process_group=self.group)
+            # Rank r's own trainer state; ranks the saved world did not have take rank 0's (the
+            # scheduler and data position are the same on every rank; RNG streams are not restored).
+            raw = verified.read_whole(extras_name(self.rank if self.rank < saved_world else 0))
+            verified.verify_rest()
+        except BaseException as exc:
+            error = exc
+        self._agree_on_load(step, verified, error)
         _extra_states_as_tensors(payload["model"])
         set_state_dict(model, optimizer, model_state_dict=payload["model"], optim_state_dict=payload["optim"])
-        raw = self.storage.read(step, extras_name(self.rank)) or self.storage.read(step, extras_name(0))
         extras = torch.load(io.BytesIO(raw), weights_only=True)
         scheduler.load_state_dict(extras["scheduler"])
         state = TrainerState(**extras["trainer"])
         if state.world_size == self.world:
             _set_rng_state(extras["rng"])
-        else:  # resharded resume: model and optimizer reshard exactly; per-rank RNG streams cannot
+        elif self.rank == 0:  # resharded resume: model and optimizer reshard exactly; RNG streams cannot
             log.warning(
                 "checkpoint from %d ranks resumed on %d: RNG states start fresh", state.world_size, self.world
             )
         return state
+
+    def _agree_on_load(self, step: int, verified: VerifiedReads, error: BaseException | None) -> None:
+        """Every rank learns whether any rank found a damaged file (then all raise CheckpointDamaged)
+        or failed otherwise (then all raise: a lost connection is not a reason to fall back)."""
+        outcomes: list[Any] = [None] * self.world
+        dist.all_gather_object(outcomes, (verified.problem, error is not None), group=self.group)
+        problem = next((p for p, _ in outcomes if p), None)
+        if problem is not None:
+            raise CheckpointDamaged(step, problem) from None
+        if error is not None:
+            raise error
+        if any(failed for _, failed in outcomes):
+            raise CheckpointError(f"loading {self.describe(step)} failed on another rank")
 
     # --- save ---------------------------------------------------------------------------------------
     def save(
@@ -315,8 +348,12 @@ class CheckpointManager:
         state: TrainerState,
         blocking: bool = False,
     ) -> None:
-        """Start saving `state` (return at once) or, with `blocking`, save it and raise CheckpointError
-        unless it is complete. One save is in flight at a time: an earlier one is finished first."""
+        """Start saving `state` (return at once) or, with `blocking` or a synchronous manager, save it
+        and raise CheckpointError unless it is complete. One save is in flight at a time: an earlier
+        one is finished first."""
+        if state.step < 1:
+            raise ValueError("no step-0 checkpoint: nothing trained yet (see trainer.checkpoint)")
+        blocking = blocking or not self.asynchronous
         self.wait()
         started = time.monotonic()
         model_state, optim_state = get_state_dict(model, optimizer)
@@ -337,7 +374,7 @@ class CheckpointManager:
             staging = self._stager.stage(payload)
             source: Any = staging
         else:
-            source = payload  # DCP's writer copies each tensor to host as it writes
+            source = payload  # blocking: the loop waits, so the live state is this step's state
         write = self._executor.submit(self._write, state, source, buffer.getvalue(), started)
         self._pending = _Pending(state.step, staging, write, started)
         if blocking:
@@ -394,6 +431,13 @@ class CheckpointManager:
         if self._stager is not None:
             self._stager.close()
 
+    def delete_step(self, step: int) -> None:
+        """Delete checkpoint `step` (its marker first) where this rank prunes; every rank forgets it."""
+        if self.prunes:
+            self.storage.delete(step)
+        self.complete = [s for s in self.complete if s != step]
+        self.inspections.pop(step, None)
+
     # --- the background part ------------------------------------------------------------------------
     def _all(self, ok: bool) -> bool:
         flag = torch.tensor([1 if ok else 0], dtype=torch.int32)
@@ -401,7 +445,7 @@ class CheckpointManager:
         return bool(flag.item())
 
     def _write(self, state: TrainerState, source: Any, extras: bytes, started: float) -> float:
-        storage, step, error = self.storage, state.step, None
+        storage, step, rank, error = self.storage, state.step, self.rank, None
         try:  # 1. this rank's preparation
             state_dict = source.result() if isinstance(source, Future) else source
             if self.prunes and step in storage.steps():  # left by an earlier job: must not mix in
@@ -410,39 +454,48 @@ class CheckpointManager:
             state_dict, error = None, exc
         if not self._all(error is None):
             raise CheckpointError(f"preparing step {step} failed on a rank") from error
+        own: dict[str, FileRecord] = {}
         try:
             storage.prepare(step)
-            storage.write(step, extras_name(self.rank), extras)
+            storage.write(step, extras_name(rank), extras)
+            own[extras_name(rank)] = record_of(extras)
         except BaseException as exc:
             error = exc
         if not self._all(error is None):
             raise CheckpointError(f"writing the trainer state of step {step} failed on a rank") from error
-        # 2. the shards: raises on every rank if any rank failed
-        dcp.save(state_dict, storage_writer=storage.writer(step), process_group=self.group)
+        faults.point("before-shards", step, rank)
+        # 2. the shards, each digested as it streams out: raises on every rank if any rank failed
+        writer = storage.writer(step)
+        digests = DigestingWrites(writer.fs, step, rank)
+        writer.fs = digests
+        dcp.save(state_dict, storage_writer=writer, process_group=self.group)
+        faults.point("after-shards", step, rank)
         try:  # 3. this rank's manifest: its own files, as written
-            own = {
-                name: size
-                for name, size in storage.files(step).items()
-                if name.startswith(f"__{self.rank}_")
-                or name == extras_name(self.rank)
-                or (self.rank == 0 and name == ".metadata")
-            }
-            manifest = {"step": step, "rank": self.rank, "files": dict(sorted(own.items()))}
-            storage.write(step, manifest_name(self.rank), (json.dumps(manifest, indent=1) + "\n").encode())
+            own.update(digests.written)
+            manifest = manifest_document(step=step, rank=rank, world_size=self.world, files=own)
+            storage.write(step, manifest_name(rank), manifest)
+            own[manifest_name(rank)] = record_of(manifest)
         except BaseException as exc:
             error = exc
         if not self._all(error is None):
             raise CheckpointError(f"a manifest of step {step} could not be written") from error
-        try:  # 4. the marker, once every rank's manifest is written
-            if self.rank == 0:
-                marker = {
-                    "step": step,
-                    "samples_consumed": state.samples_consumed,
-                    "world_size": state.world_size,
-                    "data_source": state.data_source,
-                    "run": self.run,
-                }
-                storage.write(step, MARKER, (json.dumps(marker, indent=1) + "\n").encode())
+        faults.point("after-manifests", step, rank)
+        tables: list[Any] = [None] * self.world
+        dist.all_gather_object(tables, own, group=self.group)
+        try:  # 4. the marker: every rank's files, once every rank's manifest is written
+            if rank == 0:
+                files = {name: record for table in tables for name, record in table.items()}
+                marker = marker_document(
+                    step=step,
+                    world_size=state.world_size,
+                    samples_consumed=state.samples_consumed,
+                    data_source=state.data_source,
+                    run=self.run,
+                    files=files,
+                )
+                faults.point("before-marker", step, rank)
+                storage.write(step, MARKER, marker)
+                faults.point("after-marker", step, rank)
         except BaseException as exc:
             error = exc
         if not self._all(error is None):

@@ -17,10 +17,17 @@ which the trainer's comms gate (trainer.comms) reads to check that NCCL runs ove
 (TORCH_ELASTIC_SHUTDOWN_TIMEOUT is not set: torchrun reads it only from torch 2.11, newer than the
 base image's.)
 
-SIGTERM (stop, spot reclaim, max runtime; SageMaker kills 120 s later) is forwarded straight to the
-trainer processes rather than to torchrun: they save a checkpoint and exit 0, torchrun then sees a
-clean finish and exits 0, and so does the container. Signalling torchrun itself would make it report
-the run as failed even after a good save.
+SIGTERM (stop, spot reclaim, max runtime; SageMaker kills 120 s later) is for the trainer processes,
+never for torchrun: they save a checkpoint and exit 0, torchrun then sees a clean finish and exits 0,
+and so does the container. The entrypoint forwards a SIGTERM it receives to torchrun's workers (also
+to workers that start after it, so a stop during start-up is not lost), and torchrun is started with
+SIGTERM blocked, so a SIGTERM that reaches it too (a signal to the container's whole process tree)
+stays pending and unseen. Were torchrun to handle it, its elastic agent would forward it to the
+workers, SIGKILL them after its shutdown timeout (30 s on the base image's torch, whatever the save
+still needs) and exit 1 even after a good save, failing the job. The block is inherited by the
+workers (it survives fork and exec); the trainer unblocks SIGTERM as soon as its handler is set
+(trainer.stopping.StopRequest). A SIGTERM sent to torchrun alone is therefore ignored: SageMaker
+signals the container's first process, which is this one.
 """
 
 from __future__ import annotations
@@ -31,7 +38,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,6 +46,7 @@ from trainer.comms import NCCL_DEBUG_FILE, NCCL_LOG_DIR
 RESOURCE_CONFIG = Path("/opt/ml/input/config/resourceconfig.json")
 RENDEZVOUS_PORT = 29500
 GPUS_PER_NODE_DEFAULT = 8
+FORWARD_POLL_S = 0.5  # how soon a worker that starts after a SIGTERM gets it too
 
 
 @dataclass(frozen=True)
@@ -135,26 +142,50 @@ def child_pids(parent: int) -> list[int]:
     return children
 
 
-def run(command: list[str], env: dict[str, str]) -> int:
-    process = subprocess.Popen(command, env=env)
+class Forwarder:
+    """SIGTERM (or SIGINT) to this process -> SIGTERM to each of torchrun's workers, once each, including
+    workers that appear later (call `poll` while waiting)."""
 
-    def forward(signum: int, frame: object) -> None:
-        workers = child_pids(process.pid)
-        targets = workers or [process.pid]  # before workers exist, torchrun itself
-        print(f"entrypoint: signal {signum}: forwarding SIGTERM to {targets}", file=sys.stderr, flush=True)
-        for pid in targets:
+    def __init__(self, torchrun_pid: int):
+        self.torchrun_pid = torchrun_pid
+        self.requested = False
+        self.signalled: set[int] = set()
+
+    def handle(self, signum: int, frame: object) -> None:
+        self.requested = True
+        print(f"entrypoint: signal {signum}: stopping the trainer", file=sys.stderr, flush=True)
+        self.poll()
+
+    def poll(self) -> None:
+        if not self.requested:
+            return
+        for pid in child_pids(self.torchrun_pid):
+            if pid in self.signalled:
+                continue
+            self.signalled.add(pid)
+            print(f"entrypoint: forwarding SIGTERM to trainer process {pid}", file=sys.stderr, flush=True)
             try:
                 os.kill(pid, signal.SIGTERM)
             except ProcessLookupError:
                 pass
 
-    signal.signal(signal.SIGTERM, forward)
-    signal.signal(signal.SIGINT, forward)
+
+def run(command: list[str], env: dict[str, str]) -> int:
+    # torchrun inherits SIGTERM blocked (see the module docstring); this process blocks it only while
+    # starting torchrun, so a SIGTERM in that moment is delivered to `forward` right after.
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    try:
+        process = subprocess.Popen(command, env=env)
+        forward = Forwarder(process.pid)
+        signal.signal(signal.SIGTERM, forward.handle)
+        signal.signal(signal.SIGINT, forward.handle)
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
     while True:
         try:
-            return process.wait()
-        except InterruptedError:  # pragma: no cover - PEP 475 retries, kept for clarity
-            time.sleep(0.1)
+            return process.wait(timeout=FORWARD_POLL_S)
+        except subprocess.TimeoutExpired:
+            forward.poll()
 
 
 def main(argv: list[str] | None = None) -> int:

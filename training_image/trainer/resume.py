@@ -40,9 +40,11 @@ import torch
 import torch.distributed as dist
 from pydantic import ValidationError
 
-from trainer.checkpoint import MARKER, CheckpointManager, TrainerState, extras_name
+from trainer.checkpoint import MARKER, CheckpointDamaged, CheckpointManager, TrainerState, extras_name
+from trainer.discovery import NoIntactCheckpoint
 from trainer.optim import follow_schedule
 from trainstack.errors import TrainstackError
+from trainstack.protocol.checkpoint_format import abandoned_marker_document, digest_of
 from trainstack.recipes.changes import Change, changes, is_safe
 from trainstack.recipes.schema import Recipe
 
@@ -51,7 +53,6 @@ log = logging.getLogger(__name__)
 RESUME_STEP_ENV = "TRAINSTACK_RESUME_STEP"
 # What an abandoned checkpoint's marker is overwritten with: valid JSON without the fields a complete
 # marker has, so the completeness check refuses it whatever else it checks.
-ABANDONED = "abandoned"
 
 
 @dataclass(frozen=True)
@@ -132,10 +133,19 @@ def refusal(found: list[Change], where: str) -> str | None:
 
 def read_record(checkpoints: CheckpointManager, step: int) -> str | None:
     """The recipe checkpoint `step` recorded (rank 0's trainer state), or None for older checkpoints."""
-    raw = checkpoints.storage.read(step, extras_name(0))
+    name = extras_name(0)
+    raw = checkpoints.storage.read(step, name)
     if raw is None:
         return None
-    extras = torch.load(io.BytesIO(raw), weights_only=True)
+    # Verified before it is unpickled, as the load verifies every file: a damaged rank file is a
+    # damaged checkpoint (skipped for an older one), not a crash of every job of the run.
+    files = checkpoints.inspection(step).files or {}
+    if name in files and (problem := files[name].problem(name, len(raw), digest_of(raw))) is not None:
+        raise CheckpointDamaged(step, problem)
+    try:
+        extras = torch.load(io.BytesIO(raw), weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - a format-1 checkpoint has no digest to tell damage first
+        raise CheckpointDamaged(step, f"{name}: unreadable ({type(exc).__name__})") from None
     return extras.get("trainer", {}).get("recipe")
 
 
@@ -162,15 +172,58 @@ def plan_resume(
     if checkpoints.rank == 0:
         try:
             decision[0] = _decide(checkpoints, recipe, environ)
+        except CheckpointDamaged as damaged:
+            decision[0] = ("damaged", damaged.step, damaged.problem)
         except TrainstackError as exc:
             decision[0] = ("fatal", str(exc))
         except Exception as exc:  # noqa: BLE001 - e.g. an unreadable record: every rank must hear of it
             decision[0] = ("crash", f"reading the checkpoint to resume failed: {type(exc).__name__}: {exc}")
     dist.broadcast_object_list(decision, src=0, group=checkpoints.group)
+    if isinstance(decision[0], tuple) and decision[0][0] == "damaged":
+        raise CheckpointDamaged(decision[0][1], decision[0][2])
     if isinstance(decision[0], tuple):
         kind, message = decision[0]
         raise TrainstackError(message) if kind == "fatal" else RuntimeError(message)
     return decision[0]  # type: ignore[return-value]
+
+
+def resume_checkpoint(
+    checkpoints: CheckpointManager,
+    recipe: Recipe,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+) -> tuple[ResumePlan, TrainerState | None]:
+    """Collectively: discover the run's checkpoints, choose one (`plan_resume`: the newest intact, or
+    TRAINSTACK_RESUME_STEP's, its recipe changes checked before anything loads), load it verified, and
+    only then remove the checkpoints after a chosen step. A newest checkpoint whose files turn out
+    damaged on load is skipped for the next older one, its recipe checked in turn; a damaged chosen one
+    is refused in one line. (None, plan) for a new run; NoIntactCheckpoint when step folders exist and
+    none of them can be resumed from."""
+    checkpoints.discover()
+    unusable = {step: i.problem or "" for step, i in checkpoints.inspections.items() if not i.usable}
+    requested = requested_step()
+    while True:
+        try:
+            plan = plan_resume(checkpoints, recipe)
+            if plan.step is None:
+                if unusable:
+                    raise NoIntactCheckpoint(checkpoints.location, unusable)
+                return plan, None
+            state = checkpoints.load(plan.step, model, optimizer, scheduler)
+        except CheckpointDamaged as damaged:
+            if requested is not None and damaged.step == requested:
+                raise TrainstackError(
+                    f"{RESUME_STEP_ENV}={damaged.step}: {checkpoints.describe(damaged.step)} is damaged "
+                    f"({damaged.problem}); choose another step (trainstack checkpoints RUN --verify)"
+                ) from None
+            if checkpoints.rank == 0:
+                log.warning("skipping checkpoint %s: %s", checkpoints.describe(damaged.step), damaged.problem)
+            unusable[damaged.step] = damaged.problem
+            checkpoints.forget(damaged.step, damaged.problem)
+            continue
+        abandon_after(checkpoints, plan)
+        return plan, state
 
 
 def abandon_after(checkpoints: CheckpointManager, plan: ResumePlan) -> None:
@@ -184,7 +237,7 @@ def abandon_after(checkpoints: CheckpointManager, plan: ResumePlan) -> None:
     if checkpoints.prunes:
         try:
             later = [s for s in storage.steps() if s > plan.step]
-            tombstone = json.dumps({ABANDONED: True, "resumed_from": plan.step}).encode()
+            tombstone = abandoned_marker_document(plan.step)
             for step in later:  # from here on each is skipped on resume, whatever happens next
                 storage.write(step, MARKER, tombstone)
             for step in later:

@@ -14,19 +14,23 @@ later. What happens in between:
 4. `plan_stop` (pure; rank 0 decides, every rank follows) spends what is left of the 120 s: an
    async save in flight is finished if its expected remainder fits, else abandoned (it stays without
    COMPLETE.json and is skipped on resume); then a final save is made if its expected time fits and
-   the state is not already saved, else the trainer says which checkpoint the next job resumes from
-   and exits 0. Expected times: the slowest save this job measured, else the plan's
+   the state is not already saved (never before the first step: no step-0 checkpoint, see
+   trainer.checkpoint), else the trainer says which checkpoint the next job resumes from and exits
+   0. Expected times: the slowest save this job measured, else the plan's
    `run.checkpoint.save_seconds` (its `sigterm_fits` tells the user before launch).
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+
+from trainer import faults
 
 # EXIT_MARGIN_S: kept free after the last save for the process to exit (logs flushed, process groups
 # torn down, torchrun and the entrypoint exiting). Defined with SageMaker's grace in
@@ -36,13 +40,21 @@ from trainstack.planner.run_plan import EXIT_MARGIN_S, SIGTERM_GRACE_S
 
 
 class StopRequest:
-    """Set by SIGTERM; acted on at the next micro-step boundary. `at`: when it first arrived."""
+    """Set by SIGTERM; acted on at the next micro-step boundary. `at`: when it first arrived.
+
+    The container's entrypoint starts torchrun with SIGTERM blocked (trainer.entrypoint), and a blocked
+    signal stays blocked across fork and exec, so the trainer unblocks it here, once its handler is
+    set: a SIGTERM that arrived while the process was starting is delivered now, to this handler."""
 
     def __init__(self) -> None:
         self.requested = False
         self.at: float | None = None
         self.grace_s = SIGTERM_GRACE_S  # from `at` until the process is killed
+        self.no_time = faults.sigterm_no_time()  # test-only (trainer.faults); also validates the variable
         signal.signal(signal.SIGTERM, self._handle)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+        if faults.sigterm_at_start():
+            os.kill(os.getpid(), signal.SIGTERM)
 
     def _handle(self, signum: int, frame: object) -> None:
         self.request(SIGTERM_GRACE_S)
@@ -55,6 +67,8 @@ class StopRequest:
         self.requested = True
 
     def seconds_left(self, grace_s: float | None = None) -> float:
+        if self.no_time and self.at is not None:
+            return EXIT_MARGIN_S  # as if it had arrived with only the exit margin left
         grace = self.grace_s if grace_s is None else grace_s
         return grace if self.at is None else grace - (time.monotonic() - self.at)
 
@@ -116,6 +130,9 @@ def plan_stop(
             )
     if covered == step:
         return StopPlan(finish, False, covered, "; ".join([*notes, f"step {step} is saved"]))
+    if step == 0:  # nothing trained: the next job starts from the recipe's seed exactly as this one did
+        notes.append("nothing to save before the first step (the next job starts at step 0 too)")
+        return StopPlan(finish, False, covered, "; ".join(notes))
     if save_s <= budget:
         notes.append(f"saving step {step} (about {save_s:.0f} s of {budget:.0f} s)")
         return StopPlan(finish, True, step, "; ".join(notes))

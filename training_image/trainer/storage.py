@@ -22,22 +22,33 @@ from __future__ import annotations
 import os
 import re
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import BinaryIO, Protocol
 
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter, StorageReader, StorageWriter
 
 from trainstack.errors import TrainstackError
+from trainstack.protocol.checkpoint_format import MARKER, STEP_DIR, step_dir_name
 
-STEP_DIR = re.compile(r"^step-(\d{9})$")
 # DCP's writer threads per rank. S3: several concurrent multipart uploads per rank keep a node's
 # 8 ranks busy enough to approach the network; local disk: one file per rank is enough.
 S3_WRITER_THREADS = 4
 
+# What s3torchconnector 1.5.0 raises for a key that does not exist (S3Exception, whose text is
+# mountpoint-s3-client's error chain; the strings its own tests pin): a GET says "The key does not
+# exist", a HEAD (which its readers make to learn an object's size) "The object was not found". Every
+# other S3Exception (a missing bucket: "The bucket does not exist", access denied, throttling, the
+# network) stays an error.
+S3_MISSING_KEY = ("Service error: The key does not exist", "Service error: The object was not found")
 
-def step_dir_name(step: int) -> str:
-    return f"step-{step:09d}"
+
+def is_missing_key(error: BaseException) -> bool:
+    """Whether an s3torchconnector error says the object does not exist (and nothing else)."""
+    text = str(error)
+    return any(text == form or text.startswith(form + ":") for form in S3_MISSING_KEY)
 
 
 class CheckpointStorage(Protocol):
@@ -58,6 +69,10 @@ class CheckpointStorage(Protocol):
 
     def write(self, step: int, name: str, data: bytes) -> None:
         """Write a whole file; readers see all of it or none of it."""
+        ...
+
+    def open_read(self, step: int, name: str) -> Iterator[BinaryIO]:
+        """A context manager: the file as a stream read front to back; FileNotFoundError when absent."""
         ...
 
     def delete(self, step: int) -> None: ...
@@ -101,6 +116,11 @@ class LocalStorage:
         path = self._dir(step) / name
         return path.read_bytes() if path.is_file() else None
 
+    @contextmanager
+    def open_read(self, step: int, name: str) -> Iterator[BinaryIO]:
+        with (self._dir(step) / name).open("rb") as stream:
+            yield stream
+
     def write(self, step: int, name: str, data: bytes) -> None:
         path = self._dir(step) / name
         tmp = path.with_name(path.name + ".tmp")
@@ -108,6 +128,8 @@ class LocalStorage:
         os.replace(tmp, path)
 
     def delete(self, step: int) -> None:
+        # The marker first: a delete cut short leaves an incomplete folder, never a damaged "complete" one.
+        (self._dir(step) / MARKER).unlink(missing_ok=True)
         shutil.rmtree(self._dir(step), ignore_errors=True)
 
     def prepare(self, step: int) -> None:
@@ -186,8 +208,20 @@ class S3Storage:
         try:
             return self.client.get_object(self.bucket, self._key(step, name)).read()
         except S3Exception as exc:
-            if "not found" in str(exc).lower():
+            if is_missing_key(exc):
                 return None
+            raise
+
+    @contextmanager
+    def open_read(self, step: int, name: str) -> Iterator[BinaryIO]:
+        from s3torchconnectorclient import S3Exception
+
+        # The default (sequential) reader: one front-to-back GET, which the CRT splits into parallel parts.
+        try:
+            yield self.client.get_object(self.bucket, self._key(step, name))
+        except S3Exception as exc:
+            if is_missing_key(exc):
+                raise FileNotFoundError(f"{self.checkpoint_id(step)}{name}") from None
             raise
 
     def write(self, step: int, name: str, data: bytes) -> None:
@@ -197,8 +231,9 @@ class S3Storage:
     def delete(self, step: int) -> None:
         # S3 has no directories: delete the step's objects one by one (s3torchconnector has no batch
         # delete). A few objects per rank per checkpoint.
+        # The marker first: a delete cut short leaves an incomplete folder, never a damaged "complete" one.
         objects, _ = self._list(self._key(step))
-        for info in objects:
+        for info in sorted(objects, key=lambda info: info.key != self._key(step, MARKER)):
             self.client.delete_object(self.bucket, info.key)
 
     def prepare(self, step: int) -> None:

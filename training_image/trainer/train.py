@@ -52,7 +52,7 @@ from trainer.model import Transformer, build_model, compile_blocks, compile_deci
 from trainer.optim import build_optimizer, build_scheduler
 from trainer.parallel import build_mesh, init_distributed, mesh_description, set_gradient_sync, shard_model
 from trainer.precision import autocast_factory, check_precision
-from trainer.resume import abandon_after, apply_changes, plan_resume, recipe_record
+from trainer.resume import apply_changes, recipe_record, resume_checkpoint
 from trainer.stopping import EXIT_MARGIN_S, StopPlan, StopRequest, StopVote, plan_stop
 from trainer.storage import open_storage
 from trainer.throughput import (
@@ -226,13 +226,11 @@ def _train(
         recipe=recipe_record(recipe),
         data_schedule=blend.schedule_of(token_source),
     )
-    checkpoints.discover()
-    # The newest complete checkpoint or TRAINSTACK_RESUME_STEP's; unsafe recipe changes refused (resume.py)
-    resuming = plan_resume(checkpoints, recipe)
-    latest = resuming.step
-    if latest is not None:
-        abandon_after(checkpoints, resuming)
-        state = checkpoints.load(latest, model, optimizer, scheduler)
+    # The newest intact checkpoint (damaged ones skipped; exit 2 if none of several is intact), or
+    # TRAINSTACK_RESUME_STEP's; unsafe recipe changes refused before anything loads (resume.py)
+    resuming, resumed = resume_checkpoint(checkpoints, recipe, model, optimizer, scheduler)
+    if resumed is not None:
+        state, latest = resumed, resumed.step
         if not same_data(state.data_source, token_source.name):
             raise TrainstackError(
                 f"{checkpoints.describe(latest)}: was trained on {state.data_source}, this run reads "
@@ -247,7 +245,7 @@ def _train(
         )
         state = apply_changes(resuming, state, recipe, optimizer, scheduler)
     else:
-        log.info("no complete checkpoint in %s: starting at step 0", checkpoints.location)
+        log.info("no checkpoint in %s: a new run, starting at step 0", checkpoints.location)
     max_steps = options.max_steps if options.max_steps is not None else recipe.training.steps
     ctx = LoopContext(
         recipe=recipe,

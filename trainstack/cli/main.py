@@ -33,6 +33,7 @@ COMMAND_MODULES = [
     "trainstack.cli.commands.launch",
     "trainstack.cli.commands.runs",
     "trainstack.cli.commands.stop_resume",
+    "trainstack.cli.commands.checkpoints",
     "trainstack.cli.commands.emulator",
     "trainstack.cli.commands.data",
 ]

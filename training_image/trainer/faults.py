@@ -1,0 +1,90 @@
+"""Test-only fault injection: kill the trainer at an exact phase of a save, or make a SIGTERM late.
+
+TRAINSTACK_FAULT_INJECT is for the fault tests (tests/trainer/test_trainer_faults.py) and nothing
+else; no launcher, recipe or image sets it. Unset, every hook below is one comparison with None.
+
+    kill:<phase>[@<step>][#<rank>]   SIGKILL this process when the save of <step> (any step if
+                                     omitted) reaches <phase> on <rank> (any rank if omitted)
+    sigterm-no-time                  a SIGTERM counts as arriving with no time left to save
+    sigterm-at-start                 the trainer signals itself SIGTERM as soon as its handler is set
+                                     (a stop that lands while the job is still starting)
+
+Phases, in the order a save passes them (trainer.checkpoint): before-shards (rank-N.pt written, no
+shard yet), mid-shards (the first bytes of a shard written, the shard not finished), after-shards
+(DCP returned: every shard and .metadata written), after-manifests (every rank's manifest written),
+before-marker (rank 0 about to write COMPLETE.json), after-marker (COMPLETE.json written).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import sys
+from dataclasses import dataclass
+
+from trainstack.errors import TrainstackError
+
+ENV = "TRAINSTACK_FAULT_INJECT"
+PHASES = ("before-shards", "mid-shards", "after-shards", "after-manifests", "before-marker", "after-marker")
+ACTIONS = ("sigterm-no-time", "sigterm-at-start")
+_KILL = re.compile(r"^kill:(?P<phase>[a-z-]+)(?:@(?P<step>\d+))?(?:#(?P<rank>\d+))?$")
+
+
+@dataclass(frozen=True)
+class Fault:
+    action: str  # "kill" or one of ACTIONS
+    phase: str | None = None
+    step: int | None = None
+    rank: int | None = None
+
+
+def parse(text: str) -> Fault:
+    """One fault from TRAINSTACK_FAULT_INJECT's text; a TrainstackError naming it when it is wrong."""
+    if text in ACTIONS:
+        return Fault(text)
+    match = _KILL.match(text)
+    if not match or match["phase"] not in PHASES:
+        raise TrainstackError(
+            f"{ENV}={text!r}: expected kill:<phase>[@<step>][#<rank>] with a phase of {', '.join(PHASES)}, "
+            f"or one of {', '.join(ACTIONS)} (test-only)"
+        )
+    step, rank = match["step"], match["rank"]
+    return Fault("kill", match["phase"], int(step) if step else None, int(rank) if rank else None)
+
+
+def active() -> Fault | None:
+    """The injected fault, read afresh (a dictionary lookup when unset). StopRequest reads it at start,
+    so a malformed value stops the trainer there with one line."""
+    text = os.environ.get(ENV)
+    return parse(text) if text else None
+
+
+def kills_at(phase: str, step: int, rank: int) -> bool:
+    fault = active()
+    return (
+        fault is not None
+        and fault.action == "kill"
+        and fault.phase == phase
+        and fault.step in (None, step)
+        and fault.rank in (None, rank)
+    )
+
+
+def point(phase: str, step: int, rank: int) -> None:
+    """A save of `step` on `rank` has reached `phase`: die here if the injected fault says so."""
+    if active() is not None and kills_at(phase, step, rank):
+        print(
+            f"fault injection: kill -9 at {phase} of step {step} on rank {rank}", file=sys.stderr, flush=True
+        )
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def sigterm_no_time() -> bool:
+    fault = active()
+    return fault is not None and fault.action == "sigterm-no-time"
+
+
+def sigterm_at_start() -> bool:
+    fault = active()
+    return fault is not None and fault.action == "sigterm-at-start"
