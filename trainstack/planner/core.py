@@ -9,6 +9,7 @@ from trainstack.planner.calibration import LOO_LOG_ERROR
 from trainstack.planner.memory import GROWING, ActivationPolicy, MemoryPlan, memory_breakdown, memory_plan
 from trainstack.planner.run_plan import RunPlan, plan_run
 from trainstack.planner.search import Price, Recommendations, price, recommend
+from trainstack.planner.storage import StoragePlan, plan_storage
 from trainstack.planner.throughput import ThroughputPlan, recompute_share, throughput
 from trainstack.recipes.schema import Recipe
 
@@ -20,13 +21,15 @@ class CostPlan:
     usd_per_hour: float  # whole job
     tokens: int  # the recipe's token budget: steps x tokens per step
     hours: float  # instance hours per node: training plus start-ups, restores, staging, failures
-    total_usd: float
+    total_usd: float  # instances for `hours`, plus the run's checkpoint storage (storage_usd)
     price_source: str
     hours_range: tuple[float, float] = (0.0, 0.0)  # [low, high] from the throughput range
     total_usd_range: tuple[float, float] = (0.0, 0.0)
     usd_per_instance_hour: float = 0.0
     price_date: str = ""
     spot: bool = False  # the price is the spot assumption (see price_source)
+    storage_usd: float = 0.0  # the run's checkpoints in S3 (Plan.storage), included in total_usd
+    storage_usd_range: tuple[float, float] = (0.0, 0.0)
 
 
 @dataclass(frozen=True)
@@ -43,6 +46,7 @@ class Plan:
     recommendations: Recommendations
     run: RunPlan
     assumptions: tuple[str, ...] = field(default=())
+    storage: StoragePlan | None = None  # the run's checkpoints in S3 (trainstack.planner.storage)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -52,8 +56,11 @@ class Plan:
         d["assumptions"] = list(self.assumptions)
         for key in ("tokens_per_sec_per_gpu_range", "limited_by"):
             d["throughput"][key] = list(d["throughput"][key])
-        for key in ("hours_range", "total_usd_range"):
+        for key in ("hours_range", "total_usd_range", "storage_usd_range"):
             d["cost"][key] = list(d["cost"][key])
+        if d["storage"] is not None:
+            for key in ("pruned_days", "tib_months_range", "usd_range"):
+                d["storage"][key] = list(d["storage"][key])
         rec = d["recommendations"]
         for key in ("changes", "set_flags", "notes"):
             rec[key] = list(rec[key])
@@ -101,7 +108,7 @@ def recipe_throughput(recipe: Recipe, **changes: Any) -> ThroughputPlan:
     return throughput(recipe.model, recipe.instance, **knobs)
 
 
-def _cost(recipe: Recipe, thr: ThroughputPlan, run: RunPlan, unit: Price) -> CostPlan:
+def _cost(recipe: Recipe, thr: ThroughputPlan, run: RunPlan, unit: Price) -> tuple[CostPlan, StoragePlan]:
     nodes = recipe.compute.instance_count
     rate = unit.usd_per_instance_hour * nodes
     hours = run.hours + run.overhead_hours
@@ -109,20 +116,25 @@ def _cost(recipe: Recipe, thr: ThroughputPlan, run: RunPlan, unit: Price) -> Cos
     # Training hours scale inversely with tokens/s; the overheads do not.
     fast = run.hours * thr.tokens_per_sec_per_gpu / high_tps + run.overhead_hours
     slow = run.hours * thr.tokens_per_sec_per_gpu / low_tps + run.overhead_hours
-    return CostPlan(
+    time_based = run.checkpoint.interval_source != "checkpointing.interval_steps"
+    storage = plan_storage(run, nodes, recipe.checkpointing.keep, hours, (fast, slow), time_based)
+    cost = CostPlan(
         instance_type=recipe.instance.instance_type,
         instance_count=nodes,
         usd_per_hour=rate,
         tokens=recipe.training.steps * recipe.tokens_per_step,
         hours=hours,
-        total_usd=rate * hours,
+        total_usd=rate * hours + storage.usd,
         price_source=unit.source,
         hours_range=(fast, slow),
-        total_usd_range=(rate * fast, rate * slow),
+        total_usd_range=(rate * fast + storage.usd_range[0], rate * slow + storage.usd_range[1]),
         usd_per_instance_hour=unit.usd_per_instance_hour,
         price_date=unit.date,
         spot=unit.spot,
+        storage_usd=storage.usd,
+        storage_usd_range=storage.usd_range,
     )
+    return cost, storage
 
 
 def plan(recipe: Recipe) -> Plan:
@@ -138,7 +150,7 @@ def plan(recipe: Recipe) -> Plan:
     slow_step = thr.step_time_s * thr.tokens_per_sec_per_gpu / low_tps
     run = plan_run(recipe, thr.step_time_s, slow_step, thr.micro_step_time_s)
     unit = price(recipe)
-    cost = _cost(recipe, thr, run, unit)
+    cost, storage = _cost(recipe, thr, run, unit)
     rec = recommend(recipe, recipe_throughput=thr)
 
     if not mem.fits:
@@ -167,6 +179,9 @@ def plan(recipe: Recipe) -> Plan:
         "B200 rates come from torchao's power-limited B200 runs (limit unpublished): likely pessimistic; "
         "Megatron-Core's TP/PP-tuned runs are the upper bound",
         f"price: {unit.source} ({unit.date})",
+        f"storage: checkpoints at {storage.usd_per_gib_month} USD per GiB-month ({storage.price_source}, "
+        f"{storage.price_date}); pruned ones billed {storage.pruned_days[0]:.0f}-"
+        f"{storage.pruned_days[1]:.0f} days until the bucket's lifecycle removes them; included in the cost",
     )
     policy = ActivationPolicy.from_recipe(recipe.activation_checkpointing, recipe.model.layers)
     if policy.op_level or policy.checkpointed_fraction > 0:
@@ -198,4 +213,5 @@ def plan(recipe: Recipe) -> Plan:
         recommendations=rec,
         run=run,
         assumptions=assumptions,
+        storage=storage,
     )
