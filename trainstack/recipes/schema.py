@@ -42,6 +42,7 @@ NODES = Max(MAX_NODES, "2,048 GPUs, 32x the largest recipe's 8 nodes (CreateTrai
 STEPS = Max(10_000_000, f"10x the ~1M optimizer steps of {LLAMA3_405B}")
 # The token budget of one run: about 3x the 36T tokens of Qwen3's pretraining (arXiv:2505.09388).
 MAX_RUN_TOKENS = 100e12
+GLOBAL_BATCH = Max(65_536, "4x DeepSeek-V3's 15,360 sequences per step (arXiv:2412.19437)")
 RUN_USD = Max(1e9, "5x the costliest published training run (Gemini Ultra, about 191M USD, AI Index 2024)")
 S3Uri = Annotated[str, Field(pattern=r"^s3://[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9](/.*)?$")]
 
@@ -147,10 +148,11 @@ class ModelShape(Section):
 
 class Training(Section):
     seq_len: Annotated[PosInt, Max(1_048_576, "8x this project's 128K recipe")]
-    # sequences per GPU per forward/backward; the guide's largest is 16 at 8K tokens
-    micro_batch: Annotated[PosInt, Max(1024, "64x the guide's largest (16 sequences at 8K tokens)")]
     # sequences per optimizer step, across all data-parallel ranks
-    global_batch: Annotated[PosInt, Max(65_536, "4x DeepSeek-V3's 15,360 sequences (arXiv:2412.19437)")]
+    global_batch: Annotated[PosInt, GLOBAL_BATCH]
+    # sequences per GPU per forward/backward: never more than global_batch (the layout check); the
+    # planner's search tries every divisor of the per-rank batch, so the bound is global_batch's
+    micro_batch: Annotated[PosInt, GLOBAL_BATCH]
     steps: Annotated[PosInt, STEPS]
     # AdamW moves each weight by about lr per step; published LLM peaks are 1e-4 to 1e-2.
     lr: Annotated[PosFloat, Max(1.0, "100x the highest published LLM peak (1e-2)")] = 3.0e-4
