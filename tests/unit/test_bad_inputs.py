@@ -25,7 +25,6 @@ from typing import Any
 import annotated_types
 import pytest
 import yaml
-from conftest import SMALL
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from typer.testing import CliRunner
@@ -44,6 +43,17 @@ LOADER_LIMIT_S = 1.0
 PROCESS_LIMIT_S = 20.0
 runner = CliRunner()
 
+# The valid `small` recipe of tests/unit/conftest.py (the `recipes_dir` fixture writes it as small.yaml);
+# a module-level copy because the cases below are built at import (and a `conftest` import would resolve
+# to whichever conftest.py the session loaded first).
+SMALL = """\
+model: {layers: 2, hidden: 64, heads: 4, kv_heads: 2, ffn: 128, vocab: 1000}
+training: {seq_len: 32, micro_batch: 1, global_batch: 8, steps: 10}
+precision: {dtype: bf16}
+activation_checkpointing: {mode: none}
+parallelism: {shard_group: 8}
+compute: {instance_type: ml.p6-b200.48xlarge}
+"""
 BASE = "name: bad\n" + SMALL
 
 
