@@ -152,11 +152,13 @@ class ArtifactStore(Construct):
             self,
             key=self.key,
             log_prefix="artifacts/",
-            lifecycle_rule=s3.LifecycleRule(
-                expiration=Duration.days(ARTIFACT_EXPIRY_DAYS),
-                noncurrent_version_expiration=Duration.days(1),
-                abort_incomplete_multipart_upload_after=Duration.days(1),
-            ),
+            lifecycle_rules=[
+                s3.LifecycleRule(
+                    expiration=Duration.days(ARTIFACT_EXPIRY_DAYS),
+                    noncurrent_version_expiration=Duration.days(1),
+                    abort_incomplete_multipart_upload_after=Duration.days(1),
+                )
+            ],
             access_logs_acknowledgment="AwsSolutions-S1:pipeline-access-logs",
         )
 

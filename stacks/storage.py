@@ -5,6 +5,8 @@ Everything here is retained on delete: a `cdk destroy` never loses a checkpoint 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from aws_cdk import Duration, RemovalPolicy, Stack
 from aws_cdk import aws_ecr as ecr
 from aws_cdk import aws_iam as iam
@@ -13,10 +15,8 @@ from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
 from stacks import nag
+from trainstack.planner import storage as priced
 
-NONCURRENT_VERSIONS_KEPT = 3
-NONCURRENT_EXPIRY_DAYS = 30
-INCOMPLETE_UPLOAD_DAYS = 7
 ACCESS_LOG_EXPIRY_DAYS = 365
 IMAGES_KEPT = 20
 
@@ -65,7 +65,7 @@ def add_logged_kms_bucket(
     *,
     key: kms.IKey,
     log_prefix: str,
-    lifecycle_rule: s3.LifecycleRule,
+    lifecycle_rules: Sequence[s3.LifecycleRule],
     access_logs_acknowledgment: str,
 ) -> tuple[s3.Bucket, s3.Bucket]:
     """A retained SSE-KMS bucket (versioned, SSL only, private) and the bucket its access logs go to.
@@ -103,10 +103,42 @@ def add_logged_kms_bucket(
         versioned=True,
         server_access_logs_bucket=access_logs,
         server_access_logs_prefix=log_prefix,
-        lifecycle_rules=[lifecycle_rule],
+        lifecycle_rules=list(lifecycle_rules),
         removal_policy=RemovalPolicy.RETAIN,
     )
     return bucket, access_logs
+
+
+def checkpoint_lifecycle_rules() -> list[s3.LifecycleRule]:
+    """What leaves the checkpoint bucket, and when (S3 user guide: lifecycle configuration elements,
+    expiring objects, lifecycle conflicts; the planner prices exactly these: trainstack.planner.storage).
+
+    The trainer deletes pruned checkpoints; versioning turns each deleted file into a noncurrent version
+    under a delete marker. Checkpoint keys are unique per step, so each has one noncurrent version: a
+    `NewerNoncurrentVersions` condition ("If there are this many more recent noncurrent versions, Amazon S3
+    will take the associated action") is never met for them and must not be set. So, under `checkpoints/`:
+    noncurrent versions expire after PRUNED_NONCURRENT_DAYS (the least S3 allows; S3 rounds to the next
+    midnight UTC, so a pruned checkpoint is gone 1-2 days after the prune), the delete markers left alone
+    then are removed (`ExpiredObjectDeleteMarker`: "remove a delete marker with no noncurrent versions"),
+    and a killed save's incomplete multipart uploads are aborted after a day. Elsewhere (model output) an
+    overwritten or deleted file stays recoverable for OTHER_NONCURRENT_DAYS. Current versions never expire:
+    a kept checkpoint or a model stays until someone deletes it. Where two rules apply, "the shorter
+    expiration policy is honored" (S3 user guide, lifecycle conflicts)."""
+    return [
+        s3.LifecycleRule(
+            id="pruned-checkpoints",
+            prefix=priced.CHECKPOINT_PREFIX,
+            noncurrent_version_expiration=Duration.days(priced.PRUNED_NONCURRENT_DAYS),
+            expired_object_delete_marker=True,
+            abort_incomplete_multipart_upload_after=Duration.days(priced.INCOMPLETE_CHECKPOINT_UPLOAD_DAYS),
+        ),
+        s3.LifecycleRule(
+            id="noncurrent-versions",
+            noncurrent_version_expiration=Duration.days(priced.OTHER_NONCURRENT_DAYS),
+            expired_object_delete_marker=True,
+            abort_incomplete_multipart_upload_after=Duration.days(priced.OTHER_INCOMPLETE_UPLOAD_DAYS),
+        ),
+    ]
 
 
 class CheckpointBucket(Construct):
@@ -118,11 +150,7 @@ class CheckpointBucket(Construct):
             self,
             key=key,
             log_prefix="checkpoints/",
-            lifecycle_rule=s3.LifecycleRule(
-                abort_incomplete_multipart_upload_after=Duration.days(INCOMPLETE_UPLOAD_DAYS),
-                noncurrent_version_expiration=Duration.days(NONCURRENT_EXPIRY_DAYS),
-                noncurrent_versions_to_retain=NONCURRENT_VERSIONS_KEPT,
-            ),
+            lifecycle_rules=checkpoint_lifecycle_rules(),
             access_logs_acknowledgment="AwsSolutions-S1",
         )
 

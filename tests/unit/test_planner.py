@@ -366,7 +366,9 @@ def test_cost_is_price_times_nodes_times_instance_hours():
     assert p.run.overhead_hours > 0
     assert p.cost.hours == pytest.approx(hours)
     assert p.cost.usd_per_hour == pytest.approx(B200.usd_per_hour * 4)
-    assert p.cost.total_usd == pytest.approx(B200.usd_per_hour * 4 * hours)
+    # plus the run's checkpoints in S3 (trainstack.planner.storage), included in the total
+    assert 0 < p.cost.storage_usd == p.storage.usd < 0.01 * p.cost.total_usd
+    assert p.cost.total_usd == pytest.approx(B200.usd_per_hour * 4 * hours + p.cost.storage_usd)
     assert p.cost.tokens == recipe.training.steps * recipe.training.global_batch * recipe.training.seq_len
 
 

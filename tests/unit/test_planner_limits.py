@@ -100,7 +100,11 @@ def test_every_tokens_hours_and_cost_figure_has_a_range_around_it(name):
     assert slow - p.run.overhead_hours == pytest.approx(
         p.run.hours * p.throughput.tokens_per_sec_per_gpu / low
     )
-    assert p.cost.total_usd_range == pytest.approx((fast * p.cost.usd_per_hour, slow * p.cost.usd_per_hour))
+    low_storage, high_storage = p.cost.storage_usd_range  # the run's checkpoints in S3, with their range
+    assert low_storage < p.cost.storage_usd < high_storage
+    assert p.cost.total_usd_range == pytest.approx(
+        (fast * p.cost.usd_per_hour + low_storage, slow * p.cost.usd_per_hour + high_storage)
+    )
 
 
 def test_where_the_published_regimes_agree_the_range_is_the_leave_one_out_error():

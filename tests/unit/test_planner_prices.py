@@ -49,9 +49,13 @@ def test_a_teams_own_price_is_what_plan_and_the_budget_guard_use(tree):
     negotiated = plan(resolved.recipe)
     assert negotiated.cost.usd_per_instance_hour == 60.0
     assert negotiated.cost.price_source == "compute.usd_per_instance_hour"
-    assert negotiated.cost.total_usd == pytest.approx(catalogue.cost.total_usd * 60.0 / 114.0)
-    assert negotiated.cost.total_usd_range[1] == pytest.approx(
-        catalogue.cost.total_usd_range[1] * 60.0 / 114.0
+    # the instance hours at the team's rate; the checkpoint storage (S3's price) is the same
+    storage, high_storage = catalogue.cost.storage_usd, catalogue.cost.storage_usd_range[1]
+    assert negotiated.cost.storage_usd == pytest.approx(storage)
+    instances = catalogue.cost.total_usd - storage
+    assert negotiated.cost.total_usd - storage == pytest.approx(instances * 60.0 / 114.0)
+    assert negotiated.cost.total_usd_range[1] - high_storage == pytest.approx(
+        (catalogue.cost.total_usd_range[1] - high_storage) * 60.0 / 114.0
     )
     check = budget.check(resolved.recipe, negotiated)
     assert check.run_usd == pytest.approx(negotiated.cost.total_usd)
@@ -87,7 +91,9 @@ def test_diff_shows_the_cost_at_the_teams_price(tree):
     )
     diff = gitdiff.compute("HEAD", root)
     (target,) = [t for t in diff.targets if t.team == "nlp"]
-    assert target.after.figures.total_usd == pytest.approx(target.before.figures.total_usd / 2)
+    storage = plan(resolve("small", team="nlp", recipes_dir=tree).recipe).cost.storage_usd  # S3's price
+    before, after = target.before.figures.total_usd, target.after.figures.total_usd
+    assert after - storage == pytest.approx((before - storage) / 2)
 
 
 def test_the_price_of_another_instance_type_is_the_catalogues():

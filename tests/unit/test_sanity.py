@@ -40,8 +40,8 @@ def test_learning_rate_warns_only_beyond_ten_times_the_compute_optimal_rate():
     budget = 6 * recipe.model.non_embedding_params * recipe.training.global_batch * recipe.training.seq_len
     assert eta == pytest.approx(0.3118 * (budget * recipe.training.steps) ** -0.125)
     assert "training.lr" not in concerns("8b-fp8", f"training.lr={9.9 * eta}")
-    message = concerns("8b-fp8", "training.lr=30")["training.lr"]
-    assert message.startswith(f"30 is {30 / eta:,.0f} x the compute-optimal rate for this run ({eta:.2g}")
+    message = concerns("8b-fp8", "training.lr=0.5")["training.lr"]
+    assert message.startswith(f"0.5 is {0.5 / eta:,.0f} x the compute-optimal rate for this run ({eta:.2g}")
     assert "above 10 x that, training almost surely diverges" in message
     low = concerns("8b-fp8", f"training.lr={eta / 200}")["training.lr"]
     assert "1/200 of the compute-optimal rate" in low and "below 0.01 x that" in low
@@ -86,11 +86,11 @@ def test_the_volume_check_applies_only_where_a_volume_exists():
 
 
 def test_validate_and_show_print_warnings_with_the_source_and_keep_the_exit_status(recipes_dir):
-    (recipes_dir / "teams" / "nlp" / "small.yaml").write_text("training: {lr: 30}\n")
+    (recipes_dir / "teams" / "nlp" / "small.yaml").write_text("training: {lr: 0.5}\n")
     result = CliRunner().invoke(app, ["validate", "--recipes-dir", str(recipes_dir)])
     assert result.exit_code == 0, result.output
     (line,) = [x for x in result.stderr.splitlines() if x.startswith("warning:") and "training.lr" in x]
-    assert line.startswith("warning: ") and "teams/nlp/small.yaml: training.lr: 30 is " in line
+    assert line.startswith("warning: ") and "teams/nlp/small.yaml: training.lr: 0.5 is " in line
     assert line.endswith("[small --team nlp]")
     quiet = CliRunner().invoke(app, ["validate", "-q", "--recipes-dir", str(recipes_dir)])
     assert quiet.exit_code == 0 and "warning" not in quiet.stderr
@@ -110,7 +110,7 @@ def test_validate_and_show_print_warnings_with_the_source_and_keep_the_exit_stat
 
 @pytest.mark.parametrize("quiet", [False, True])
 def test_the_cdk_app_prints_warnings_unless_quiet(tmp_path, quiet):
-    context = {"recipe": "1b-bf16", "set": "training.lr=30", "aws:cdk:bundling-stacks": ["**"]}
+    context = {"recipe": "1b-bf16", "set": "training.lr=0.5", "aws:cdk:bundling-stacks": ["**"]}
     if quiet:
         context["quiet"] = "true"
     env = {
@@ -132,15 +132,15 @@ def test_the_cdk_app_prints_warnings_unless_quiet(tmp_path, quiet):
         assert warned == []
     else:
         (line,) = warned
-        assert line.startswith("warning: -c set: training.lr: 30 is ") and line.endswith("[1b-bf16]")
+        assert line.startswith("warning: -c set: training.lr: 0.5 is ") and line.endswith("[1b-bf16]")
 
 
 def test_plan_prints_warnings_keeps_its_exit_status_and_quiet_silences_them(recipes_dir):
-    (recipes_dir / "teams" / "nlp" / "small.yaml").write_text("training: {lr: 30}\n")
+    (recipes_dir / "teams" / "nlp" / "small.yaml").write_text("training: {lr: 0.5}\n")
     loud = CliRunner().invoke(app, ["plan", "small", "--team", "nlp", "--recipes-dir", str(recipes_dir)])
     quiet = CliRunner().invoke(
         app, ["plan", "small", "--team", "nlp", "-q", "--recipes-dir", str(recipes_dir)]
     )
     assert loud.exit_code == quiet.exit_code
-    assert any(x.startswith("warning: ") and "training.lr: 30 is " in x for x in loud.stderr.splitlines())
+    assert any(x.startswith("warning: ") and "training.lr: 0.5 is " in x for x in loud.stderr.splitlines())
     assert "warning" not in quiet.stderr

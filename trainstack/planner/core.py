@@ -10,6 +10,7 @@ from trainstack.planner.input_mode import InputPlan, input_plan
 from trainstack.planner.memory import GROWING, ActivationPolicy, MemoryPlan, memory_breakdown, memory_plan
 from trainstack.planner.run_plan import RunPlan, plan_run
 from trainstack.planner.search import Price, Recommendations, price, recommend
+from trainstack.planner.storage import StoragePlan, plan_storage
 from trainstack.planner.throughput import ThroughputPlan, recompute_share, throughput
 from trainstack.planner.validation import ValidationPlan, plan_validation
 from trainstack.recipes.schema import Recipe
@@ -22,7 +23,7 @@ class CostPlan:
     usd_per_hour: float  # whole job
     tokens: int  # the recipe's token budget: steps x tokens per step
     hours: float  # instance hours per node: training plus start-ups, restores, staging, failures
-    total_usd: float
+    total_usd: float  # instances for `hours`, plus the run's checkpoint storage (storage_usd)
     price_source: str
     hours_range: tuple[float, float] = (0.0, 0.0)  # [low, high] from the throughput range
     total_usd_range: tuple[float, float] = (0.0, 0.0)
@@ -31,6 +32,8 @@ class CostPlan:
     spot: bool = False  # the price is the spot assumption (see price_source)
     usd_per_restart: float = 0.0  # a restart's billed part (trainstack.planner.restart) at the cluster price
     usd_per_restart_range: tuple[float, float] = (0.0, 0.0)
+    storage_usd: float = 0.0  # the run's checkpoints in S3 (Plan.storage), included in total_usd
+    storage_usd_range: tuple[float, float] = (0.0, 0.0)
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,7 @@ class Plan:
     assumptions: tuple[str, ...] = field(default=())
     validation: ValidationPlan | None = None  # the recipe's validation section, costed
     inputs: InputPlan | None = None  # how the data channels reach the nodes
+    storage: StoragePlan | None = None  # the run's checkpoints in S3 (trainstack.planner.storage)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -68,8 +72,11 @@ class Plan:
         d["assumptions"] = list(self.assumptions)
         for key in ("tokens_per_sec_per_gpu_range", "limited_by"):
             d["throughput"][key] = list(d["throughput"][key])
-        for key in ("hours_range", "total_usd_range", "usd_per_restart_range"):
+        for key in ("hours_range", "total_usd_range", "usd_per_restart_range", "storage_usd_range"):
             d["cost"][key] = list(d["cost"][key])
+        if d["storage"] is not None:
+            for key in ("pruned_days", "tib_months_range", "usd_range"):
+                d["storage"][key] = list(d["storage"][key])
         rec = d["recommendations"]
         for key in ("changes", "set_flags", "notes"):
             rec[key] = list(rec[key])
@@ -117,7 +124,7 @@ def recipe_throughput(recipe: Recipe, **changes: Any) -> ThroughputPlan:
     return throughput(recipe.model, recipe.instance, **knobs)
 
 
-def _cost(recipe: Recipe, thr: ThroughputPlan, run: RunPlan, unit: Price) -> CostPlan:
+def _cost(recipe: Recipe, thr: ThroughputPlan, run: RunPlan, unit: Price) -> tuple[CostPlan, StoragePlan]:
     nodes = recipe.compute.instance_count
     rate = unit.usd_per_instance_hour * nodes
     computing = run.hours + run.validation_hours
@@ -128,22 +135,27 @@ def _cost(recipe: Recipe, thr: ThroughputPlan, run: RunPlan, unit: Price) -> Cos
     slow = computing * thr.tokens_per_sec_per_gpu / low_tps + run.overhead_hours
     restart_s = run.restart.billed_seconds if run.restart else 0.0
     restart_low, restart_high = run.restart.billed_seconds_range if run.restart else (0.0, 0.0)
-    return CostPlan(
+    time_based = run.checkpoint.interval_source != "checkpointing.interval_steps"
+    storage = plan_storage(run, nodes, recipe.checkpointing.keep, hours, (fast, slow), time_based)
+    cost = CostPlan(
         instance_type=recipe.instance.instance_type,
         instance_count=nodes,
         usd_per_hour=rate,
         tokens=recipe.training.steps * recipe.tokens_per_step,
         hours=hours,
-        total_usd=rate * hours,
+        total_usd=rate * hours + storage.usd,
         price_source=unit.source,
         hours_range=(fast, slow),
-        total_usd_range=(rate * fast, rate * slow),
+        total_usd_range=(rate * fast + storage.usd_range[0], rate * slow + storage.usd_range[1]),
         usd_per_instance_hour=unit.usd_per_instance_hour,
         price_date=unit.date,
         spot=unit.spot,
         usd_per_restart=rate * restart_s / 3600.0,
         usd_per_restart_range=(rate * restart_low / 3600.0, rate * restart_high / 3600.0),
+        storage_usd=storage.usd,
+        storage_usd_range=storage.usd_range,
     )
+    return cost, storage
 
 
 def plan(recipe: Recipe) -> Plan:
@@ -168,7 +180,7 @@ def plan(recipe: Recipe) -> Plan:
         input_hours_per_job=inputs.download_minutes / 60.0,
     )
     unit = price(recipe)
-    cost = _cost(recipe, thr, run, unit)
+    cost, storage = _cost(recipe, thr, run, unit)
     rec = recommend(recipe, recipe_throughput=thr)
 
     if not mem.fits:
@@ -197,6 +209,9 @@ def plan(recipe: Recipe) -> Plan:
         "B200 rates come from torchao's power-limited B200 runs (limit unpublished): likely pessimistic; "
         "Megatron-Core's TP/PP-tuned runs are the upper bound",
         f"price: {unit.source} ({unit.date})",
+        f"storage: checkpoints at {storage.usd_per_gib_month} USD per GiB-month ({storage.price_source}, "
+        f"{storage.price_date}); pruned ones billed {storage.pruned_days[0]:.0f}-"
+        f"{storage.pruned_days[1]:.0f} days until the bucket's lifecycle removes them; included in the cost",
     )
     policy = ActivationPolicy.from_recipe(recipe.activation_checkpointing, recipe.model.layers)
     if policy.op_level or policy.checkpointed_fraction > 0:
@@ -246,4 +261,5 @@ def plan(recipe: Recipe) -> Plan:
         assumptions=assumptions,
         validation=validation,
         inputs=inputs,
+        storage=storage,
     )

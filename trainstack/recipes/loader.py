@@ -12,16 +12,17 @@ validation error names the file the bad value was written in.
 from __future__ import annotations
 
 import copy
+import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import ValidationError
 
 from trainstack.errors import RecipeError
+from trainstack.recipes import bounded_yaml
 from trainstack.recipes import overrides as override_rules
 from trainstack.recipes.overrides import SET_SOURCE, override_label, parse_set  # noqa: F401 (public here too)
 from trainstack.recipes.schema import Recipe, team_name_problem
@@ -85,7 +86,7 @@ def team_selection(team: str, recipes_dir: Path | str | None = None) -> list[str
 
     root = recipes_dir_or_default(recipes_dir)
     defaults = root / "teams" / team / TEAM_DEFAULTS
-    if not defaults.is_file():
+    if not _present(defaults):
         return None
     raw = read_yaml(defaults).get(TEAM_RECIPES_KEY)
     if raw is None:
@@ -112,46 +113,28 @@ def team_selection(team: str, recipes_dir: Path | str | None = None) -> list[str
     return list(dict.fromkeys(raw))
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """safe_load, but a key given twice in one mapping is an error: YAML would keep the last silently
-    (a second `training:` block would drop the first one's values)."""
-
-    def construct_mapping(self, node: Any, deep: bool = False) -> dict[Any, Any]:
-        seen: set[Any] = set()
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=deep)
-            if isinstance(key, str):
-                if key in seen:
-                    raise yaml.constructor.ConstructorError(
-                        None, None, f"duplicate key {key!r}", key_node.start_mark
-                    )
-                seen.add(key)
-        return super().construct_mapping(node, deep=deep)
-
-
 def read_yaml(path: Path) -> dict[str, Any]:
-    """A YAML mapping from `path`, or a one-line RecipeError naming the file."""
+    """A YAML mapping from `path`, or a one-line RecipeError naming the file. Read within bounds (size,
+    nesting, alias expansion, one document: trainstack.recipes.bounded_yaml), so no file can hang, exhaust
+    memory or crash a command that reads recipes or team files."""
     source = _display(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise RecipeError(source, None, "file not found") from None
-    except OSError as exc:
-        raise RecipeError(source, None, f"cannot read: {exc.strerror}") from None
-    except UnicodeDecodeError as exc:
-        raise RecipeError(source, None, f"not UTF-8 text (byte {exc.start}): is this a YAML file?") from None
-    try:
-        data = yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader: no arbitrary objects
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise RecipeError(source, None, f"malformed YAML{where}: {problem}") from None
+    data = bounded_yaml.load_file(path, source)
     if data is None:
         raise RecipeError(source, None, "file is empty")
     if not isinstance(data, dict):
-        raise RecipeError(source, None, f"expected a mapping of sections, got {type(data).__name__}")
+        raise RecipeError(source, None, f"expected a mapping of sections, got {_yaml_kind(data)}")
     return data
+
+
+def _yaml_kind(value: Any) -> str:
+    kinds = {list: "a list", str: "text", int: "a number", float: "a number", bool: "a boolean"}
+    return kinds.get(type(value), type(value).__name__)
+
+
+def _present(path: Path) -> bool:
+    """Whether a directory entry exists at `path`, even one that cannot be read (a symlink loop, a broken
+    link): such a file is read and refused in one line, never silently skipped."""
+    return os.path.lexists(path)
 
 
 def resolve(
@@ -183,9 +166,9 @@ def resolve(
         name = name_or_path
         base = root / f"{name}.yaml"
         team_variant = team_dir / f"{name}.yaml" if team_dir else None
-        if base.is_file():
+        if _present(base):
             layers += _extends_chain(base, root)
-        elif team_variant is not None and team_variant.is_file():
+        elif team_variant is not None and _present(team_variant):
             layers += _extends_chain(team_variant, root)
             _refuse_gates(layers[-1])  # the team's own file; its bases are not team-owned
             variant_alone = len(layers) == 1  # no `extends`: a whole recipe, or a misnamed override
@@ -197,13 +180,15 @@ def resolve(
     if team_dir is not None:
         layers.append(_Layer(f"--team {team}", {"tags": {"team": team}}))
         defaults = team_dir / TEAM_DEFAULTS
-        if defaults.is_file():
+        if _present(defaults):
             layer = _team_layer(defaults, name, may_extend=False)
+            if TEAM_RECIPES_KEY in layer.data:  # refused here too, so every command refuses a bad one
+                team_selection(team, root)
             layer.data.pop(TEAM_RECIPES_KEY, None)  # the team's selection, not a recipe value
             layers.append(layer)
         overlay = team_dir / f"{name}.yaml"
-        already_read = {Path(layer.source).resolve() for layer in layers if "/" in layer.source}
-        if overlay.is_file() and overlay.resolve() not in already_read:
+        already_read = {_real(Path(layer.source)) for layer in layers if "/" in layer.source}
+        if _present(overlay) and _real(overlay) not in already_read:
             layers.append(_team_layer(overlay, name, may_extend=False))
 
     typed: list[tuple[str, str]] = []
@@ -279,7 +264,7 @@ def _extends_chain(path: Path, root: Path) -> list[_Layer]:
     seen: list[str] = []
     current: Path | None = path
     while current is not None:
-        key = str(current.resolve())
+        key = str(_real(current))
         if key in seen:
             cycle = " -> ".join([_display(Path(p)) for p in seen] + [_display(current)])
             raise RecipeError(_display(path), "extends", f"cyclic extends: {cycle}")
@@ -293,7 +278,7 @@ def _extends_chain(path: Path, root: Path) -> list[_Layer]:
             raise RecipeError(_display(current), "extends", "must be the name of a base recipe")
         else:
             current = root / f"{parent}.yaml"
-            if not current.is_file():
+            if not _present(current):
                 known = ", ".join(base_recipe_names(root))
                 raise RecipeError(
                     _display(Path(chain[-1].source)),
@@ -450,6 +435,15 @@ def display_path(path: Path) -> str:
 def _display(path: Path) -> str:
     """Paths relative to the working directory when under it: short enough for one-line errors."""
     try:
-        return str(path.resolve().relative_to(Path.cwd()))
+        return str(_real(path).relative_to(Path.cwd()))
     except ValueError:
         return str(path)
+
+
+def _real(path: Path) -> Path:
+    """`path` with symlinks resolved; a symlink loop (which `resolve` refuses with RuntimeError on
+    Python 3.11, OSError later) stays as written, absolute, so reading it can name it in one line."""
+    try:
+        return path.resolve()
+    except (RuntimeError, OSError):
+        return path.absolute()

@@ -10,9 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-import yaml
-
 from trainstack.errors import RecipeError
+from trainstack.recipes import bounded_yaml
 from trainstack.recipes import keys as recipe_keys
 
 SET_SOURCE = "--set"
@@ -52,10 +51,7 @@ def parse(assignments: Iterable[str], source: str) -> tuple[dict[str, Any], list
         if recipe_keys.is_text(key):
             value: Any = raw
         else:
-            try:
-                value = yaml.safe_load(raw) if raw.strip() else None
-            except yaml.YAMLError:
-                value = raw
+            value = bounded_yaml.load_value(raw, label, key) if raw.strip() else None
         *parents, leaf = key.split(".")
         node = tree
         for part in parents:

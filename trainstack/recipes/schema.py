@@ -15,11 +15,35 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validat
 
 from trainstack.recipes.hardware import INSTANCES, Instance, get_instance, volume_size_problem
 
-PosInt = Annotated[int, Field(gt=0)]
-NonNegInt = Annotated[int, Field(ge=0)]
-PosFloat = Annotated[float, Field(gt=0)]
-Fraction = Annotated[float, Field(gt=0, le=1)]
-Percent = Annotated[float, Field(gt=0, le=100)]
+# Every number in a recipe is finite, a number (not text, not a boolean) and within what AWS, the
+# hardware or a sane factor on published runs allows (trainstack.recipes.numbers; each bound says why).
+# Sections import these types from here; a new field names its own bound with Max.
+from trainstack.recipes.numbers import (  # noqa: F401 (re-exported for every section)
+    FLOAT_CEILING,
+    INT_CEILING,
+    Fraction,
+    Max,
+    Min,
+    NonNegFloat,
+    NonNegInt,
+    Percent,
+    PosFloat,
+    PosInt,
+)
+
+# Published runs the bounds are a factor on (the bound's own text gives the factor):
+LLAMA3_405B = "Llama 3.1 405B (arXiv:2407.21783, table 3)"
+# SageMaker's StoppingCondition.MaxRuntimeInSeconds ceiling (28 days), and PutMetricAlarm's longest
+# evaluation range for periods under an hour ("Period multiplied by EvaluationPeriods" at most 86,400 s).
+MAX_RUNTIME_HOURS = 28 * 24
+ALARM_MINUTES = Max(24 * 60, "PutMetricAlarm evaluates periods under an hour over at most one day")
+MAX_NODES = 256  # 2,048 GPUs: 32x this project's largest recipe (64b-fp8, 8 nodes)
+NODES = Max(MAX_NODES, "2,048 GPUs, 32x the largest recipe's 8 nodes (CreateTrainingJob sets no maximum)")
+STEPS = Max(10_000_000, f"10x the ~1M optimizer steps of {LLAMA3_405B}")
+# The token budget of one run: about 3x the 36T tokens of Qwen3's pretraining (arXiv:2505.09388).
+MAX_RUN_TOKENS = 100e12
+GLOBAL_BATCH = Max(65_536, "4x DeepSeek-V3's 15,360 sequences per step (arXiv:2412.19437)")
+RUN_USD = Max(1e9, "5x the costliest published training run (Gemini Ultra, about 191M USD, AI Index 2024)")
 S3Uri = Annotated[str, Field(pattern=r"^s3://[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9](/.*)?$")]
 
 # Team and recipe names are joined by hyphens into stack and job names (`Trainstack-<team>-<recipe>`,
@@ -73,14 +97,17 @@ class Section(BaseModel):
 class ModelShape(Section):
     """A Llama-style decoder: RMSNorm, RoPE, grouped-query attention, SwiGLU."""
 
-    layers: PosInt
-    hidden: PosInt
-    heads: PosInt
-    kv_heads: PosInt
-    ffn: PosInt
-    vocab: PosInt
+    layers: Annotated[PosInt, Max(256, f"2x the 126 layers of {LLAMA3_405B}")]
+    hidden: Annotated[PosInt, Max(32_768, f"2x the 16,384 of {LLAMA3_405B}")]
+    heads: Annotated[PosInt, Max(256, f"2x the 128 of {LLAMA3_405B}")]
+    kv_heads: Annotated[PosInt, Max(256, "as many as heads may be")]
+    ffn: Annotated[PosInt, Max(131_072, f"about 2.5x the 53,248 of {LLAMA3_405B}")]
+    vocab: Annotated[PosInt, Max(1_048_576, "4x Gemma 3's 262,144 entries, the largest published vocabulary")]
     tied_embeddings: bool = False
-    rope_theta: PosFloat = 500000.0
+    # Llama 3 500,000, Qwen2.5 1,000,000; at or below 1 the RoPE wavelengths stop growing with dimension.
+    rope_theta: Annotated[
+        PosFloat, Min(1.0, "RoPE needs a base above 1", exclusive=True), Max(1e9, "1,000x Qwen2.5's")
+    ] = 500000.0
 
     @model_validator(mode="after")
     def _divisible(self) -> ModelShape:
@@ -120,23 +147,40 @@ class ModelShape(Section):
 
 
 class Training(Section):
-    seq_len: PosInt
-    micro_batch: PosInt  # sequences per GPU per forward/backward
-    global_batch: PosInt  # sequences per optimizer step, across all data-parallel ranks
-    steps: PosInt
-    lr: PosFloat = 3.0e-4
-    min_lr_ratio: Annotated[float, Field(ge=0, le=1)] = 0.1
-    warmup_steps: NonNegInt = 2000
-    weight_decay: Annotated[float, Field(ge=0)] = 0.1
-    grad_clip: PosFloat = 1.0
-    seed: NonNegInt = 1234
+    seq_len: Annotated[PosInt, Max(1_048_576, "8x this project's 128K recipe")]
+    # sequences per optimizer step, across all data-parallel ranks
+    global_batch: Annotated[PosInt, GLOBAL_BATCH]
+    # sequences per GPU per forward/backward: never more than global_batch (the layout check); the
+    # planner's search tries every divisor of the per-rank batch, so the bound is global_batch's
+    micro_batch: Annotated[PosInt, GLOBAL_BATCH]
+    steps: Annotated[PosInt, STEPS]
+    # AdamW moves each weight by about lr per step; published LLM peaks are 1e-4 to 1e-2.
+    lr: Annotated[PosFloat, Max(1.0, "100x the highest published LLM peak (1e-2)")] = 3.0e-4
+    min_lr_ratio: Annotated[NonNegFloat, Max(1.0, "a fraction of lr")] = 0.1
+    warmup_steps: Annotated[NonNegInt, STEPS] = 2000
+    # AdamW multiplies every weight by 1 - lr x weight_decay per step: above 1 (with lr up to 1) it would
+    # flip their signs. Published runs use 0 to 0.1.
+    weight_decay: Annotated[NonNegFloat, Max(1.0, "10x the published 0.1; lr x it stays below 1")] = 0.1
+    grad_clip: Annotated[PosFloat, Max(100.0, "100x the published 1.0")] = 1.0
+    seed: Annotated[NonNegInt, Max(2**32 - 1, "a 32-bit seed, what every RNG the trainer seeds takes")] = 1234
     # Cross-entropy over chunks of this many tokens, so full FP32 logits never exist at once. At a 128K
     # vocabulary one chunk peaks at 12 bytes x tokens x vocab: 2.9 GiB here, 11.7 GiB at 8192, and the
     # matmul per chunk (2048 x hidden x vocab) is still large enough to run at full speed.
-    loss_chunk_tokens: PosInt = 2048
-    log_every: PosInt = 10
+    loss_chunk_tokens: Annotated[PosInt, Max(1_048_576, "the longest seq_len")] = 2048
+    log_every: Annotated[PosInt, Max(100_000, "a metric line at least every 100,000 steps")] = 10
     # torch.compile each block; None: on where the trainer runs on CUDA, off on CPU.
     compile: bool | None = None
+
+    @model_validator(mode="after")
+    def _token_budget(self) -> Training:
+        tokens = self.steps * self.global_batch * self.seq_len
+        if tokens > MAX_RUN_TOKENS:
+            raise ValueError(
+                f"steps: steps x global_batch x seq_len = {tokens:.3g} tokens is above {MAX_RUN_TOKENS:.0e}, "
+                "the most one run may train on (about 3x the 36T tokens of Qwen3's pretraining, "
+                "arXiv:2505.09388)"
+            )
+        return self
 
 
 class Precision(Section):
@@ -155,7 +199,8 @@ class Precision(Section):
 
 class ActivationCheckpointing(Section):
     mode: Literal["none", "selective", "full"]
-    every: PosInt = 2  # selective, policy block: checkpoint one block in every `every`
+    # selective, policy block: checkpoint one block in every `every`
+    every: Annotated[PosInt, Max(256, "the most layers a model may have")] = 2
     # selective only: `block` recomputes whole blocks (one in `every`); `op` is torchtitan's op-level
     # selective checkpointing in every block (matmul outputs saved, cheap ops recomputed).
     policy: Literal["block", "op"] = "block"
@@ -174,11 +219,12 @@ class ActivationCheckpointing(Section):
 
 
 class Parallelism(Section):
-    shard_group: PosInt  # FSDP shard group in GPUs; replicated across groups (HSDP) if smaller than world
+    # FSDP shard group in GPUs; replicated across groups (HSDP) if smaller than world
+    shard_group: Annotated[PosInt, Max(8 * MAX_NODES, "every GPU of the largest run")]
     # Tensor and context parallelism: in the schema so a recipe can say 1 explicitly, refused above 1
     # because the trainer does not implement them (a job would fail at start, after nodes are paid for).
-    tp: PosInt = 1
-    cp: PosInt = 1
+    tp: Annotated[PosInt, Max(8, "a node's 8 GPUs")] = 1
+    cp: Annotated[PosInt, Max(8 * MAX_NODES, "every GPU of the largest run")] = 1
 
     @model_validator(mode="after")
     def _implemented(self) -> Parallelism:
@@ -193,22 +239,45 @@ class Parallelism(Section):
 
 class Compute(Section):
     instance_type: str
-    instance_count: PosInt = 1
-    volume_size_gb: Annotated[int, Field(ge=1, le=16384)] = 500
+    instance_count: Annotated[PosInt, NODES] = 1
+    volume_size_gb: Annotated[PosInt, Max(16_384, "EBS's largest volume, 16 TiB")] = 500
     # One job's limit (SageMaker's MaxRuntimeInSeconds, at most 28 days). None: the planned run time plus
     # a margin, capped at 28 days (trainstack.planner.run_plan). A run longer than this takes several jobs.
-    max_runtime_hours: Annotated[float, Field(gt=0, le=28 * 24)] | None = None
+    # At least an hour: a job spends about 0.25 h starting (planner.run_plan.JOB_STARTUP_HOURS).
+    max_runtime_hours: (
+        Annotated[
+            PosFloat,
+            Min(1.0, "a job spends about a quarter of an hour starting"),
+            Max(MAX_RUNTIME_HOURS, "SageMaker's MaxRuntimeInSeconds ceiling, 28 days"),
+        ]
+        | None
+    ) = None
     # How many jobs one run may take (max-runtime stops, spot interruptions, capacity and
     # infrastructure failures each end a job; the run's next job resumes from its checkpoint).
-    max_jobs: Annotated[int, Field(ge=1, le=99)] = 20
+    max_jobs: Annotated[PosInt, Max(99, "the launcher's job counter")] = 20
     # Price per instance-hour when the catalogue's on-demand estimate is not what the team pays (a
     # negotiated rate or a training plan); None: trainstack.recipes.hardware's figure.
-    usd_per_instance_hour: PosFloat | None = None
+    usd_per_instance_hour: (
+        Annotated[
+            PosFloat,
+            Min(1.0, "below any rate for an 8-GPU instance (the catalogue's cheapest: 55 USD/h)"),
+            Max(1000.0, "about 9x the catalogue's highest (114 USD/h)"),
+        ]
+        | None
+    ) = None
     spot: bool = False
-    max_wait_hours: Annotated[float, Field(gt=0, le=28 * 24)] | None = None  # spot only
+    max_wait_hours: (
+        Annotated[
+            PosFloat,
+            Min(1.0, "at least max_runtime_hours, itself at least an hour"),
+            Max(MAX_RUNTIME_HOURS, "SageMaker's MaxWaitTimeInSeconds ceiling, 28 days"),
+        ]
+        | None
+    ) = None  # spot only
     training_plan_arn: str | None = None
-    keep_alive_seconds: Annotated[int, Field(ge=0, le=3600)] = 0  # warm pool between short tuning runs
-    max_retry_attempts: Annotated[int, Field(ge=1, le=30)] = 3
+    # warm pool between short tuning runs
+    keep_alive_seconds: Annotated[NonNegInt, Max(3600, "SageMaker's KeepAlivePeriodInSeconds ceiling")] = 0
+    max_retry_attempts: Annotated[PosInt, Max(30, "SageMaker's RetryStrategy ceiling")] = 3
 
     @model_validator(mode="after")
     def _known_instance(self) -> Compute:
@@ -270,11 +339,14 @@ class DataSource(Section):
     `uri`/validation/, and its share of the training samples."""
 
     uri: S3Uri
-    weight: PosFloat  # relative to the other sources' weights (they need not sum to 1)
+    # relative to the other sources' weights (they need not sum to 1)
+    weight: Annotated[PosFloat, Max(1e6, "a million to one: a share below any sample a run draws")]
     # Names the source's metric (val_loss_<name>) and input channel (train_<name>); default: from the uri.
     name: Annotated[str, Field(pattern=SOURCE_NAME)] | None = None
     # Size of the shards under uri in GB (the dataset's manifest says), for the launcher's input mode.
-    size_gb: PosFloat | None = None
+    size_gb: (
+        Annotated[PosFloat, Max(10_000_000, "10 PB of token shards: 2,500T tokens at 4 bytes each")] | None
+    ) = None
 
     @property
     def resolved_name(self) -> str:
@@ -287,7 +359,10 @@ class DataSource(Section):
 
 class Data(Section):
     train_s3_uri: S3Uri | None = None  # prefix holding token shards (see docs/data.md); None = synthetic
-    size_gb: PosFloat | None = None  # size of the shards under train_s3_uri in GB, for the input mode
+    # size of the shards under train_s3_uri in GB, for the input mode
+    size_gb: (
+        Annotated[PosFloat, Max(10_000_000, "10 PB of token shards: 2,500T tokens at 4 bytes each")] | None
+    ) = None
     # A blend of prepared datasets, mixed by weight (instead of train_s3_uri; see docs/data.md).
     sources: tuple[DataSource, ...] = ()
     # How shards reach the nodes: auto chooses from their size (trainstack.planner.input_mode).
@@ -334,21 +409,33 @@ class Validation(Section):
     """Evaluate the model every `every_steps` steps on the same `batches` global batches of each
     dataset's validation split (training_image/trainer/validation.py)."""
 
-    every_steps: PosInt
-    batches: PosInt  # global batches (training.global_batch sequences each) per validation split
-    # Alarm when the validation loss rose this many evaluations in a row (docs/monitoring.md).
-    alarm_rises: PosInt = 3
+    every_steps: Annotated[PosInt, STEPS]
+    # global batches (training.global_batch sequences each) per validation split
+    batches: Annotated[PosInt, Max(1_000, "1,000 global batches: a held-out set of 1B+ tokens at 8K")]
+    # Alarm when the validation loss rose this many evaluations in a row (docs/monitoring.md); one
+    # evaluation is one alarm period of at least a minute, and PutMetricAlarm looks back at most a day.
+    alarm_rises: Annotated[PosInt, ALARM_MINUTES] = 3
 
 
 class Checkpointing(Section):
     # How often to save: every `interval_minutes` of training, or every `interval_steps` steps (one of
     # the two). Neither: the Young/Daly optimum for the run's save time and node count (planner.run_plan).
-    interval_minutes: PosFloat | None = None
-    interval_steps: PosInt | None = None
-    keep: PosInt = 3
+    # Its least is the plan's: one save must fit in it (planner.run_plan.IntervalError says by how much).
+    interval_minutes: (
+        Annotated[PosFloat, Max(MAX_RUNTIME_HOURS * 60.0, "one job's longest run, 28 days")] | None
+    ) = None
+    interval_steps: Annotated[PosInt, STEPS] | None = None
+    keep: Annotated[PosInt, Max(1000, "6x the 154 checkpoints Pythia kept per model (arXiv:2304.01373)")] = 3
     # Mean time between failures of one node, hours, for the default interval (docs/planner.md);
-    # None: the planner's published figure.
-    node_mtbf_hours: PosFloat | None = None
+    # None: the planner's published figure (6,335 h, Llama 3).
+    node_mtbf_hours: (
+        Annotated[
+            PosFloat,
+            Min(24.0, "a node failing daily; a multi-node run would restart more than it trains"),
+            Max(1e6, "160x the Llama 3 figure (6,335 h)"),
+        ]
+        | None
+    ) = None
 
     @model_validator(mode="after")
     def _one_interval(self) -> Checkpointing:
@@ -360,15 +447,15 @@ class Checkpointing(Section):
 class Monitoring(Section):
     notification_email: Annotated[str, Field(pattern=r"^[^@\s]+@[^@\s]+\.[^@\s]+$")] | None = None
     gpu_idle_util_pct: Percent = 30.0
-    gpu_idle_minutes: PosInt = 15
+    gpu_idle_minutes: Annotated[PosInt, ALARM_MINUTES] = 15
     gpu_mem_high_pct: Percent = 97.0
     slow_fraction: Fraction = 0.7  # alarm when tokens/s falls below this fraction of the plan
-    slow_minutes: PosInt = 20
-    stall_minutes: PosInt = 20
+    slow_minutes: Annotated[PosInt, ALARM_MINUTES] = 20
+    stall_minutes: Annotated[PosInt, ALARM_MINUTES] = 20
     disk_high_pct: Percent = 85.0
     # One rank's step compute time this fraction above the median for straggler_minutes: a bad GPU or link.
-    straggler_skew: PosFloat = 0.25
-    straggler_minutes: PosInt = 10
+    straggler_skew: Annotated[PosFloat, Max(10.0, "one rank 11x slower than the median")] = 0.25
+    straggler_minutes: Annotated[PosInt, ALARM_MINUTES] = 10
 
 
 # The tags trainstack itself puts on every resource and training job (trainstack.aws.request.tags); cost
@@ -395,9 +482,10 @@ class Tags(Section):
 class Budget(Section):
     """A team's guard rails, usually set in recipes/teams/<team>/defaults.yaml (see planner.budget)."""
 
-    max_instance_count: PosInt | None = None  # refuse recipes asking for more nodes than this
-    max_run_usd: PosFloat | None = None  # refuse recipes whose planned run costs more than this
-    approval_usd: Annotated[float, Field(ge=0)] = 5000.0  # planned runs above this need a human approval
+    max_instance_count: Annotated[PosInt, NODES] | None = None  # refuse recipes asking for more nodes
+    # refuse recipes whose planned run costs more than this
+    max_run_usd: Annotated[PosFloat, RUN_USD] | None = None
+    approval_usd: Annotated[NonNegFloat, RUN_USD] = 5000.0  # planned runs above this need a human approval
 
 
 class Deploy(Section):

@@ -21,7 +21,7 @@ import typer
 from trainstack.cli.commands.plan_options import RecipeArg, RecipesDirOpt, TeamOpt
 from trainstack.cli.commands.run_access import JsonOpt, answer, deploy_hint, deployed
 from trainstack.cli.commands.status import LocalOpt
-from trainstack.errors import TrainstackError
+from trainstack.errors import RecipeError, TrainstackError
 
 PLACEHOLDER = "<placeholder: {}>"
 
@@ -105,9 +105,16 @@ def launch(
     deployed_recipe = resolved.recipe
     run_recipe = deployed_recipe
     if max_steps is not None:
+        from pydantic import ValidationError
+
         data = deployed_recipe.model_dump(mode="json", exclude={"extends"})
         data["training"]["steps"] = max_steps
-        run_recipe = Recipe.model_validate(data)
+        try:
+            run_recipe = Recipe.model_validate(data)
+        except ValidationError as exc:  # past the schema's bound on training.steps (one line, exit 2)
+            raise RecipeError(
+                "--max-steps", "training.steps", exc.errors()[0]["msg"].removeprefix("Value error, ")
+            ) from None
     keep = (
         keep_alive
         if keep_alive is not None

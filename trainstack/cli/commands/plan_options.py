@@ -108,6 +108,20 @@ def usd_range(value: float, low: float, high: float) -> str:
     return f"{value:,.0f} USD ({_short(low / scale)}-{_short(high / scale)}{unit})"
 
 
+def storage_line(storage) -> str:
+    """'0.36 TiB each, 257 written over the run (92 TiB in all), 3 kept, pruned ones removed after 1-2
+    days: 5.0 TiB-months (2.2-11), 117 USD (52-254); leaves 1.1 TiB, 25 USD/month'."""
+    low, high = storage.tib_months_range
+    first, last = storage.pruned_days
+    return (
+        f"{storage.checkpoint_tib:,.2f} TiB each, {storage.written:,} written over the run "
+        f"({storage.written_tib:,.0f} TiB in all), {storage.kept} kept, pruned ones removed after "
+        f"{first:.0f}-{last:.0f} days: {storage.tib_months:,.1f} TiB-months ({_short(low)}-{_short(high)}), "
+        + usd_range(storage.usd, *storage.usd_range)
+        + f"; leaves {storage.left_tib:,.1f} TiB, {storage.left_usd_per_month:,.0f} USD/month"
+    )
+
+
 def _restart_text(run, cost) -> str:
     """'16 min (7-41) from a job's end to the next job's first step (decision 1, ...); 7 min of it
     billed: 105 USD (50-272) per restart, 0.5 expected'. Each part's source: `plan --json`, run.restart."""
@@ -195,8 +209,11 @@ def print_plan(plan: Plan, title: str, command: str) -> None:
         ("instance hours", duration_range(cost.hours, *cost.hours_range) + " per node, overheads included"),
         (
             "cost",
-            f"{cost.usd_per_hour:,.0f} USD/h, " + usd_range(cost.total_usd, *cost.total_usd_range),
+            f"{cost.usd_per_hour:,.0f} USD/h, "
+            + usd_range(cost.total_usd, *cost.total_usd_range)
+            + (f", checkpoint storage included ({cost.storage_usd:,.0f} USD)" if plan.storage else ""),
         ),
+        *([("checkpoint storage", storage_line(plan.storage))] if plan.storage else []),
     ]
     if plan.validation is not None:
         rows.append(("validation", plan.validation.summary() + ", counted in the hours and cost"))

@@ -41,11 +41,11 @@ def checks_for_tree(root: Path) -> list[Check]:
 
 
 def _shown(path: Path) -> str:
-    """Relative to the working directory when under it, as the loader names files in errors."""
-    try:
-        return str(path.resolve().relative_to(Path.cwd()))
-    except ValueError:
-        return str(path)
+    """Relative to the working directory when under it, as the loader names files in errors (a symlink
+    loop included)."""
+    from trainstack.recipes.loader import display_path
+
+    return display_path(path)
 
 
 def checks_for_path(path: Path) -> list[Check]:
