@@ -44,6 +44,7 @@ STEPS = Max(10_000_000, f"10x the ~1M optimizer steps of {LLAMA3_405B}")
 MAX_RUN_TOKENS = 100e12
 GLOBAL_BATCH = Max(65_536, "4x DeepSeek-V3's 15,360 sequences per step (arXiv:2412.19437)")
 RUN_USD = Max(1e9, "5x the costliest published training run (Gemini Ultra, about 191M USD, AI Index 2024)")
+ShardsGB = Annotated[PosFloat, Max(10_000_000, "10 PB of token shards: 2,500T tokens at 4 bytes each")]
 S3Uri = Annotated[str, Field(pattern=r"^s3://[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9](/.*)?$")]
 
 # Team and recipe names are joined by hyphens into stack and job names (`Trainstack-<team>-<recipe>`,
