@@ -407,12 +407,16 @@ class Transformer(nn.Module):
         for name, table in tables.items():
             getattr(self, name).copy_(table)
 
-    def forward(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """Mean next-token cross-entropy of `targets` given `tokens`, both (batch, seq)."""
+    def forward(self, tokens: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+        """Mean next-token cross-entropy of `targets` given `tokens`, both (batch, seq); without
+        `targets`, the full logits (batch, seq, vocab) (comparisons with a reference model: small
+        inputs only, the logits are not chunked)."""
         x = self.tok_embeddings(tokens)
         rope = self.rope()
         for block in self.layers:
             x = block(x, rope)
+        if targets is None:
+            return self.output(self.norm(x))
         return chunked_cross_entropy(self.norm(x), targets, self.output, self.loss_chunk_tokens)
 
 

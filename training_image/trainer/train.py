@@ -39,6 +39,7 @@ from trainer.comms import check_efa
 from trainer.config import Layout, load_recipe, resolve_layout
 from trainer.data import Prefetcher, TokenSource, micro_batch_indices, micro_batch_plan, open_source
 from trainer.health import NonFiniteWatch, Trace
+from trainer.hf import start_from_base
 from trainer.model import Transformer, build_model, compile_blocks, compile_decision, select_backend
 from trainer.optim import build_optimizer, build_scheduler
 from trainer.parallel import build_mesh, init_distributed, mesh_description, set_gradient_sync, shard_model
@@ -207,6 +208,17 @@ def _train(
         )
     else:
         log.info("no complete checkpoint in %s: starting at step 0", checkpoints.location)
+        if recipe.model.init_from:  # a new run from a base model; resuming (above) ignores it
+            base = start_from_base(
+                model, recipe.model, int(os.environ.get("LOCAL_RANK", "0")), checkpoints.group
+            )
+            log.info(
+                "loaded base model %s (%d tensors, %.2f GB read by this rank in %.1f s; fresh optimizer)",
+                recipe.model.init_from,
+                base.tensors,
+                base.bytes_read / 1e9,
+                base.seconds,
+            )
     max_steps = options.max_steps if options.max_steps is not None else recipe.training.steps
     ctx = LoopContext(
         recipe=recipe,
