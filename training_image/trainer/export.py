@@ -159,6 +159,15 @@ def export(
     bos_token_id: int | None = None,
     eos_token_id: int | None = None,
 ) -> ExportResult:
+    with warnings.catch_warnings():
+        # One process, no process group: DCP says it assumes a single process on every load and save.
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        return _export(
+            recipe, checkpoint, out, step, dtype, tokenizer, max_shard_gb, bos_token_id, eos_token_id
+        )
+
+
+def _export(recipe, checkpoint, out, step, dtype, tokenizer, max_shard_gb, bos_token_id, eos_token_id):
     started = time.monotonic()
     storage = open_storage(checkpoint)
     step = choose_step(storage, step)
@@ -305,8 +314,6 @@ def main(argv: list[str] | None = None) -> int:
         "--eos-token-id", type=int, help="written into config.json (default: the base model's)"
     )
     args = parser.parse_args(argv)
-    # One process, no process group: DCP says it assumes a single process on every load and save.
-    warnings.filterwarnings("ignore", message="torch.distributed is disabled")
     logging.basicConfig(
         level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
