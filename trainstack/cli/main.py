@@ -23,6 +23,7 @@ from trainstack.errors import TrainstackError
 # One entry per command module; each exposes `register(app: typer.Typer) -> None`.
 COMMAND_MODULES = [
     "trainstack.cli.commands.recipes",
+    "trainstack.cli.commands.recipe_from_hf",
     "trainstack.cli.commands.plan",
     "trainstack.cli.commands.show",
     "trainstack.cli.commands.validate",

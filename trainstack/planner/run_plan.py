@@ -108,6 +108,8 @@ class RunPlan:
     expected_failures: float = 0.0  # node failures (and spot interruptions) expected over the run
     failure_hours: float = 0.0  # expected restarts, restores and lost work they cost
     spot_interruptions: float = 0.0  # of expected_failures, the ones spot adds (assumption)
+    # The first job's copy and load of the base model (model.init_from; trainstack.planner.models_io).
+    base_load_seconds: float = 0.0
 
     @property
     def overhead_hours(self) -> float:
@@ -116,7 +118,7 @@ class RunPlan:
         restarts = self.jobs * self.startup_hours_per_job + max(0, self.jobs - 1) * (
             self.checkpoint.restore_seconds / HOUR_S
         )
-        return restarts + self.save_blocking_hours + self.failure_hours
+        return restarts + self.save_blocking_hours + self.failure_hours + self.base_load_seconds / HOUR_S
 
     def summary(self) -> str:
         """One line: '238 h = 2 jobs; checkpoint 95 GiB/node every 40 min, 70 s to save'."""
@@ -247,7 +249,10 @@ def plan_run(
         + checkpoint.restore_seconds / HOUR_S
         + (checkpoint.interval_minutes / 2 + checkpoint.save_seconds / 60.0) / 60.0
     )
+    from trainstack.planner.models_io import base_load_seconds  # models_io reads this module's rates
+
     return RunPlan(
+        base_load_seconds=base_load_seconds(recipe),
         hours=hours,
         jobs=jobs,
         max_runtime_hours=float(limit),

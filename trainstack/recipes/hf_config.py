@@ -121,15 +121,15 @@ def _rope(config: dict[str, Any], where: str) -> tuple[float | None, dict[str, A
 def shape_from_hf_config(config: dict[str, Any], where: str = "config.json") -> dict[str, Any]:
     """The `model:` fields of a recipe for a Hugging Face config (validated as a ModelShape), or
     HfConfigError naming the first thing this trainer cannot represent."""
+    for key in MOE_KEYS:
+        if config.get(key):
+            raise HfConfigError(f"{where}: {key}: a mixture of experts cannot be represented (dense only)")
     model_type = config.get("model_type")
     if model_type not in ARCHITECTURES:
         raise HfConfigError(
             f"{where}: model_type: {model_type!r} is not supported (supported: {', '.join(ARCHITECTURES)}: "
             "Llama-style decoders with RMSNorm, RoPE, grouped-query attention and SwiGLU)"
         )
-    for key in MOE_KEYS:
-        if config.get(key):
-            raise HfConfigError(f"{where}: {key}: a mixture of experts cannot be represented (dense only)")
     if config.get("hidden_act", "silu") != "silu":
         raise HfConfigError(
             f"{where}: hidden_act: {config['hidden_act']!r} (the trainer's MLP is SwiGLU: silu)"
