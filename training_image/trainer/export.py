@@ -291,9 +291,15 @@ def main(argv: list[str] | None = None) -> int:
         "--checkpoint", required=True, metavar="DIR_OR_S3_URI", help="the run's checkpoint location"
     )
     parser.add_argument(
-        "--step", type=int, help="the checkpoint to export (default: the newest complete one)"
+        "--step", type=int, help="the checkpoint to export (default, or 0: the newest complete one)"
     )
-    parser.add_argument("--out", required=True, metavar="DIR_OR_S3_URI", help="where the folder goes")
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("--out", metavar="DIR_OR_S3_URI", help="where the folder goes")
+    where.add_argument(
+        "--out-parent",
+        metavar="DIR_OR_S3_URI",
+        help="write the folder to PARENT/step-N/, N the step exported (the export job's form)",
+    )
     parser.add_argument(
         "--recipe",
         help="the run's recipe (YAML, name or JSON); default /opt/ml/input/config/hyperparameters.json",
@@ -321,11 +327,15 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--max-shard-gb must be > 0")
     try:
         recipe, _ = load_recipe(args.recipe)
+        step, out = args.step or None, args.out
+        if out is None:  # PARENT/step-N/: the export job does not know N before it looks
+            step = choose_step(open_storage(args.checkpoint), step)
+            out = f"{args.out_parent.rstrip('/')}/step-{step}/"
         result = export(
             recipe,
             args.checkpoint,
-            args.out,
-            step=args.step,
+            out,
+            step=step,
             dtype=args.dtype or recipe.export.dtype,
             tokenizer=args.tokenizer,
             max_shard_gb=args.max_shard_gb,

@@ -34,6 +34,7 @@ COMMAND_MODULES = [
     "trainstack.cli.commands.launch",
     "trainstack.cli.commands.runs",
     "trainstack.cli.commands.stop_resume",
+    "trainstack.cli.commands.export",
     "trainstack.cli.commands.emulator",
 ]
 
