@@ -263,7 +263,7 @@ def create_training_job_request(
             }
         ]
     if recipe.model.init_from and recipe.model.init_from.startswith("s3://"):
-        from trainstack.aws.export_job import base_channel  # models in and out (docs/models.md)
+        from trainstack.aws.channels import base_channel  # models in and out (docs/models.md)
 
         request.setdefault("InputDataConfig", []).append(base_channel(recipe.model.init_from))
     if subnet_ids:

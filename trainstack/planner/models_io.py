@@ -12,11 +12,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from trainstack.planner.run_plan import (
-    S3_ACHIEVED_FRACTION,
-    S3_TARGET_BYTES_PER_S_PER_RANK,
-    s3_bytes_per_s_per_node,
-)
 from trainstack.recipes.schema import ModelShape, Recipe
 
 GB = 1e9
@@ -28,9 +23,10 @@ LOCAL_READ_BYTES_PER_S_PER_GPU = 2e9
 # The export job reads each FP32 tensor of the model from the checkpoint (4 bytes per parameter) and
 # writes it in the export dtype, one process. Measured on the CPU sandbox (bench/hf_export_import.py):
 # about 0.5 GB/s of output per process from local disk; on SageMaker the reads come from S3 through one
-# s3torchconnector client (S3_TARGET_BYTES_PER_S_PER_RANK x S3_ACHIEVED_FRACTION, an assumption).
+# s3torchconnector client: its 10 Gbit/s target, half of it sustained (the assumption
+# trainstack.planner.run_plan makes for every rank's checkpoint reads).
 EXPORT_OUTPUT_BYTES_PER_S = 0.5e9
-EXPORT_S3_READ_BYTES_PER_S = S3_TARGET_BYTES_PER_S_PER_RANK * S3_ACHIEVED_FRACTION
+EXPORT_S3_READ_BYTES_PER_S = 10e9 / 8 * 0.5
 # Peak host memory of the export: one output file, twice the largest FP32 tensor (the tensor and DCP's
 # read buffer), and the interpreter with torch (measured about 0.6 GB; 1.5 GB kept).
 EXPORT_FIXED_GB = 1.5
@@ -63,14 +59,14 @@ def largest_tensor_elements(m: ModelShape) -> int:
     return max(m.vocab * m.hidden, 2 * m.ffn * m.hidden, (m.q_dim + 2 * m.kv_dim) * m.hidden)
 
 
-def base_load_seconds(recipe: Recipe) -> float:
+def base_load_seconds(recipe: Recipe, s3_bytes_per_s_per_node: float) -> float:
     """Extra start-up of the run's first job with `model.init_from`: SageMaker copies the base onto
     every node (the `base` input channel, at the run's S3 rate per node), then every replica group
     reads it into its shards. 0 without a base."""
     if not recipe.model.init_from:
         return 0.0
     size = recipe.model.total_params * BASE_BYTES_PER_PARAM
-    copy = size / s3_bytes_per_s_per_node(recipe)
+    copy = size / s3_bytes_per_s_per_node
     shard = recipe.parallelism.shard_group
     read = size / shard / LOCAL_READ_BYTES_PER_S_PER_GPU  # each GPU its 1/shard of the rows, in parallel
     return copy + read

@@ -28,6 +28,7 @@ import math
 from dataclasses import dataclass
 
 from trainstack.errors import TrainstackError
+from trainstack.planner.models_io import base_load_seconds
 from trainstack.recipes.schema import Recipe
 
 GIB = float(2**30)
@@ -249,10 +250,8 @@ def plan_run(
         + checkpoint.restore_seconds / HOUR_S
         + (checkpoint.interval_minutes / 2 + checkpoint.save_seconds / 60.0) / 60.0
     )
-    from trainstack.planner.models_io import base_load_seconds  # models_io reads this module's rates
-
     return RunPlan(
-        base_load_seconds=base_load_seconds(recipe),
+        base_load_seconds=base_load_seconds(recipe, s3_bytes_per_s_per_node(recipe)),
         hours=hours,
         jobs=jobs,
         max_runtime_hours=float(limit),
