@@ -51,6 +51,7 @@ DTYPES = {"bf16": (torch.bfloat16, "bfloat16"), "fp32": (torch.float32, "float32
 INDEX = "model.safetensors.index.json"
 RECORD = "export.json"  # written last: the folder is complete
 DEFAULT_MAX_SHARD_GB = 2.0
+LOAD_BATCH_BYTES = 256 * 2**20  # FP32 read per dcp.load, unless one tensor is larger
 
 
 @dataclass(frozen=True)
@@ -90,8 +91,8 @@ def _numel(shape: tuple[int, ...]) -> int:
     return n
 
 
-class _OneTensorReader:
-    """Loads one FP32 tensor of a DCP checkpoint at a time; the checkpoint's metadata is read once."""
+class _TensorReader:
+    """Loads FP32 tensors of a DCP checkpoint a few at a time; its metadata is read once."""
 
     def __init__(self, reader):
         self.reader = reader
@@ -99,11 +100,27 @@ class _OneTensorReader:
         reader.read_metadata = lambda *args, **kwargs: self.metadata  # every dcp.load asks again
         self.bytes_read = 0
 
-    def load(self, key: str, size: tuple[int, ...]) -> torch.Tensor:
-        tensor = torch.empty(size, dtype=torch.float32)
-        dcp.load({key: tensor}, storage_reader=self.reader, no_dist=True)
-        self.bytes_read += tensor.numel() * 4
-        return tensor
+    def load(self, sizes: dict[str, tuple[int, ...]]) -> dict[str, torch.Tensor]:
+        tensors = {key: torch.empty(size, dtype=torch.float32) for key, size in sizes.items()}
+        dcp.load(tensors, storage_reader=self.reader, no_dist=True)
+        self.bytes_read += sum(t.numel() * 4 for t in tensors.values())
+        return tensors
+
+
+def load_batches(names: list[str], shapes: dict[str, tuple[int, ...]]) -> list[list[str]]:
+    """Our parameters in the order needed, in loads of at most LOAD_BATCH_BYTES (FP32; a larger one alone):
+    each dcp.load costs a plan and a pass over the metadata, which small tensors (norms, biases) would
+    otherwise pay one by one."""
+    batches: list[list[str]] = [[]]
+    size = 0
+    for name in names:
+        nbytes = 4 * _numel(shapes[name])
+        if batches[-1] and size + nbytes > LOAD_BATCH_BYTES:
+            batches.append([])
+            size = 0
+        batches[-1].append(name)
+        size += nbytes
+    return batches
 
 
 def check_checkpoint(metadata, recipe: Recipe, where: str) -> None:
@@ -173,7 +190,7 @@ def _export(recipe, checkpoint, out, step, dtype, tokenizer, max_shard_gb, bos_t
     step = choose_step(storage, step)
     where = f"{storage.location.rstrip('/')}/{step_dir_name(step)}"
     marker = json.loads(storage.read(step, "COMPLETE.json") or b"{}")
-    source = _OneTensorReader(storage.reader(step))
+    source = _TensorReader(storage.reader(step))
     check_checkpoint(source.metadata, recipe, where)
     target = open_folder(out, "--out")
     torch_dtype, dtype_name = DTYPES[dtype]
@@ -186,14 +203,14 @@ def _export(recipe, checkpoint, out, step, dtype, tokenizer, max_shard_gb, bos_t
     weight_map, written = {}, 0
     for index, group in enumerate(files, start=1):
         state: dict[str, torch.Tensor] = {}
-        cached_name, cached = None, None
-        for piece in group:
-            if piece.ours != cached_name:
-                cached = None  # free the previous FP32 tensor first
-                cached_name = piece.ours
-                cached = source.load(f"model.{piece.ours}", shapes[piece.ours])
-            state[piece.hf] = cached.narrow(0, piece.start, piece.shape[0]).to(torch_dtype).clone()
-        cached = None
+        needed = list(dict.fromkeys(piece.ours for piece in group))
+        for batch in load_batches(needed, shapes):
+            loaded = source.load({f"model.{name}": shapes[name] for name in batch})
+            for piece in group:
+                if f"model.{piece.ours}" in loaded:
+                    full = loaded[f"model.{piece.ours}"]
+                    state[piece.hf] = full.narrow(0, piece.start, piece.shape[0]).to(torch_dtype, copy=True)
+            del loaded  # the FP32 tensors go before the next batch is read
         dcp.save(
             state,
             storage_writer=HuggingFaceStorageWriter(str(staging), fqn_to_index_mapping=mapping),
