@@ -107,13 +107,14 @@ def _peak_gb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9  # Linux: KiB
 
 
-def _child(step: str, size: float, where: Path) -> dict:
+def _child(step: str, size: float, where: Path, quiet: bool = False) -> dict:
+    """`step` in a fresh process (so each peak RSS is its own)."""
     code = (
         "import json, sys; sys.path.insert(0, 'bench'); import hf_export_import as b; "
         f"print(json.dumps(b.{step}(b.SHAPES[{size}], __import__('pathlib').Path({str(where)!r}))))"
     )
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
-    return json.loads(done.stdout.strip().splitlines()[-1] or "{}")
+    return {} if quiet else json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def main() -> None:
@@ -124,22 +125,19 @@ def main() -> None:
     sys.path.insert(0, str(ROOT))
     from trainstack.recipes.schema import ModelShape
 
-    print(
-        "| model | params | export GB/s (BF16 out) | export peak RSS | import GB/s (BF16 in) | import peak RSS (model itself) |"
-    )
+    columns = ("model", "params", "export GB/s (BF16 out)", "export peak RSS", "import GB/s (BF16 in)")
+    print("| " + " | ".join(columns) + " | import peak RSS (model itself) |")
     print("|---|---|---|---|---|---|")
     for size in (float(s) for s in args.sizes.split(",")):
         where = Path(tempfile.mkdtemp(prefix=f"hfbench-{size}-", dir=args.work))
-        subprocess.run(
-            [sys.executable, "-c", f"import sys; sys.path.insert(0, 'bench'); import hf_export_import as b; b.make_checkpoint(b.SHAPES[{size}], __import__('pathlib').Path({str(where)!r}))"],
-            cwd=ROOT, check=True, capture_output=True,
-        )  # fmt: skip
+        _child("make_checkpoint", size, where, quiet=True)
         out, into = _child("run_export", size, where), _child("run_import", size, where)
         params = ModelShape(**SHAPES[size]).total_params
+        export_rate = f"{out['gb'] / out['seconds']:.2f} ({out['gb']:.2f} GB in {out['seconds']:.1f} s)"
+        import_rate = f"{into['gb'] / into['seconds']:.2f} ({into['seconds']:.1f} s)"
         print(
-            f"| {size}B-class | {params / 1e9:.2f} B | {out['gb'] / out['seconds']:.2f} ({out['gb']:.2f} GB in {out['seconds']:.1f} s) "
-            f"| {out['peak_gb']:.2f} GB | {into['gb'] / into['seconds']:.2f} ({into['seconds']:.1f} s) "
-            f"| {into['peak_gb']:.2f} GB ({into['model_gb']:.2f} before the load) |"
+            f"| {size}B-class | {params / 1e9:.2f} B | {export_rate} | {out['peak_gb']:.2f} GB "
+            f"| {import_rate} | {into['peak_gb']:.2f} GB ({into['model_gb']:.2f} before the load) |"
         )
     from trainstack.planner.models_io import plan_export
     from trainstack.recipes.loader import resolve
@@ -148,9 +146,8 @@ def main() -> None:
     print("|---|---|---|---|---|")
     for name in ("30b-fp8", "64b-fp8"):
         p = plan_export(resolve(name).recipe)
-        print(
-            f"| {name} | {p.instance_type} ({p.memory_gib:.0f} GiB) | {p.peak_gb:.1f} GB | {p.hours:.2f} | {p.usd:.2f} |"
-        )
+        instance = f"{p.instance_type} ({p.memory_gib:.0f} GiB)"
+        print(f"| {name} | {instance} | {p.peak_gb:.1f} GB | {p.hours:.2f} | {p.usd:.2f} |")
 
 
 if __name__ == "__main__":

@@ -86,12 +86,12 @@ def export_definition(request: dict[str, Any], table_name: str, exports_base: st
             "ExportLimit": {
                 "Type": "Fail",
                 "Error": "ExportLimit",
-                "Cause": f"a run has at most {EXPORTS_PER_RUN} exports (job names <run>-x1 to -x9)",
+                "Cause": f"a run has at most {EXPORTS_PER_RUN} exports (job names <run>-X1 to -X9)",
             },
             "Names": {
                 "Type": "Pass",
                 "Parameters": {
-                    "Job.$": fmt("{}-x{}", "$.Run", "$.Export.Index"),
+                    "Job.$": fmt("{}-X{}", "$.Run", "$.Export.Index"),
                     "Index.$": "$.Export.Index",
                     "Checkpoint.$": "$.Registry.Item.checkpoint_uri.S",
                     "OutParent.$": fmt(exports_base + "{}/", "$.RunId"),

@@ -59,8 +59,10 @@ def test_export_job_names_fit_and_are_never_a_runs_job():
     with pytest.raises(ValueError, match="at most 9 exports"):
         export_job_name(longest, EXPORTS_PER_RUN + 1)
     prefix = "ts-platform-30b-fp8--"
-    assert is_export_job(f"{prefix}main-x3") and not is_recipe_job(f"{prefix}main-x3", prefix)
+    assert is_export_job(f"{prefix}main-X3") and not is_recipe_job(f"{prefix}main-X3", prefix)
     assert not is_export_job(f"{prefix}main-3") and is_recipe_job(f"{prefix}main-3", prefix)
+    # Run ids are lowercase and may end in -x1 (a default id's suffix): that run is not an export.
+    assert not is_export_job(f"{prefix}e65969ea-x1") and is_recipe_job(f"{prefix}e65969ea-x1-2", prefix)
 
 
 def test_only_a_base_in_s3_becomes_an_input_channel():

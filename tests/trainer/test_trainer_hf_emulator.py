@@ -147,7 +147,7 @@ def test_base_in_s3_to_export_in_s3_through_the_export_state_machine(
     ] == "RUNNING" and time.monotonic() < deadline:
         time.sleep(0.2)
     assert described["status"] == "SUCCEEDED", described
-    job = cloud.client("sagemaker").describe_training_job(TrainingJobName=f"{run}-x1")
+    job = cloud.client("sagemaker").describe_training_job(TrainingJobName=f"{run}-X1")
     assert job["TrainingJobName"].startswith(job_name_prefix(recipe, None))
     assert job["ResourceConfig"]["InstanceType"].startswith("ml.m5.")
     arguments = job["AlgorithmSpecification"]["ContainerArguments"]
@@ -161,7 +161,7 @@ def test_base_in_s3_to_export_in_s3_through_the_export_state_machine(
     ]
     record = run_from_item(dynamodb.get_item(TableName="runs", Key={"run": {"S": run}})["Item"])
     ((export,),) = (record.exports,)
-    assert (export["job"], export["step"], export["reason"]) == (f"{run}-x1", 0, "cli")
+    assert (export["job"], export["step"], export["reason"]) == (f"{run}-X1", 0, "cli")
 
     # The job's container, run here: its recipe (hyperparameters) and its own arguments.
     recipe_path = tmp_path / "recipe.json"

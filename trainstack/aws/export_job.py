@@ -6,10 +6,12 @@ entrypoint `python -m trainer.export`, the run's recipe as its hyperparameters, 
 prefix as input and `s3://<bucket>/exports/<team>/<recipe>/<run id>/` as the parent of its output: the
 export writes `step-N/` there, N the step it exported (the newest complete one unless told).
 
-Its name is the run's name with `-x<n>` (n = 1..9, the run's n-th export), so it carries the recipe's
-job-name prefix, which the execution role's trust condition requires, and never looks like a job of
-the run (`<run>-<index>`). It has no TRAINSTACK_RUN in its environment: the run supervisor, which hears
-about every job of the prefix, leaves it alone.
+Its name is the run's name with `-X<n>` (n = 1..9, the run's n-th export), so it carries the recipe's
+job-name prefix, which the execution role's trust condition requires, and never looks like a run or
+a job of one: run ids are lowercase (trainstack.recipes.naming.RUN_ID), so no run name ends in `-X1`
+(a default run id may well end in `-x1`), and a run's jobs end in `-<index>`. It has no
+TRAINSTACK_RUN in its environment: the run supervisor, which hears about every job of the prefix,
+leaves it alone.
 
 Both starts go through the deployment's Export state machine (stacks/export.py), which creates the job
 and records it in the run registry: `trainstack export RUN` and, with `export.on_complete`, the run
@@ -26,8 +28,8 @@ from trainstack.planner.models_io import plan_export
 from trainstack.recipes import naming
 from trainstack.recipes.schema import Recipe, to_hyperparameters
 
-EXPORTS_PER_RUN = 9  # `-x1` .. `-x9`: a run name may be 60 characters, a job name 63
-EXPORT_JOB = re.compile(r"-x[1-9]$")
+EXPORTS_PER_RUN = 9  # `-X1` .. `-X9`: a run name may be 60 characters, a job name 63
+EXPORT_JOB = re.compile(r"-X[1-9]$")
 ENTRYPOINT = ["python", "-m", "trainer.export"]
 STOP_FACTOR = 4.0  # the job's limit: this many times its planned hours, plus an hour
 INPUT_STEP = "Step"  # the step to export; 0: the newest complete checkpoint
@@ -39,7 +41,7 @@ EXPORT_REASONS = ("cli", "on_complete")
 def export_job_name(run: str, index: int) -> str:
     if not 1 <= index <= EXPORTS_PER_RUN:
         raise ValueError(f"a run has at most {EXPORTS_PER_RUN} exports, this would be its {index}th")
-    name = f"{run}-x{index}"
+    name = f"{run}-X{index}"
     assert len(name) <= naming.JOB_NAME_MAX, name
     return name
 

@@ -62,14 +62,14 @@ def export(
     index = len(record.exports) + 1
     if index > EXPORTS_PER_RUN:
         raise TrainstackError(
-            f"run {run} has {len(record.exports)} exports, the most a run has (job names -x1 to -x9)"
+            f"run {run} has {len(record.exports)} exports, the most a run has (job names -X1 to -X9)"
         )
     name = parse_run_name(run)
     planned = plan_export(resolve(name.recipe, name.team).recipe)
     try:
         started = aws.client("stepfunctions").start_execution(
             stateMachineArn=machine,
-            name=f"{run}-x{index}",
+            name=f"{run}-X{index}",
             input=json.dumps(export_input(run, record.run_id, step, "cli")),
         )
     except (ClientError, BotoCoreError) as error:
