@@ -13,7 +13,8 @@ Memory: one tensor at a time. The checkpoint's FP32 tensors are read one by one 
 torch.distributed.checkpoint (only that tensor's byte ranges, from a local directory or straight from
 S3), split into the Hugging Face tensors they hold (Q/K/V, gate/up), cast, and collected into one
 output file of at most --max-shard-gb, which DCP's HuggingFaceStorageWriter writes before the next
-file is started. Peak host memory is about one output file plus twice the largest FP32 tensor
+file is started. Peak host memory is about twice one output file (its tensors
+and their serialised bytes) plus twice the largest FP32 tensor
 (bench/hf_export_import.py measures it). With an s3:// --out each file is uploaded as soon as it is
 written and removed locally, so local disk holds one file too.
 

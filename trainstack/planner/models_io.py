@@ -21,14 +21,18 @@ BASE_BYTES_PER_PARAM = 2
 # and every replica group reads the model once. Assumption: 2 GB/s per GPU from the page cache / NVMe.
 LOCAL_READ_BYTES_PER_S_PER_GPU = 2e9
 # The export job reads each FP32 tensor of the model from the checkpoint (4 bytes per parameter) and
-# writes it in the export dtype, one process. Measured on the CPU sandbox (bench/hf_export_import.py):
-# about 0.5 GB/s of output per process from local disk; on SageMaker the reads come from S3 through one
+# writes it in the export dtype, one process, bound by memory copies. Measured on the shared 2-core
+# sandbox (bench/hf_export_import.py, load average ~13): 0.02-0.07 GB/s of BF16 output, about a sixth
+# of a core; assumed 0.2 GB/s on a dedicated instance (not measured). On SageMaker the reads come from
+# S3 through one
 # s3torchconnector client: its 10 Gbit/s target, half of it sustained (the assumption
 # trainstack.planner.run_plan makes for every rank's checkpoint reads).
-EXPORT_OUTPUT_BYTES_PER_S = 0.5e9
+EXPORT_OUTPUT_BYTES_PER_S = 0.2e9
 EXPORT_S3_READ_BYTES_PER_S = 10e9 / 8 * 0.5
-# Peak host memory of the export: one output file, twice the largest FP32 tensor (the tensor and DCP's
-# read buffer), and the interpreter with torch (measured about 0.6 GB; 1.5 GB kept).
+# Peak host memory of the export: one output file twice (its tensors, and the bytes safetensors
+# serialises them into before DCP writes the file), twice the largest FP32 tensor (the tensor and DCP's
+# read buffer), and the interpreter with torch. Measured peaks (bench/hf_export_import.py): 1.0, 3.1
+# and 6.0 GB for 0.1, 0.4 and 0.9B models whose whole BF16 output (0.2, 0.8, 1.8 GB) fit one file.
 EXPORT_FIXED_GB = 1.5
 EXPORT_MEMORY_HEADROOM = 1.5  # the instance needs this much more than the estimate
 MAX_SHARD_GB = 2.0  # trainer.export's default output file size
@@ -87,11 +91,13 @@ class ExportPlan:
 
 
 def plan_export(recipe: Recipe, dtype: str | None = None, max_shard_gb: float = MAX_SHARD_GB) -> ExportPlan:
-    """The smallest CPU instance that holds the export's peak memory with headroom, and what it costs."""
+    """The smallest CPU instance that holds the export's peak memory with headroom, and what it costs.
+    The peak does not grow with the model beyond its largest tensor: 2 x one output file + 2 x that
+    tensor in FP32 + the interpreter (checked against bench/hf_export_import.py's measured peaks)."""
     m = recipe.model
     out_bytes = 2 if (dtype or recipe.export.dtype) == "bf16" else 4
     largest = largest_tensor_elements(m) * 4
-    peak = max_shard_gb * GB + 2 * largest + EXPORT_FIXED_GB * GB
+    peak = 2 * max_shard_gb * GB + 2 * largest + EXPORT_FIXED_GB * GB
     needed_gib = peak * EXPORT_MEMORY_HEADROOM / 2**30
     instance = next((i for i in CPU_INSTANCES if i.memory_gib >= needed_gib), CPU_INSTANCES[-1])
     read, written = m.total_params * 4, m.total_params * out_bytes
