@@ -33,7 +33,7 @@ def export(
     """Export RUN's checkpoint as a Hugging Face folder (safetensors, config.json, tokenizer) in S3.
 
     A SageMaker job on one CPU instance, sized to stream the largest tensor (not the whole model), runs
-    `python -m trainer.export` from the training image. What it will use and cost is printed first.
+    `python -m trainer.export` from the training image. The instance, time and price it expects are printed.
     --json prints {run, job, execution}.
 
     Exit status 0 when the export was started, 2 when RUN is unknown, has used its 9 exports, or AWS refuses.
