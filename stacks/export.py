@@ -22,6 +22,7 @@ from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
 from stacks import nag
+from stacks.retries import retriers
 from stacks.state_machine import logged_state_machine
 from stacks.supervisor.asl import CREATE, GET_ITEM, UPDATE_ITEM, fmt, task
 from trainstack.aws.export_job import EXPORTS_PER_RUN, STEP_ARGUMENT, export_job_request, exports_prefix
@@ -240,5 +241,6 @@ def export_on_complete_state(export_machine_arn: str) -> dict[str, Any]:
             },
         },
         "ResultPath": None,
+        "Retry": retriers(START_EXECUTION),
         "Catch": [{"ErrorEquals": ["States.ALL"], "ResultPath": "$.ExportError", "Next": "Decided"}],
     }

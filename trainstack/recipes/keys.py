@@ -33,10 +33,13 @@ PATTERN_WORDS = {
     ),
     "monitoring.notification_email": "an e-mail address, e.g. ml-alerts@example.com",
     "model.init_from": (
-        "a Hugging Face folder: an S3 URI (s3://bucket/prefix/) or a local directory, e.g. "
+        "a Hugging Face folder: an S3 URI (s3:// then a bucket name of 3-63 lowercase letters, digits, dots "
+        "and hyphens, then an optional /prefix) or a local directory without spaces or colons, e.g. "
         "s3://my-models/Qwen2.5-32B/"
     ),
-    "export.tokenizer": "tokenizer files: an S3 URI (s3://bucket/prefix/) or a local directory",
+    "export.tokenizer": (
+        "tokenizer files: an S3 URI (s3://bucket/prefix/) or a local directory without spaces or colons"
+    ),
 }
 
 

@@ -98,9 +98,10 @@ class RopeScaling(Section):
         return self
 
 
-# Where a Hugging Face base model folder lives: an S3 prefix or a local directory (local runs).
+# Where a Hugging Face base model folder lives: an S3 prefix or a local directory (local runs; a path
+# without spaces or colons).
 InitFrom = Annotated[
-    str, Field(min_length=1, pattern=r"^(s3://[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9](/.*)?|[^:]+)$")
+    str, Field(min_length=1, pattern=r"^(s3://[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9](/.*)?|[^:\s]+)$")
 ]
 
 
