@@ -50,5 +50,6 @@ def from_hf(
     from trainstack.recipes.schema import ModelShape
 
     params = ModelShape(**shape).total_params
-    typer.echo(f"# {where}: {config['model_type']} ({architecture}), {params / 1e9:.2f}B parameters")
+    size = f"{params / 1e9:.2f}B" if params >= 1e8 else f"{params / 1e6:.2f}M"
+    typer.echo(f"# {where}: {config['model_type']} ({architecture}), {size} parameters")
     typer.echo(recipe_model_block(shape, init_from))
