@@ -18,6 +18,7 @@ from constructs import Construct, IValidation
 from stacks import nag
 from stacks.network import TrainingNetwork
 from trainstack.aws.deployment import Deployment
+from trainstack.aws.export_job import exports_prefix
 from trainstack.aws.request import output_prefix
 from trainstack.recipes import naming
 
@@ -57,7 +58,12 @@ class ExecutionRole(Construct):
             ),
             description=f"SageMaker training jobs of {deployment.stack_prefix}",
         )
-        prefixes = [naming.checkpoint_prefix(recipe, team), output_prefix(recipe, team)]
+        # The run's checkpoints, SageMaker's output, and the Hugging Face folders exports write.
+        prefixes = [
+            naming.checkpoint_prefix(recipe, team),
+            output_prefix(recipe, team),
+            exports_prefix(recipe, team),
+        ]
         objects = [bucket.arn_for_objects(f"{p}/*") for p in prefixes]
         policy = iam.Policy(
             self,
@@ -118,6 +124,8 @@ class ExecutionRole(Construct):
                 )
             )
         self._data_statements(recipe.data.uris)
+        if recipe.model.init_from and recipe.model.init_from.startswith("s3://"):  # the base model
+            self._data_statements((recipe.model.init_from,), "AwsSolutions-IAM5:base-model")
         self._granted_network: TrainingNetwork | None = None
         if vpc:
             # Read-only calls without resource-level permissions (Service Authorization Reference, EC2).
@@ -182,8 +190,11 @@ class ExecutionRole(Construct):
             [nag.arn_finding(self, "ec2", "network-interface/*")],
         )
 
-    def _data_statements(self, uris: tuple[str, ...]) -> None:
-        """Read-only on each data prefix: data.train_s3_uri, or every source of a blend (data.sources)."""
+    def _data_statements(
+        self, uris: tuple[str, ...], finding: str = "AwsSolutions-IAM5:training-data"
+    ) -> None:
+        """Read-only on each prefix the job reads: data.train_s3_uri or every source of a blend
+        (data.sources); a base model (model.init_from)."""
         findings = []
         for uri in uris:
             bucket_name, _, prefix = uri.removeprefix("s3://").partition("/")
@@ -199,7 +210,7 @@ class ExecutionRole(Construct):
                 ),
             )
         if findings:
-            nag.acknowledge(self, "AwsSolutions-IAM5:training-data", findings)
+            nag.acknowledge(self, finding, findings)
 
 
 @jsii.implements(IValidation)

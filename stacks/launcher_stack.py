@@ -13,6 +13,7 @@ from constructs import Construct
 
 from stacks.data_stack import DataStack
 from stacks.execution_role import ExecutionRole
+from stacks.export import ExportMachine, export_on_complete_state
 from stacks.image import TrainingImage
 from stacks.launch_on_deploy import DEPLOY_SUFFIX, LaunchOnDeploy
 from stacks.network import TrainingNetwork
@@ -66,6 +67,21 @@ class LauncherStack(Stack):
         # Monitoring adds key-policy statements (SNS, CloudWatch), so it gets the key itself. Its topic
         # comes first: the supervisor publishes to it; its alarms and dashboard watch the supervisor.
         self.monitoring = self._compose_monitoring(deployment, data.key, bucket)
+        table = data.exports.run_table(self, key)
+        self.export = ExportMachine(
+            self,
+            "Export",
+            recipe=recipe,
+            team=team,
+            job_name_prefix=prefix,
+            bucket_name=bucket.bucket_name,
+            image_uri=image.image_uri,
+            execution_role=self.execution_role,
+            key=key,
+            table=table,
+            table_name=data.exports.value("RunTableName"),
+        )
+        on_complete = export_on_complete_state(self.export.state_machine.state_machine_arn)
         self.supervisor = RunSupervisor(
             self,
             "Supervisor",
@@ -82,9 +98,12 @@ class LauncherStack(Stack):
             execution_role=self.execution_role,
             job_name_prefix=prefix,
             key=key,
-            table=data.exports.run_table(self, key),
+            table=table,
             topic=self.monitoring.topic,
+            on_complete=on_complete if recipe.export.on_complete else None,
         )
+        if recipe.export.on_complete:
+            self.export.allow_start(self.supervisor.job_ended)
         self.state_machine = self.supervisor.start_job
         self.monitoring.watch(
             {"start": self.supervisor.start_job, "decide": self.supervisor.job_ended}, self.supervisor.rule
@@ -109,6 +128,7 @@ class LauncherStack(Stack):
 
         CfnOutput(self, "StateMachineArn", value=self.state_machine.state_machine_arn)
         CfnOutput(self, "JobEndedStateMachineArn", value=self.supervisor.job_ended.state_machine_arn)
+        CfnOutput(self, "ExportStateMachineArn", value=self.export.state_machine.state_machine_arn)
         CfnOutput(self, "JobNamePrefix", value=prefix)
         CfnOutput(self, "RecipeHash", value=deployment.recipe_hash)
         CfnOutput(self, "ExecutionRoleArn", value=self.execution_role.role_arn)

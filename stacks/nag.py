@@ -38,6 +38,11 @@ REASONS: dict[str, str] = {
         "data.sources): the token shards below them "
         "are many and named by the data pipeline, not known when the stack is deployed."
     ),
+    "AwsSolutions-IAM5:base-model": (
+        "Read-only (s3:GetObject) on the recipe's model.init_from prefix: the Hugging Face folder the run "
+        "starts from holds safetensors files the publisher named (model-0000i-of-0000N), not known when "
+        "the stack is deployed."
+    ),
     "AwsSolutions-IAM5:training-logs": (
         "SageMaker writes to the /aws/sagemaker/TrainingJobs log group with one stream per job and "
         "host, named at run time."

@@ -91,6 +91,13 @@ TRANSIENT_ERRORS: dict[str, tuple[str, ...]] = {
         "SNS.AmazonSNSException",
         "SNS.SdkClientException",
     ),
+    # Starting another state machine (the Export machine after a run completes: stacks/export.py):
+    # StartExecution's documented ExecutionLimitExceeded, in the integrations' <Service>.<Exception> form.
+    "states": (
+        "StepFunctions.ExecutionLimitExceededException",
+        "StepFunctions.AWSStepFunctionsException",
+        "StepFunctions.SdkClientException",
+    ),
 }
 # Capacity, not a fault: the account's quota of the instance type is in use (CreateTrainingJob).
 CAPACITY_ERRORS = ("SageMaker.ResourceLimitExceededException",)

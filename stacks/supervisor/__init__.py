@@ -63,6 +63,7 @@ class RunSupervisor(Construct):
         key: kms.IKey,
         table: dynamodb.ITable,
         topic: sns.ITopic,
+        on_complete: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(scope, id)
         self.prefix = job_name_prefix
@@ -80,7 +81,9 @@ class RunSupervisor(Construct):
             self,
             log_group_id="JobEndedLogs",
             state_machine_id="JobEnded",
-            definition=job_ended_definition(constants, request=request, hyperparameters=hyperparameters),
+            definition=job_ended_definition(
+                constants, request=request, hyperparameters=hyperparameters, on_complete=on_complete
+            ),
             key=key,
             retention=logs.RetentionDays.ONE_YEAR,
             timeout=EXECUTION_TIMEOUT,

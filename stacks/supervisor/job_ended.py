@@ -78,7 +78,11 @@ def _decision(rule_id: str, outcome: supervisor.Outcome, why: dict[str, str], **
 
 
 def job_ended_definition(
-    c: SupervisorConstants, *, request: dict[str, Any], hyperparameters: dict[str, str]
+    c: SupervisorConstants,
+    *,
+    request: dict[str, Any],
+    hyperparameters: dict[str, str],
+    on_complete: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The "job ended" state machine: read the job and its run's record, decide, record, notify, and
     start the next job when the decision says so."""
@@ -408,6 +412,10 @@ def job_ended_definition(
         **start_job_states(c, request=request, hyperparameters=hyperparameters, output_path="$.Decision"),
         "Decided": {"Type": "Succeed", "OutputPath": "$.Decision"},
     }
+    if on_complete is not None:  # export.on_complete: one state after a completed run (stacks/export.py)
+        completed = {"Variable": "$.Decision.Outcome", "StringEquals": supervisor.Outcome.COMPLETED.value}
+        states["Continue"]["Choices"].append({**completed, "Next": "OnComplete"})
+        states["OnComplete"] = {**on_complete, "Next": "Decided"}
     return {
         "Comment": f"A job of a {c.team}/{c.recipe} run ended: decide what the run does next.",
         "StartAt": "DescribeJob",

@@ -113,7 +113,9 @@ def test_metrics_retries_infra_checks_environment_and_tags() -> None:
     assert env["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
     tags = {t["Key"]: t["Value"] for t in request["Tags"]}
     assert tags["team"] == "nlp" and tags["recipe"] == "30b-fp8" and tags["cost-center"] == r.tags.cost_center
-    assert "InputDataConfig" not in request and "VpcConfig" not in request
+    assert "VpcConfig" not in request
+    # No data channel (synthetic tokens); the base model 30b-fp8 continues from comes as its own channel.
+    assert [c["ChannelName"] for c in request["InputDataConfig"]] == ["base"]
     assert "TrainingPlanArn" not in request["ResourceConfig"]
 
 
@@ -154,8 +156,11 @@ def test_data_channel_and_vpc_mode() -> None:
         **ARGS,
     )
     validate_api(request)
-    (channel,) = request["InputDataConfig"]
+    channel, base = request["InputDataConfig"]
+    assert channel["ChannelName"] == "train"
     assert channel["DataSource"]["S3DataSource"]["S3Uri"] == "s3://corpus/tokens/v1"
+    # The base model is copied whole (File mode, its own channel), the tokens streamed (the job's mode).
+    assert (base["ChannelName"], base["InputMode"]) == ("base", "File")
     assert request["AlgorithmSpecification"]["TrainingInputMode"] == "FastFile"
     assert request["VpcConfig"] == {"SecurityGroupIds": ["sg-1"], "Subnets": ["subnet-1", "subnet-2"]}
     assert (

@@ -136,7 +136,7 @@ def test_state_machine_logs_all_and_traces(all_templates: dict) -> None:
     for name, template in all_templates.items():
         if name.endswith("-Launcher"):
             machines = resources(template, "AWS::StepFunctions::StateMachine").values()
-            assert len(machines) == 3, name  # StartJob, JobEnded, the alarm manager
+            assert len(machines) == 4, name  # StartJob, JobEnded, the alarm manager, Export
             for machine in machines:
                 props = machine["Properties"]
                 assert props["LoggingConfiguration"]["Level"] == "ALL", name

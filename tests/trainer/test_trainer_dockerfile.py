@@ -59,6 +59,28 @@ def test_the_required_api_is_what_the_trainer_calls():
         assert attribute in sources, (module, attribute)
 
 
+def test_the_build_checks_the_constructor_keywords_the_model_passes():
+    """te_requirements checks every keyword trainer.model passes to a TE module (the fake TE's
+    classes take exactly TE 2.8's keywords the trainer uses; a missing one is named)."""
+    import types
+
+    def module(keywords):
+        exec_ns: dict = {}
+        exec(f"def __init__(self, *args, {', '.join(k + '=None' for k in keywords)}): pass", exec_ns)
+        return type("M", (), {"__init__": exec_ns["__init__"]})
+
+    complete = types.SimpleNamespace(**{name: module(kw) for name, kw in te_requirements.REQUIRED_ARGUMENTS})
+    assert te_requirements.missing_arguments(complete) == []
+    without_bias = dict(te_requirements.REQUIRED_ARGUMENTS)
+    without_bias["LayerNormLinear"] = tuple(k for k in without_bias["LayerNormLinear"] if k != "bias")
+    fake = types.SimpleNamespace(**{name: module(kw) for name, kw in without_bias.items()})
+    assert te_requirements.missing_arguments(fake) == ["LayerNormLinear(bias=)"]
+    model_source = (REPO / "training_image" / "trainer" / "model.py").read_text()
+    for name, keywords in te_requirements.REQUIRED_ARGUMENTS:
+        for keyword in keywords:
+            assert f"{keyword}=" in model_source, (name, keyword)
+
+
 def test_core_and_checkpoint_dependencies_are_pinned_as_in_pyproject():
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     declared = project["dependencies"] + project["optional-dependencies"]["trainer"]
@@ -72,10 +94,18 @@ def test_core_and_checkpoint_dependencies_are_pinned_as_in_pyproject():
         "tenacity",
         "tokenizers",
         "pyarrow",
+        "safetensors",
     ):
         assert f'"{pins[name]}"' in text, pins[name]
     lock = (REPO / "requirements.lock").read_text().splitlines()
-    for name in ("s3torchconnector", "s3torchconnectorclient", "tenacity", "tokenizers", "pyarrow"):
+    for name in (
+        "s3torchconnector",
+        "s3torchconnectorclient",
+        "tenacity",
+        "tokenizers",
+        "pyarrow",
+        "safetensors",
+    ):
         assert pins[name].replace("[dcp]", "") in lock, pins[name]
 
 

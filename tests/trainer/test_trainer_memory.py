@@ -29,8 +29,12 @@ SHAPES = {
     "gqa": ModelShape(layers=2, hidden=64, heads=4, kv_heads=2, ffn=176, vocab=256),
     "mha": ModelShape(layers=2, hidden=48, heads=3, kv_heads=3, ffn=128, vocab=256),
     "gqa-8-to-1": ModelShape(layers=2, hidden=128, heads=8, kv_heads=1, ffn=96, vocab=256),
+    # Qwen2-style Q/K/V bias with a head width other than hidden / heads (q = 128 != hidden = 64).
+    "bias-wide-heads": ModelShape(
+        layers=2, hidden=64, heads=4, kv_heads=2, ffn=176, vocab=256, head_dim=32, attention_bias=True
+    ),
 }
-BATCH_SEQ = {"gqa": (2, 32), "mha": (1, 40), "gqa-8-to-1": (3, 16)}
+BATCH_SEQ = {"gqa": (2, 32), "mha": (1, 40), "gqa-8-to-1": (3, 16), "bias-wide-heads": (2, 24)}
 MODES = ("none", "full", "op")
 
 
@@ -107,8 +111,10 @@ class _BackwardWork(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func is torch.ops.aten.mm.default:
             self.matmul_flops += 2 * args[0].shape[0] * args[0].shape[1] * args[1].shape[1]
-        elif func in (torch.ops.aten.addmm.default, torch.ops.aten.bmm.default):
-            raise AssertionError(f"{func}: the block's matmuls are expected to be plain mm")
+        elif func is torch.ops.aten.addmm.default:  # a linear with a bias: addmm(bias, input, weight.T)
+            self.matmul_flops += 2 * args[1].shape[0] * args[1].shape[1] * args[2].shape[1]
+        elif func is torch.ops.aten.bmm.default:
+            raise AssertionError(f"{func}: the block's matmuls are expected to be mm or addmm")
         if func in ATTENTION_OPS:
             self.attention_forwards += 1
         return func(*args, **(kwargs or {}))

@@ -44,7 +44,7 @@ from trainer_helpers import TINY
 
 from trainstack.errors import RecipeError
 from trainstack.recipes.loader import resolve
-from trainstack.recipes.schema import ActivationCheckpointing, Recipe, to_hyperparameters
+from trainstack.recipes.schema import ActivationCheckpointing, ModelShape, Recipe, to_hyperparameters
 
 
 @pytest.fixture(scope="module")
@@ -180,6 +180,8 @@ def fake_transformer_engine(calls: list[tuple[str, dict]]):
             if name == "LayerNormLinear":
                 self.layer_norm_weight = nn.Parameter(torch.empty(args[0], device=device))
                 self.weight = nn.Parameter(torch.empty(args[1], args[0], device=device))
+                if kwargs.get("bias", True):  # TE's default is bias=True
+                    self.bias = nn.Parameter(torch.empty(args[1], device=device))
             elif name == "Linear":
                 self.weight = nn.Parameter(torch.empty(args[1], args[0], device=device))
             elif name == "LayerNormMLP":
@@ -196,26 +198,51 @@ def fake_transformer_engine(calls: list[tuple[str, dict]]):
     return types.SimpleNamespace(**{n: recorder(n) for n in names})
 
 
-def test_transformer_engine_backend_uses_fused_modules_with_the_pure_blocks_parameter_names(tiny):
+QWEN2_LIKE = {  # Q/K/V bias, eps 1e-6, a head width other than hidden / heads, Llama 3.1 RoPE scaling
+    "attention_bias": True,
+    "norm_eps": 1e-6,
+    "head_dim": 32,
+    "rope_scaling": {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 16,
+    },
+}
+
+
+@pytest.mark.parametrize("variant", ["llama", "qwen2-like"])
+def test_transformer_engine_backend_uses_fused_modules_with_the_pure_blocks_parameter_names(tiny, variant):
     calls: list[tuple[str, dict]] = []
     te_backend = _te_backend(fake_transformer_engine(calls), apply_rotary_pos_emb=None)
-    m = tiny.model
+    m = tiny.model if variant == "llama" else ModelShape(**{**tiny.model.model_dump(), **QWEN2_LIKE})
     with torch.device("meta"):
         te_block, pure_block = Block(m, te_backend), Block(m, pytorch_backend())
     shapes = lambda block: {n: tuple(p.shape) for n, p in block.named_parameters()}  # noqa: E731
     assert shapes(te_block) == shapes(pure_block)
+    assert ("attention.qkv.bias" in shapes(te_block)) == m.attention_bias
     by_name = {name: kwargs for name, kwargs in calls}
-    assert by_name["LayerNormLinear"]["normalization"] == "RMSNorm" and not by_name["LayerNormLinear"]["bias"]
+    qkv = by_name["LayerNormLinear"]
+    assert qkv["normalization"] == "RMSNorm" and qkv["bias"] == m.attention_bias and qkv["eps"] == m.norm_eps
     mlp = by_name["LayerNormMLP"]
-    assert (mlp["normalization"], mlp["activation"], mlp["bias"]) == ("RMSNorm", "swiglu", False)
+    assert (mlp["normalization"], mlp["activation"], mlp["bias"], mlp["eps"]) == (
+        "RMSNorm",
+        "swiglu",
+        False,
+        m.norm_eps,
+    )
     attention = by_name["DotProductAttention"]
     assert attention["args"] == (m.heads, m.head_dim) and attention["num_gqa_groups"] == m.kv_heads
     assert (attention["qkv_format"], attention["attn_mask_type"]) == ("bshd", "causal")
-    # TE's fused RoPE reads one FP32 angle table laid out (seq, 1, 1, head_dim).
-    (freqs,) = te_backend.rope_tables(m.head_dim, 32, m.rope_theta, torch.device("cpu")).values()
+    # TE's fused RoPE reads one FP32 angle table laid out (seq, 1, 1, head_dim), scaled as the shape says.
+    (freqs,) = te_backend.rope_tables(m, 32, torch.device("cpu")).values()
     assert freqs.dtype == torch.float32 and freqs.shape == (32, 1, 1, m.head_dim)
-    cos, _ = rotary_tables(m.head_dim, 32, m.rope_theta, torch.device("cpu"))
+    cos, _ = rotary_tables(m.head_dim, 32, m.rope_theta, torch.device("cpu"), m.rope_scaling)
     assert torch.allclose(freqs[:, 0, 0, : m.head_dim // 2].cos(), cos)
+    with torch.device("meta"):
+        te_backend.norm(m.hidden, m.norm_eps)
+    assert calls[-1][0] == "RMSNorm" and calls[-1][1]["eps"] == m.norm_eps
 
 
 @pytest.mark.parametrize(

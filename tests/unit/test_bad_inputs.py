@@ -264,7 +264,16 @@ NUMBER_CASES = [
 
 # Optional sections off in the shipped recipes, as a recipe that turns them on writes them: a field of
 # theirs is tried inside an otherwise valid section.
-SECTIONS_TURNED_ON = {"validation": {"every_steps": 1000, "batches": 10}}
+SECTIONS_TURNED_ON = {
+    "validation": {"every_steps": 1000, "batches": 10},
+    "model.rope_scaling": {  # Llama 3.1's
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+    },
+}
 
 
 def _with(tree: dict[str, Any], path: str, value: Any) -> dict[str, Any]:

@@ -36,7 +36,8 @@ from trainer.model import Transformer
 from trainstack.recipes.schema import ActivationCheckpointing
 
 _aten = torch.ops.aten
-MATMUL_OPS = frozenset({_aten.mm.default, _aten.linear.default})
+# addmm: a linear with a bias (Qwen2's Q/K/V) on a contiguous input runs as one addmm.
+MATMUL_OPS = frozenset({_aten.mm.default, _aten.addmm.default, _aten.linear.default})
 # Every SDPA kernel a block can reach: cuDNN and flash on GPU, the flash kernel for CPU, math as the
 # last resort. Saving attention means backward never recomputes an O(seq^2) forward.
 ATTENTION_OPS = frozenset(

@@ -15,6 +15,12 @@ So a block's state-dict keys are the same on both backends (TE adds only its `_e
 metadata). The output head is always a plain `nn.Linear` so FP8 never touches the logits, and the
 loss is computed in chunks by `trainer.loss` so full FP32 logits never exist.
 
+What a Hugging Face Llama / Qwen2 / Mistral config can say and this model follows (trainstack's
+ModelShape): the RMSNorm epsilon (`norm_eps`), Q/K/V biases (`attention_bias`: Qwen2; TE's
+`LayerNormLinear(bias=True)`, a `bias` parameter beside `weight`), a head width other than hidden /
+heads (`head_dim`), and Llama 3.1's RoPE frequency scaling (`rope_scaling`, in `rope_inverse_frequencies`).
+trainer.hf maps these parameters to and from a Hugging Face folder.
+
 Rotary tables are FP32 buffers of the root module, passed to every block as a tuple. FSDP2 is told
 not to cast forward inputs (trainer.parallel), so they reach attention in FP32: in BF16 the lowest
 frequency of an 8K table has only 877 distinct (cos, sin) pairs.
@@ -37,10 +43,10 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from trainer.loss import chunked_cross_entropy
-from trainstack.recipes.schema import ModelShape
+from trainstack.recipes.schema import ModelShape, RopeScaling
 
 log = logging.getLogger(__name__)
-NORM_EPS = 1e-5
+NORM_EPS = 1e-5  # ModelShape.norm_eps's default (Llama 3)
 INIT_STD = 0.02
 # SDPA backend priority, as torchtitan orders it: cuDNN attention where the GPU and torch support it,
 # flash next, math (which repeats K/V for GQA and keeps the score matrix) only as the last resort.
@@ -101,17 +107,18 @@ class RMSNorm(nn.Module):
 
 
 class NormLinear(nn.Module):
-    """RMSNorm then a bias-free linear, with `te.LayerNormLinear(normalization="RMSNorm",
-    bias=False)`'s parameters: `layer_norm_weight` (in) and `weight` (out, in)."""
+    """RMSNorm then a linear, with `te.LayerNormLinear(normalization="RMSNorm", bias=...)`'s
+    parameters: `layer_norm_weight` (in), `weight` (out, in) and, with `bias`, `bias` (out)."""
 
-    def __init__(self, fan_in: int, fan_out: int, eps: float = NORM_EPS):
+    def __init__(self, fan_in: int, fan_out: int, eps: float = NORM_EPS, bias: bool = False):
         super().__init__()
         self.eps = eps
         self.layer_norm_weight = nn.Parameter(torch.ones(fan_in))
         self.weight = nn.Parameter(torch.empty(fan_out, fan_in))
+        self.bias = nn.Parameter(torch.zeros(fan_out)) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(rms_norm(x, self.layer_norm_weight, self.eps), self.weight)
+        return F.linear(rms_norm(x, self.layer_norm_weight, self.eps), self.weight, self.bias)
 
 
 class NormSwiGLU(nn.Module):
@@ -132,15 +139,46 @@ class NormSwiGLU(nn.Module):
 
 
 def rotary_tables(
-    head_dim: int, seq_len: int, theta: float, device: torch.device
+    head_dim: int,
+    seq_len: int,
+    theta: float,
+    device: torch.device,
+    scaling: RopeScaling | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """FP32 (cos, sin) of each position's angles, (seq, head_dim/2) each."""
-    angles = rotary_angles(head_dim, seq_len, theta, device)
+    angles = rotary_angles(head_dim, seq_len, theta, device, scaling)
     return angles.cos(), angles.sin()
 
 
-def rotary_angles(head_dim: int, seq_len: int, theta: float, device: torch.device) -> torch.Tensor:
+def rope_inverse_frequencies(
+    head_dim: int, theta: float, device: torch.device, scaling: RopeScaling | None = None
+) -> torch.Tensor:
+    """FP32 inverse frequencies theta^(-2i/d), i < d/2; with Llama 3.1's scaling (`rope_type:
+    llama3`, the Llama 3.1 paper's long-context recipe, as Hugging Face's `rope_scaling` describes
+    it): wavelengths longer than original_max_position_embeddings / low_freq_factor are stretched by
+    `factor`, those shorter than original / high_freq_factor are kept, and the band between blends
+    the two linearly in original / wavelength."""
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim))
+    if scaling is None:
+        return inv_freq
+    original = float(scaling.original_max_position_embeddings)
+    wavelength = 2 * math.pi / inv_freq
+    long_waves = wavelength > original / scaling.low_freq_factor
+    stretched = torch.where(long_waves, inv_freq / scaling.factor, inv_freq)
+    blend = (original / wavelength - scaling.low_freq_factor) / (
+        scaling.high_freq_factor - scaling.low_freq_factor
+    )
+    blended = (1 - blend) * stretched / scaling.factor + blend * stretched
+    in_band = (wavelength >= original / scaling.high_freq_factor) & (
+        wavelength <= original / scaling.low_freq_factor
+    )
+    return torch.where(in_band, blended, stretched)
+
+
+def rotary_angles(
+    head_dim: int, seq_len: int, theta: float, device: torch.device, scaling: RopeScaling | None = None
+) -> torch.Tensor:
+    inv_freq = rope_inverse_frequencies(head_dim, theta, device, scaling)
     return torch.outer(torch.arange(seq_len, device=device, dtype=torch.float32), inv_freq)
 
 
@@ -178,15 +216,16 @@ class Backend:
     """Factory for the pieces that differ between Transformer Engine and pure PyTorch."""
 
     name: str  # "transformer_engine" | "pytorch"
-    norm_linear: Callable[[int, int], nn.Module]  # RMSNorm + linear (Q/K/V projection)
+    # (fan_in, fan_out, eps, bias) -> RMSNorm + linear (the Q/K/V projection; bias for Qwen2)
+    norm_linear: Callable[[int, int, float, bool], nn.Module]
     linear: Callable[[int, int], nn.Module]  # bias-free linear (attention output projection)
-    norm_mlp: Callable[[int, int], nn.Module]  # RMSNorm + SwiGLU MLP
-    norm: Callable[[int], nn.Module]  # the final RMSNorm
+    norm_mlp: Callable[[int, int, float], nn.Module]  # (hidden, ffn, eps) -> RMSNorm + SwiGLU MLP
+    norm: Callable[[int, float], nn.Module]  # (dim, eps) -> the final RMSNorm
     core_attention: Callable[[ModelShape], nn.Module]
     # (q, k, freqs...) -> (q, k) rotated; q and k are (batch, seq, heads, dim)
     rotate: Callable[..., tuple[torch.Tensor, torch.Tensor]]
-    # (head_dim, seq_len, theta, device) -> {buffer name: FP32 table}
-    rope_tables: Callable[[int, int, float, torch.device], dict[str, torch.Tensor]]
+    # (shape, seq_len, device) -> {buffer name: FP32 table}
+    rope_tables: Callable[[ModelShape, int, torch.device], dict[str, torch.Tensor]]
 
 
 def _pytorch_rotate(
@@ -195,8 +234,8 @@ def _pytorch_rotate(
     return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
 
 
-def _pytorch_rope_tables(head_dim: int, seq_len: int, theta: float, device: torch.device) -> dict:
-    cos, sin = rotary_tables(head_dim, seq_len, theta, device)
+def _pytorch_rope_tables(shape: ModelShape, seq_len: int, device: torch.device) -> dict:
+    cos, sin = rotary_tables(shape.head_dim, seq_len, shape.rope_theta, device, shape.rope_scaling)
     return {"rope_cos": cos, "rope_sin": sin}
 
 
@@ -235,20 +274,22 @@ def _te_backend(te, apply_rotary_pos_emb) -> Backend:
             apply_rotary_pos_emb(k, freqs, tensor_format="bshd", fused=True),
         )
 
-    def rope_tables(head_dim, seq_len, theta, device):
-        angles = rotary_angles(head_dim, seq_len, theta, device)
+    def rope_tables(shape, seq_len, device):
+        angles = rotary_angles(shape.head_dim, seq_len, shape.rope_theta, device, shape.rope_scaling)
         return {"rope_freqs": torch.cat((angles, angles), dim=-1)[:, None, None, :].contiguous()}
 
     return Backend(
         "transformer_engine",
-        norm_linear=lambda fan_in, fan_out: te.LayerNormLinear(
-            fan_in, fan_out, eps=NORM_EPS, bias=False, normalization="RMSNorm", device="meta"
+        # bias=True gives LayerNormLinear a `bias` parameter (out,) added after the GEMM (TE docs,
+        # LayerNormLinear): Qwen2's Q/K/V biases, the same name as the pure-PyTorch NormLinear's.
+        norm_linear=lambda fan_in, fan_out, eps, bias: te.LayerNormLinear(
+            fan_in, fan_out, eps=eps, bias=bias, normalization="RMSNorm", device="meta"
         ),
         linear=lambda fan_in, fan_out: te.Linear(fan_in, fan_out, bias=False, device="meta"),
-        norm_mlp=lambda hidden, ffn: te.LayerNormMLP(
-            hidden, ffn, eps=NORM_EPS, bias=False, normalization="RMSNorm", activation="swiglu", device="meta"
+        norm_mlp=lambda hidden, ffn, eps: te.LayerNormMLP(
+            hidden, ffn, eps=eps, bias=False, normalization="RMSNorm", activation="swiglu", device="meta"
         ),
-        norm=lambda dim: te.RMSNorm(dim, eps=NORM_EPS, device="meta"),
+        norm=lambda dim, eps: te.RMSNorm(dim, eps=eps, device="meta"),
         core_attention=lambda shape: te.DotProductAttention(
             shape.heads,
             shape.head_dim,
@@ -278,9 +319,10 @@ class Attention(nn.Module):
     def __init__(self, shape: ModelShape, backend: Backend):
         super().__init__()
         self.heads, self.kv_heads, self.head_dim = shape.heads, shape.kv_heads, shape.head_dim
-        self.qkv = backend.norm_linear(shape.hidden, (shape.heads + 2 * shape.kv_heads) * shape.head_dim)
+        qkv_width = shape.q_dim + 2 * shape.kv_dim
+        self.qkv = backend.norm_linear(shape.hidden, qkv_width, shape.norm_eps, shape.attention_bias)
         self.core = backend.core_attention(shape)
-        self.proj = backend.linear(shape.heads * shape.head_dim, shape.hidden)
+        self.proj = backend.linear(shape.q_dim, shape.hidden)
         self._rotate = backend.rotate
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, ...]) -> torch.Tensor:
@@ -297,7 +339,7 @@ class Block(nn.Module):
     def __init__(self, shape: ModelShape, backend: Backend):
         super().__init__()
         self.attention = Attention(shape, backend)
-        self.feed_forward = backend.norm_mlp(shape.hidden, shape.ffn)
+        self.feed_forward = backend.norm_mlp(shape.hidden, shape.ffn, shape.norm_eps)
         # Set by trainer.activation_checkpointing: recompute this block's activations in backward.
         # Kept as an attribute (not a wrapper module) so parameter names, and so checkpoints, do not
         # depend on the checkpointing mode.
@@ -313,9 +355,11 @@ class Block(nn.Module):
         return self._forward(x, rope)
 
 
-# Parameters initialised to one (norm gains) and those scaled by 1/sqrt(2 * layers) (the projections
-# that write into the residual stream), by name suffix; the same names on both backends.
+# Parameters initialised to one (norm gains), to zero (the Q/K/V bias) and those scaled by
+# 1/sqrt(2 * layers) (the projections that write into the residual stream), by name suffix; the same
+# names on both backends.
 ONES_SUFFIXES = ("layer_norm_weight", "norm.weight")
+ZERO_SUFFIXES = ("qkv.bias",)
 DEPTH_SCALED_SUFFIXES = ("proj.weight", "fc2_weight")
 
 
@@ -327,11 +371,11 @@ class Transformer(nn.Module):
         self._rope_tables = backend.rope_tables
         self.tok_embeddings = nn.Embedding(shape.vocab, shape.hidden)
         self.layers = nn.ModuleList(Block(shape, backend) for _ in range(shape.layers))
-        self.norm = backend.norm(shape.hidden)
+        self.norm = backend.norm(shape.hidden, shape.norm_eps)
         self.output = nn.Linear(shape.hidden, shape.vocab, bias=False)
         if shape.tied_embeddings:
             self.output.weight = self.tok_embeddings.weight
-        tables = self._rope_tables(shape.head_dim, seq_len, shape.rope_theta, torch.device("meta"))
+        tables = self._rope_tables(shape, seq_len, torch.device("meta"))
         self.rope_names = tuple(tables)
         for name, table in tables.items():  # not persistent: recomputed, never checkpointed
             self.register_buffer(name, table, persistent=False)
@@ -342,26 +386,37 @@ class Transformer(nn.Module):
     @torch.no_grad()
     def init_weights(self) -> None:
         """Materialised values after `to_empty`: truncated normal for matrices (output projections
-        scaled by 1/sqrt(2 * layers), GPT-2 style), ones for norm gains, rotary tables recomputed.
-        Call with the same torch seed on every rank."""
+        scaled by 1/sqrt(2 * layers), GPT-2 style), ones for norm gains, zeros for biases, rotary
+        tables recomputed. Call with the same torch seed on every rank."""
         depth_std = INIT_STD / math.sqrt(2 * self.shape.layers)
         for name, param in self.named_parameters():
             if name.endswith(ONES_SUFFIXES):
                 param.fill_(1.0)
+            elif name.endswith(ZERO_SUFFIXES):
+                param.zero_()
             else:
                 std = depth_std if name.endswith(DEPTH_SCALED_SUFFIXES) else INIT_STD
                 _init_sharded(param, lambda t, std=std: nn.init.trunc_normal_(t, 0.0, std, -3 * std, 3 * std))
+        self.init_rope()
+
+    @torch.no_grad()
+    def init_rope(self) -> None:
+        """Recompute the rotary tables (not persistent: after `to_empty`, whatever loads the weights)."""
         device = getattr(self, self.rope_names[0]).device
-        tables = self._rope_tables(self.shape.head_dim, self.seq_len, self.shape.rope_theta, device)
+        tables = self._rope_tables(self.shape, self.seq_len, device)
         for name, table in tables.items():
             getattr(self, name).copy_(table)
 
-    def forward(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """Mean next-token cross-entropy of `targets` given `tokens`, both (batch, seq)."""
+    def forward(self, tokens: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+        """Mean next-token cross-entropy of `targets` given `tokens`, both (batch, seq); without
+        `targets`, the full logits (batch, seq, vocab) (comparisons with a reference model: small
+        inputs only, the logits are not chunked)."""
         x = self.tok_embeddings(tokens)
         rope = self.rope()
         for block in self.layers:
             x = block(x, rope)
+        if targets is None:
+            return self.output(self.norm(x))
         return chunked_cross_entropy(self.norm(x), targets, self.output, self.loss_chunk_tokens)
 
 

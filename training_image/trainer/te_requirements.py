@@ -41,6 +41,17 @@ REQUIRED_API = (
     ("transformer_engine.common.recipe", "MXFP8BlockScaling"),
 )
 
+# Constructor keywords trainer.model passes (the Q/K/V bias of Qwen2-shaped models, the shape's RMSNorm
+# epsilon, TE's deferred allocation on the meta device): a release that renamed one would fail the
+# first job, so the build checks them too.
+REQUIRED_ARGUMENTS = (
+    ("LayerNormLinear", ("eps", "bias", "normalization", "device")),
+    ("LayerNormMLP", ("eps", "bias", "normalization", "activation", "device")),
+    ("Linear", ("bias", "device")),
+    ("RMSNorm", ("eps", "device")),
+    ("DotProductAttention", ("num_gqa_groups", "attention_dropout", "qkv_format", "attn_mask_type")),
+)
+
 
 def parse_version(text: str) -> tuple[int, ...]:
     """The leading release numbers of a version string: '2.8.0+4e2fa9c' -> (2, 8, 0)."""
@@ -78,6 +89,22 @@ def missing_api() -> list[str]:
     te = importlib.import_module("transformer_engine.pytorch")
     if not any(hasattr(te, name) for name in ("autocast", "fp8_autocast")):  # autocast since TE 2.9
         missing.append("transformer_engine.pytorch.autocast / fp8_autocast")
+    missing.extend(missing_arguments(te))
+    return missing
+
+
+def missing_arguments(te) -> list[str]:
+    """`Class(keyword)` for each constructor keyword in REQUIRED_ARGUMENTS that `te` does not take."""
+    import inspect
+
+    missing = []
+    for class_name, keywords in REQUIRED_ARGUMENTS:
+        cls = getattr(te, class_name, None)
+        if cls is None:
+            continue  # reported by the attribute check
+        parameters = inspect.signature(cls.__init__).parameters
+        takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+        missing.extend(f"{class_name}({k}=)" for k in keywords if k not in parameters and not takes_any)
     return missing
 
 

@@ -48,6 +48,7 @@ from trainer.data import (
     same_data,
 )
 from trainer.health import NonFiniteWatch, Trace
+from trainer.hf import start_from_base
 from trainer.model import Transformer, build_model, compile_blocks, compile_decision, select_backend
 from trainer.optim import build_optimizer, build_scheduler
 from trainer.parallel import build_mesh, init_distributed, mesh_description, set_gradient_sync, shard_model
@@ -246,6 +247,17 @@ def _train(
         state = apply_changes(resuming, state, recipe, optimizer, scheduler)
     else:
         log.info("no checkpoint in %s: a new run, starting at step 0", checkpoints.location)
+        if recipe.model.init_from:  # a new run from a base model; resuming (above) ignores it
+            base = start_from_base(
+                model, recipe.model, int(os.environ.get("LOCAL_RANK", "0")), checkpoints.group
+            )
+            log.info(
+                "loaded base model %s (%d tensors, %.2f GB read by this rank in %.1f s; fresh optimizer)",
+                recipe.model.init_from,
+                base.tensors,
+                base.bytes_read / 1e9,
+                base.seconds,
+            )
     max_steps = options.max_steps if options.max_steps is not None else recipe.training.steps
     ctx = LoopContext(
         recipe=recipe,

@@ -83,6 +83,9 @@ class Run:
     crashes: int = (
         0  # jobs in a row that ended by a crash (trainstack.aws.supervisor.MAX_CONSECUTIVE_CRASHES)
     )
+    # Every export of the run, oldest first: {job, step (0: the newest), out_parent, reason, requested}
+    # (the Export state machine appends them: stacks/export.py).
+    exports: tuple[dict[str, Any], ...] = ()
 
     @property
     def name(self) -> RunName | None:
@@ -132,6 +135,7 @@ def run_from_item(item: dict[str, Any]) -> Run:
         created=_time(a["created"]),
         updated=_time(a["updated"]),
         crashes=int(a.get("crashes", 0)),
+        exports=tuple(a.get("exports", [])),
     )
 
 
@@ -181,6 +185,7 @@ class RunView:
             "created": r.created.isoformat(),
             "updated": r.updated.isoformat(),
             "unsupervised": self.unsupervised,
+            "exports": list(r.exports),
         }
 
 

@@ -267,6 +267,10 @@ def create_training_job_request(
             }
             for channel, uri in inputs.channels
         ]
+    if recipe.model.init_from and recipe.model.init_from.startswith("s3://"):
+        from trainstack.aws.channels import base_channel  # models in and out (docs/models.md)
+
+        request.setdefault("InputDataConfig", []).append(base_channel(recipe.model.init_from))
     if subnet_ids:
         request["VpcConfig"] = {"SecurityGroupIds": list(security_group_ids), "Subnets": list(subnet_ids)}
         request["EnableNetworkIsolation"] = network_isolation

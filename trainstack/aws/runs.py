@@ -41,7 +41,9 @@ def is_recipe_job(name: str, prefix: str) -> bool:
     The prefix (`ts-<team>-<recipe>--`, trainstack.recipes.naming.job_name_prefix) is exact: the jobs of
     `8b-fp8-128k` do not start with the prefix of `8b-fp8`, nor one team's with another's.
     """
-    return name.startswith(prefix)
+    from trainstack.aws.export_job import is_export_job  # an export is not a training job of a run
+
+    return name.startswith(prefix) and not is_export_job(name)
 
 
 # --- Training jobs --------------------------------------------------------------------------------

@@ -23,6 +23,7 @@ from trainstack.errors import TrainstackError
 # One entry per command module; each exposes `register(app: typer.Typer) -> None`.
 COMMAND_MODULES = [
     "trainstack.cli.commands.recipes",
+    "trainstack.cli.commands.recipe_from_hf",
     "trainstack.cli.commands.plan",
     "trainstack.cli.commands.show",
     "trainstack.cli.commands.validate",
@@ -34,6 +35,7 @@ COMMAND_MODULES = [
     "trainstack.cli.commands.runs",
     "trainstack.cli.commands.stop_resume",
     "trainstack.cli.commands.checkpoints",
+    "trainstack.cli.commands.export",
     "trainstack.cli.commands.emulator",
     "trainstack.cli.commands.data",
 ]

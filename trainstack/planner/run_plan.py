@@ -28,6 +28,7 @@ import math
 from dataclasses import dataclass
 
 from trainstack.errors import TrainstackError
+from trainstack.planner.models_io import base_load_seconds
 from trainstack.planner.restart import RestartPlan, plan_restart
 from trainstack.recipes.schema import Recipe
 
@@ -122,6 +123,9 @@ class RunPlan:
         """Calendar time the restarts add to the run (the billed part is in `overhead_hours`)."""
         return self.restarts * (self.restart.seconds if self.restart else 0.0) / HOUR_S
 
+    # The first job's copy and load of the base model (model.init_from; trainstack.planner.models_io).
+    base_load_seconds: float = 0.0
+
     @property
     def overhead_hours(self) -> float:
         """Instance hours on top of training: starting and restoring jobs, waiting for saves (interval
@@ -129,7 +133,7 @@ class RunPlan:
         restarts = self.jobs * self.startup_hours_per_job + max(0, self.jobs - 1) * (
             self.checkpoint.restore_seconds / HOUR_S
         )
-        return restarts + self.save_blocking_hours + self.failure_hours
+        return restarts + self.save_blocking_hours + self.failure_hours + self.base_load_seconds / HOUR_S
 
     def summary(self) -> str:
         """One line: '238 h = 2 jobs; checkpoint 95 GiB/node every 40 min, 70 s to save'."""
@@ -268,6 +272,7 @@ def plan_run(
         + (checkpoint.interval_minutes / 2 + checkpoint.save_seconds / 60.0) / 60.0
     )
     return RunPlan(
+        base_load_seconds=base_load_seconds(recipe, s3_bytes_per_s_per_node(recipe)),
         hours=hours,
         jobs=jobs,
         max_runtime_hours=float(limit),

@@ -80,9 +80,9 @@ def flops_per_token(model: ModelShape, seq_len: int) -> float:
 
 
 def _block_linear_shapes(m: ModelShape) -> tuple[tuple[int, int], ...]:
-    """(in, out) of each block linear: wq, wk, wv, wo, w1, w3, w2."""
-    h, kv, f = m.hidden, m.kv_heads * m.head_dim, m.ffn
-    return ((h, h), (h, kv), (h, kv), (h, h), (h, f), (h, f), (f, h))
+    """(in, out) of each block linear: wq, wk, wv, wo, w1, w3, w2 (q = heads x head_dim)."""
+    h, q, kv, f = m.hidden, m.q_dim, m.kv_dim, m.ffn
+    return ((h, q), (h, kv), (h, kv), (q, h), (h, f), (h, f), (f, h))
 
 
 def _block_matmul_params(m: ModelShape) -> int:

@@ -48,7 +48,7 @@ LOSS_BYTES = 12
 
 
 def _kv(m: ModelShape) -> int:
-    return m.kv_heads * m.head_dim
+    return m.kv_dim
 
 
 def head_unit_in_flight_bytes(m: ModelShape) -> int:
@@ -75,21 +75,24 @@ def gathered_parameter_bytes_after_forward(m: ModelShape) -> int:
 # --- what one block saves for backward, bytes per token -------------------------------------------
 def block_activation_bytes(m: ModelShape) -> int:
     """Bytes per token one block (training_image/trainer/model.py, pure PyTorch) saves for backward
-    without checkpointing, tensor by tensor (h hidden, kv = kv_heads x head_dim, H heads, f ffn):
+    without checkpointing, tensor by tensor (h hidden, q = heads x head_dim, which is h unless the
+    shape sets head_dim, kv = kv_heads x head_dim, H heads, f ffn):
 
     attention  block input for the RMSNorm (2h) and its FP32 1/rms (4); the normalised input, Q/K/V's
-               input (2h); RoPE'd q (2h) and k (2kv) and the copy of v (2kv), which attention saves,
-               with its output (2h) and FP32 log-sum-exp (4H); the output projection reads attention's
-               output as a view (no second copy)
+               input (2h); RoPE'd q (2q) and k (2kv) and the copy of v (2kv), which attention saves,
+               with its output (2q) and FP32 log-sum-exp (4H); the output projection reads attention's
+               output as a view (no second copy). A Q/K/V bias (Qwen2) saves nothing more: its
+               gradient is a sum over tokens of the output's gradient
     MLP        residual for the RMSNorm (2h) and its FP32 1/rms (4); the normalised input, fc1's input
                (2h); fc1's output [gate, up] (4f, kept by SiLU and by the product); SiLU's output (2f);
                the product, fc2's input (2f)
 
-    = 12h + 4kv + 8f + 4H + 8. (Before this trainer kept RoPE'd q, k and v apart from the fused Q/K/V
-    output and read attention's output through a copy it came to about 14h + 4kv + 8f.)
+    = 8h + 4q + 4kv + 8f + 4H + 8 (12h + 4kv + 8f + 4H + 8 when q = h). (Before this trainer kept
+    RoPE'd q, k and v apart from the fused Q/K/V output and read attention's output through a copy it
+    came to about 14h + 4kv + 8f.)
     """
-    h, kv, f = m.hidden, _kv(m), m.ffn
-    attention = BF16 * (h + h + h + kv + kv + h) + FP32 * (1 + m.heads)
+    h, q, kv, f = m.hidden, m.q_dim, _kv(m), m.ffn
+    attention = BF16 * (h + h + q + kv + kv + q) + FP32 * (1 + m.heads)
     mlp = BF16 * (h + h + 2 * f + f + f) + FP32
     return attention + mlp
 
@@ -102,10 +105,10 @@ def full_checkpoint_bytes(m: ModelShape) -> int:
 def op_selective_bytes(m: ModelShape) -> int:
     """Bytes per token a block keeps under op-level selective checkpointing
     (trainer/activation_checkpointing.py: attention's outputs and every other matmul's saved): the
-    block input (2h), the fused Q/K/V output (2h + 4kv), attention's output (2h) and FP32 log-sum-exp
-    (4H), fc1's output (4f). = 6h + 4kv + 4f + 4H."""
-    h, kv, f = m.hidden, _kv(m), m.ffn
-    return BF16 * (h + (h + 2 * kv) + h + 2 * f) + FP32 * m.heads
+    block input (2h), the fused Q/K/V output (2q + 4kv), attention's output (2q) and FP32 log-sum-exp
+    (4H), fc1's output (4f). = 2h + 4q + 4kv + 4f + 4H (6h + ... when q = h)."""
+    h, q, kv, f = m.hidden, m.q_dim, _kv(m), m.ffn
+    return BF16 * (h + (q + 2 * kv) + q + 2 * f) + FP32 * m.heads
 
 
 def block_saved_bytes(m: ModelShape, mode: str) -> int:
@@ -116,8 +119,8 @@ def block_saved_bytes(m: ModelShape, mode: str) -> int:
 # --- what recompute costs, as a share of one block's forward matmul FLOPs ---------------------------
 def _block_matmul_terms(m: ModelShape) -> dict[str, int]:
     """Forward multiply-accumulates per token of each of the block's four matmuls."""
-    h, kv, f = m.hidden, _kv(m), m.ffn
-    return {"qkv": h * (h + 2 * kv), "proj": h * m.heads * m.head_dim, "fc1": h * 2 * f, "fc2": f * h}
+    h, q, kv, f = m.hidden, m.q_dim, _kv(m), m.ffn
+    return {"qkv": h * (q + 2 * kv), "proj": q * h, "fc1": h * 2 * f, "fc2": f * h}
 
 
 def op_selective_recompute_share(m: ModelShape) -> float:

@@ -32,6 +32,14 @@ PATTERN_WORDS = {
         "(starting and ending with a letter or digit), then an optional /prefix, e.g. s3://my-bucket/tokens/"
     ),
     "monitoring.notification_email": "an e-mail address, e.g. ml-alerts@example.com",
+    "model.init_from": (
+        "a Hugging Face folder: an S3 URI (s3:// then a bucket name of 3-63 lowercase letters, digits, dots "
+        "and hyphens, then an optional /prefix) or a local directory without spaces or colons, e.g. "
+        "s3://my-models/Qwen2.5-32B/"
+    ),
+    "export.tokenizer": (
+        "tokenizer files: an S3 URI (s3://bucket/prefix/) or a local directory without spaces or colons"
+    ),
 }
 
 

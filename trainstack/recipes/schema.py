@@ -95,8 +95,45 @@ class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class RopeScaling(Section):
+    """Llama 3.1's RoPE frequency scaling (`rope_scaling: {rope_type: llama3, ...}` in a Hugging Face
+    config.json): wavelengths below original_max_position_embeddings / high_freq_factor keep their
+    frequency, those above original_max_position_embeddings / low_freq_factor are divided by `factor`,
+    and the band between is interpolated smoothly. The one scaling the trainer implements; others
+    (linear, dynamic, yarn, longrope) are refused in one line."""
+
+    rope_type: str
+    # Llama 3.1: factor 8, low 1, high 4, original 8,192; the bounds are generous factors on those.
+    factor: Annotated[PosFloat, Max(1024, "128x Llama 3.1's 8")]
+    low_freq_factor: Annotated[PosFloat, Max(1024, "1,024x Llama 3.1's 1")]
+    high_freq_factor: Annotated[PosFloat, Max(1024, "256x Llama 3.1's 4")]
+    original_max_position_embeddings: Annotated[PosInt, Max(1 << 24, "16M tokens, 2,048x Llama 3.1's 8,192")]
+
+    @model_validator(mode="after")
+    def _implemented(self) -> RopeScaling:
+        if self.rope_type != "llama3":
+            raise ValueError(
+                f"rope_type: {self.rope_type!r} is not implemented by the trainer (supported: llama3); "
+                "a base model with another RoPE scaling cannot be trained here"
+            )
+        if self.high_freq_factor <= self.low_freq_factor:
+            raise ValueError(
+                f"high_freq_factor: {self.high_freq_factor} must be above low_freq_factor "
+                f"({self.low_freq_factor})"
+            )
+        return self
+
+
+# Where a Hugging Face base model folder lives: an S3 prefix or a local directory (local runs; a path
+# without spaces or colons).
+InitFrom = Annotated[
+    str, Field(min_length=1, pattern=r"^(s3://[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9](/.*)?|[^:\s]+)$")
+]
+
+
 class ModelShape(Section):
-    """A Llama-style decoder: RMSNorm, RoPE, grouped-query attention, SwiGLU."""
+    """A Llama-style decoder: RMSNorm, RoPE, grouped-query attention, SwiGLU; optionally Q/K/V biases
+    (Qwen2), a head width other than hidden / heads, and Llama 3.1's RoPE scaling."""
 
     layers: Annotated[PosInt, Max(256, f"2x the 126 layers of {LLAMA3_405B}")]
     hidden: Annotated[PosInt, Max(32_768, f"2x the 16,384 of {LLAMA3_405B}")]
@@ -109,29 +146,65 @@ class ModelShape(Section):
     rope_theta: Annotated[
         PosFloat, Min(1.0, "RoPE needs a base above 1", exclusive=True), Max(1e9, "1,000x Qwen2.5's")
     ] = 500000.0
+    # Per-head width; default hidden / heads (filled in when not given, so it is always a number).
+    head_dim: Annotated[PosInt, Max(1024, "4x the widest published head (256: Gemma)")] = Field(  # type: ignore[assignment]
+        default=None, validate_default=False
+    )
+    # RMSNorm epsilon (Llama 3: 1e-5; Llama 2 and many others: 1e-6)
+    norm_eps: Annotated[PosFloat, Max(0.01, "1,000x Llama 3's 1e-5: past it the norm stops normalising")] = (
+        1e-5
+    )
+    attention_bias: bool = False  # Q/K/V projections with a bias (Qwen2/2.5); the output projection has none
+    rope_scaling: RopeScaling | None = None
+    # A Hugging Face folder (config.json + safetensors) the run starts from instead of random weights:
+    # checked against this shape, loaded sharded at step 0 (docs/models.md). Ignored once the run has
+    # its own checkpoint.
+    init_from: InitFrom | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_head_dim(cls, data: Any) -> Any:
+        # Messages start with the field they blame (relative to this section); the loader adds the section.
+        if not isinstance(data, dict) or data.get("head_dim") is not None:
+            return data
+        hidden, heads = data.get("hidden"), data.get("heads")
+        if isinstance(hidden, int) and isinstance(heads, int) and 0 < heads <= hidden and not hidden % heads:
+            return {**data, "head_dim": hidden // heads}
+        return data  # left unset: the fields' own checks speak first, then `_divisible`
 
     @model_validator(mode="after")
     def _divisible(self) -> ModelShape:
-        # Messages start with the field they blame (relative to this section); the loader adds the section.
-        if self.hidden % self.heads:
-            raise ValueError(f"hidden: {self.hidden} must be divisible by heads ({self.heads})")
+        if self.head_dim is None:
+            raise ValueError(
+                f"hidden: {self.hidden} must be divisible by heads ({self.heads}), or set head_dim explicitly"
+            )
         if self.heads % self.kv_heads:
             raise ValueError(
                 f"kv_heads: heads ({self.heads}) must be divisible by kv_heads ({self.kv_heads})"
             )
+        if self.head_dim % 2:
+            raise ValueError(f"head_dim: {self.head_dim} must be even (RoPE rotates pairs)")
         return self
 
     @property
-    def head_dim(self) -> int:
-        return self.hidden // self.heads
+    def q_dim(self) -> int:
+        """Width of the query projection's output (and the attention output): heads x head_dim."""
+        return self.heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        return self.kv_heads * self.head_dim
+
+    @property
+    def qkv_bias_params(self) -> int:
+        return self.q_dim + 2 * self.kv_dim if self.attention_bias else 0
 
     @property
     def params_per_layer(self) -> int:
-        kv_dim = self.kv_heads * self.head_dim
-        attention = self.hidden * (self.hidden + 2 * kv_dim) + self.hidden * self.hidden
+        attention = self.hidden * (self.q_dim + 2 * self.kv_dim) + self.q_dim * self.hidden
         mlp = 3 * self.hidden * self.ffn
         norms = 2 * self.hidden
-        return attention + mlp + norms
+        return attention + self.qkv_bias_params + mlp + norms
 
     @property
     def embedding_params(self) -> int:
@@ -459,6 +532,18 @@ class Monitoring(Section):
     straggler_minutes: Annotated[PosInt, ALARM_MINUTES] = 10
 
 
+class Export(Section):
+    """Turning the run's checkpoint into a Hugging Face folder (docs/models.md)."""
+
+    # Export the final checkpoint when the run completes (the launcher's export state machine), to
+    # s3://<bucket>/exports/<team>/<recipe>/<run>/step-N/.
+    on_complete: bool = False
+    # Tokenizer files to ship with the model: an S3 prefix or a local directory. None: the base
+    # model's (model.init_from), when it has them.
+    tokenizer: InitFrom | None = None
+    dtype: Literal["bf16", "fp32"] = "bf16"  # the exported weights' dtype
+
+
 # The tags trainstack itself puts on every resource and training job (trainstack.aws.request.tags); cost
 # reports and IAM conditions read them, so `extra` may add tags but never replace one of these.
 RESERVED_TAG_KEYS = ("project", "team", "recipe", "cost-center")
@@ -511,6 +596,7 @@ class Recipe(Section):
     validation: Validation | None = None
     checkpointing: Checkpointing = Checkpointing()
     monitoring: Monitoring = Monitoring()
+    export: Export = Export()
     tags: Tags = Tags()
     budget: Budget = Budget()
     deploy: Deploy = Deploy()

@@ -173,5 +173,9 @@ def render(views: list[RunView], where: str, recipe: str | None, team: str | Non
             Text.assemble((v.run.run, "bold"), f": {v.run.state}, {v.run.why}. Next: {v.run.next_step}.")
         )
         console.print(Text(f"  checkpoints {v.run.checkpoint_uri}", style="dim"), soft_wrap=True)
+        for export in v.run.exports:  # trainstack export / export.on_complete (docs/models.md)
+            step = f"step {export['step']}" if export.get("step") else "newest step"
+            line = f"  export {export['job']} ({step}, {export['reason']}) -> {export['out_parent']}step-N/"
+            console.print(Text(line, style="dim"), soft_wrap=True)
         for note in v.notes:
             console.print(Text(f"  ! {note}", style="bold red"))

@@ -1,0 +1,246 @@
+"""The Export state machine: one export of a run's checkpoint as a Hugging Face folder (docs/models.md).
+
+    ReadRun -> Registered? -> Counted (n = exports so far + 1) -> WithinLimit? -> CreateExportJob -> Record
+
+Started by `trainstack export RUN [--step N]` and, for a recipe with `export: {on_complete: true}`, by
+the run supervisor's JobEnded machine when a run completes (the one state `export_on_complete_state`
+returns). It creates the export training job (trainstack.aws.export_job: CPU instance, the training
+image's `python -m trainer.export`) and appends the export to the run's registry item (`exports`), which
+`trainstack runs` lists. Its executions end once the job is created: nothing waits on the job.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aws_cdk import Aws, Duration, Stack
+from aws_cdk import aws_dynamodb as dynamodb
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
+from aws_cdk import aws_logs as logs
+from aws_cdk import aws_stepfunctions as sfn
+from constructs import Construct
+
+from stacks import nag
+from stacks.retries import retriers
+from stacks.state_machine import logged_state_machine
+from stacks.supervisor.asl import CREATE, GET_ITEM, UPDATE_ITEM, fmt, task
+from trainstack.aws.export_job import EXPORTS_PER_RUN, STEP_ARGUMENT, export_job_request, exports_prefix
+from trainstack.aws.request import Runtime
+from trainstack.recipes.schema import Recipe
+
+START_EXECUTION = "arn:aws:states:::states:startExecution"
+
+
+def export_definition(request: dict[str, Any], table_name: str, exports_base: str) -> dict[str, Any]:
+    """The ASL document; `request` is export_job_request with the Runtime markers below, `exports_base`
+    `s3://<bucket>/exports/<team>/<recipe>/` (each run's exports go under its run id there)."""
+    key = {"run": {"S.$": "$.Run"}}
+    return {
+        "Comment": "Export a run's checkpoint as a Hugging Face folder (a CPU training job)",
+        "StartAt": "ReadRun",
+        "States": {
+            "ReadRun": task(
+                GET_ITEM,
+                {"TableName": table_name, "Key": key, "ConsistentRead": True},
+                ResultPath="$.Registry",
+                Next="Registered",
+            ),
+            "Registered": {
+                "Type": "Choice",
+                "Choices": [{"Variable": "$.Registry.Item", "IsPresent": True, "Next": "HasExports"}],
+                "Default": "NoSuchRun",
+            },
+            "NoSuchRun": {
+                "Type": "Fail",
+                "Error": "NoSuchRun",
+                "Cause": "the run is not in the run registry",
+            },
+            "HasExports": {
+                "Type": "Choice",
+                "Choices": [{"Variable": "$.Registry.Item.exports", "IsPresent": True, "Next": "Counted"}],
+                "Default": "First",
+            },
+            "First": {
+                "Type": "Pass",
+                "Result": {"Index": 1},
+                "ResultPath": "$.Export",
+                "Next": "WithinLimit",
+            },
+            "Counted": {
+                "Type": "Pass",
+                "Parameters": {"Index.$": "States.MathAdd(States.ArrayLength($.Registry.Item.exports.L), 1)"},
+                "ResultPath": "$.Export",
+                "Next": "WithinLimit",
+            },
+            "WithinLimit": {
+                "Type": "Choice",
+                "Choices": [
+                    {
+                        "Variable": "$.Export.Index",
+                        "NumericGreaterThan": EXPORTS_PER_RUN,
+                        "Next": "ExportLimit",
+                    }
+                ],
+                "Default": "Names",
+            },
+            "ExportLimit": {
+                "Type": "Fail",
+                "Error": "ExportLimit",
+                "Cause": f"a run has at most {EXPORTS_PER_RUN} exports (job names <run>-X1 to -X9)",
+            },
+            "Names": {
+                "Type": "Pass",
+                "Parameters": {
+                    "Job.$": fmt("{}-X{}", "$.Run", "$.Export.Index"),
+                    "Index.$": "$.Export.Index",
+                    "Checkpoint.$": "$.Registry.Item.checkpoint_uri.S",
+                    "OutParent.$": fmt(exports_base + "{}/", "$.RunId"),
+                },
+                "ResultPath": "$.Export",
+                "Next": "CreateExportJob",
+            },
+            "CreateExportJob": task(CREATE, request, ResultPath=None, Next="Record"),
+            "Record": task(
+                UPDATE_ITEM,
+                {
+                    "TableName": table_name,
+                    "Key": key,
+                    "UpdateExpression": "SET #exports = list_append(if_not_exists(#exports, :none), :export)",
+                    "ExpressionAttributeNames": {"#exports": "exports"},
+                    "ExpressionAttributeValues": {
+                        ":none": {"L": []},
+                        ":export": {
+                            "L": [
+                                {
+                                    "M": {
+                                        "job": {"S.$": "$.Export.Job"},
+                                        "step": {"N.$": "States.Format('{}', $.Step)"},
+                                        "out_parent": {"S.$": "$.Export.OutParent"},
+                                        "reason": {"S.$": "$.Reason"},
+                                        "requested": {"S.$": "$$.State.EnteredTime"},
+                                    }
+                                }
+                            ]
+                        },
+                    },
+                },
+                ResultPath=None,
+                Next="Started",
+            ),
+            "Started": {"Type": "Succeed", "OutputPath": "$.Export"},
+        },
+    }
+
+
+class ExportMachine(Construct):
+    """The Export state machine and its least-privilege role."""
+
+    def __init__(
+        self,
+        scope: Construct,
+        id: str,
+        *,
+        recipe: Recipe,
+        team: str | None,
+        job_name_prefix: str,
+        bucket_name: str,
+        image_uri: str,
+        execution_role: iam.IRole,
+        key: kms.IKey,
+        table: dynamodb.ITable,
+        table_name: str,
+    ) -> None:
+        super().__init__(scope, id)
+        stack = Stack.of(self)
+        request = export_job_request(
+            recipe,
+            team,
+            job_name=Runtime("$.Export.Job"),
+            checkpoint_uri=Runtime("$.Export.Checkpoint"),
+            out_parent=Runtime("$.Export.OutParent"),
+            step=STEP_ARGUMENT,
+            role_arn=execution_role.role_arn,
+            image_uri=image_uri,
+            bucket_name=bucket_name,
+            kms_key_arn=key.key_arn,
+            region=stack.region,
+        )
+        definition = export_definition(
+            request, table_name, f"s3://{bucket_name}/{exports_prefix(recipe, team)}/"
+        )
+        _, self.state_machine = logged_state_machine(
+            self,
+            log_group_id="Logs",
+            state_machine_id="Export",
+            definition=definition,
+            key=key,
+            retention=logs.RetentionDays.ONE_YEAR,
+            timeout=Duration.minutes(30),
+            description=f"export checkpoints of {job_name_prefix}* runs as Hugging Face folders",
+        )
+        jobs = stack.format_arn(
+            service="sagemaker", resource="training-job", resource_name=f"{job_name_prefix}*"
+        )
+        region = Aws.REGION
+        for statement in (
+            iam.PolicyStatement(
+                actions=["sagemaker:CreateTrainingJob", "sagemaker:AddTags"], resources=[jobs]
+            ),
+            iam.PolicyStatement(
+                actions=["iam:PassRole"],
+                resources=[execution_role.role_arn],
+                conditions={"StringEquals": {"iam:PassedToService": "sagemaker.amazonaws.com"}},
+            ),
+            iam.PolicyStatement(
+                actions=["dynamodb:GetItem", "dynamodb:UpdateItem"], resources=[table.table_arn]
+            ),
+            iam.PolicyStatement(actions=["kms:DescribeKey"], resources=[key.key_arn]),
+            iam.PolicyStatement(
+                actions=["kms:Decrypt", "kms:Encrypt", "kms:GenerateDataKey"],
+                resources=[key.key_arn],
+                conditions={"StringEquals": {"kms:ViaService": f"dynamodb.{region}.amazonaws.com"}},
+            ),
+            # The export's EBS volume is encrypted with the key: SageMaker creates a grant for it.
+            iam.PolicyStatement(
+                actions=["kms:CreateGrant"],
+                resources=[key.key_arn],
+                conditions={"Bool": {"kms:GrantIsForAWSResource": "true"}},
+            ),
+        ):
+            self.state_machine.add_to_role_policy(statement)
+        nag.acknowledge(self.state_machine.role, "AwsSolutions-IAM5:unscoped-actions", ["Resource::*"])
+        nag.acknowledge(
+            self.state_machine.role,
+            "AwsSolutions-IAM5:training-jobs",
+            [nag.arn_finding(self, "sagemaker", f"training-job/{job_name_prefix}*")],
+        )
+
+    def allow_start(self, machine: sfn.StateMachine) -> None:
+        """Let `machine` (the run supervisor's JobEnded) start exports."""
+        machine.add_to_role_policy(
+            iam.PolicyStatement(
+                actions=["states:StartExecution"], resources=[self.state_machine.state_machine_arn]
+            )
+        )
+
+
+def export_on_complete_state(export_machine_arn: str) -> dict[str, Any]:
+    """JobEnded's one state for `export.on_complete`: start an export of the completed run and go on
+    (fire and forget: the run is recorded completed whatever the export does)."""
+    return {
+        "Type": "Task",
+        "Resource": START_EXECUTION,
+        "Parameters": {
+            "StateMachineArn": export_machine_arn,
+            "Input": {
+                "Run.$": "$.Numbers.Run",
+                "RunId.$": "$.Registry.Item.run_id.S",
+                "Step": 0,
+                "Reason": "on_complete",
+            },
+        },
+        "ResultPath": None,
+        "Retry": retriers(START_EXECUTION),
+        "Catch": [{"ErrorEquals": ["States.ALL"], "ResultPath": "$.ExportError", "Next": "Decided"}],
+    }
