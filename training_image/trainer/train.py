@@ -22,7 +22,7 @@ import os
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -53,6 +53,7 @@ from trainer.throughput import (
     peak_tflops,
     slowest_rank,
 )
+from trainer.tracking import Tracking, open_tracking
 from trainstack.errors import TrainstackError
 from trainstack.planner import flops_per_token, plan
 from trainstack.planner.run_plan import SIGTERM_GRACE_S
@@ -145,6 +146,10 @@ def _train(
         )
     token_source = open_source(data_dir, recipe.training.seq_len, recipe.model.vocab, recipe.training.seed)
     storage = open_storage(options.checkpoint_location)  # a bad URI or missing region: exit 2 before building
+    # MLflow / TensorBoard from rank 0, on a background thread (trainer.tracking); never raises.
+    tracking, job = open_tracking(
+        recipe, rank, plan=plan(recipe), data_source=token_source.name, data_dir=data_dir
+    )
 
     torch.manual_seed(recipe.training.seed)
     model = build_model(recipe.model, recipe.training.seq_len, backend, recipe.training.loss_chunk_tokens)
@@ -223,9 +228,11 @@ def _train(
         checkpoints=checkpoints,
         control=dist.new_group(backend="gloo"),
         timer=BlockComputeTimer(list(model.layers), device),
+        tracking=tracking,
     )
     try:
-        return _loop(ctx, state, max_steps, stop)
+        with tracking.session(stop, job.job_index):  # records how the job ended, drains (bounded)
+            return _loop(ctx, state, max_steps, stop)
     except AbandonedSave:
         raise
     except BaseException:
@@ -254,6 +261,7 @@ class LoopContext:
     checkpoints: CheckpointManager
     control: dist.ProcessGroup  # gloo, host-side: stop votes, straggler times, agreements
     timer: BlockComputeTimer
+    tracking: Tracking = field(default_factory=Tracking.off)  # rank 0's trackers; off elsewhere
 
 
 @dataclass(frozen=True)
@@ -392,6 +400,8 @@ def _loop(ctx: LoopContext, state: TrainerState, max_steps: int, stop: StopReque
                 line = _metric_line(ctx, step, lr, interval_loss, interval_steps, elapsed, hosts, peak)
                 if ctx.rank == 0:
                     print(line, flush=True)
+                    if ctx.tracking.on:  # the same values, queued for MLflow / TensorBoard
+                        ctx.tracking.log_line(step, line, grad_norm=float(grad_norm))
                 interval_loss, interval_steps = torch.zeros((), device=device), 0
                 interval_start = time.perf_counter()
             state = TrainerState(step, position, ctx.token_source.name, ctx.world)
