@@ -83,6 +83,7 @@ class Run:
     crashes: int = (
         0  # jobs in a row that ended by a crash (trainstack.aws.supervisor.MAX_CONSECUTIVE_CRASHES)
     )
+    mlflow_run_id: str = ""  # the MLflow run launch created (trainstack.aws.tracking), "" when none
 
     @property
     def name(self) -> RunName | None:
@@ -132,6 +133,7 @@ def run_from_item(item: dict[str, Any]) -> Run:
         created=_time(a["created"]),
         updated=_time(a["updated"]),
         crashes=int(a.get("crashes", 0)),
+        mlflow_run_id=a.get("mlflow_run_id", ""),
     )
 
 
