@@ -183,6 +183,7 @@ class RunView:
             "created": r.created.isoformat(),
             "updated": r.updated.isoformat(),
             "unsupervised": self.unsupervised,
+            "mlflow_run_id": r.mlflow_run_id,
         }
 
 

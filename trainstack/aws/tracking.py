@@ -202,9 +202,9 @@ def create_run(tracking_uri: str, experiment: str, run: str, tags: Mapping[str, 
 
 def record_state(found: MlflowRun, state: str, why: str, ended: Mapping[str, str]) -> dict[str, str]:
     """Write the run registry's final word into the MLflow run: `trainstack.state`, why the newest job ended
-    and every ended job's status (`trainstack.job.<n>.ended`); returns the tags that changed."""
+    and every ended job's SageMaker status (`trainstack.job.<n>.status`); returns the tags that changed."""
     tags = {"trainstack.state": state, "trainstack.why": why}
-    tags.update({f"trainstack.job.{index}.ended": status for index, status in ended.items()})
+    tags.update({f"trainstack.job.{index}.status": status for index, status in ended.items()})
     changed = {k: v for k, v in tags.items() if found.tags.get(k) != v}
     if changed:
         from mlflow.entities import RunTag

@@ -65,7 +65,11 @@ class MlflowServer:
         ]
 
     def start(self, timeout_s: float = 120.0) -> MlflowServer:
-        if importlib.util.find_spec("mlflow") is None or importlib.util.find_spec("mlflow.server") is None:
+        return self.launch().wait_ready(timeout_s)
+
+    def launch(self) -> MlflowServer:
+        """Start the server process and return at once (`wait_ready` waits for it to answer)."""
+        if not installed():
             raise TrainstackError("the mlflow package (dev extra) is not installed: run `make setup`")
         self.root = Path(self.root).resolve()
         (self.root / "artifacts").mkdir(parents=True, exist_ok=True)
@@ -81,6 +85,9 @@ class MlflowServer:
         )
         if log is not subprocess.DEVNULL:
             log.close()
+        return self
+
+    def wait_ready(self, timeout_s: float = 120.0) -> MlflowServer:
         deadline = time.monotonic() + timeout_s
         while not answers(self.url):
             if self._process.poll() is not None or time.monotonic() > deadline:
@@ -104,6 +111,42 @@ class MlflowServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def installed() -> bool:
+    found = importlib.util.find_spec
+    return found("mlflow") is not None and found("mlflow.server") is not None
+
+
+# --- beside the emulator: recorded in .emulator/endpoint.json, stopped with it ----------------------
+STATE_DIR = Path(".emulator") / "mlflow"
+LOG_FILE = Path(".emulator") / "mlflow.log"
+
+
+def launch_beside(state_dir: Path = STATE_DIR, log_path: Path = LOG_FILE) -> MlflowServer | None:
+    """Start an MLflow server for the emulator (detached: its own session outlives this process); None,
+    with nothing started, when the mlflow package is not installed."""
+    if not installed():
+        return None
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    return MlflowServer(state_dir, log_path=log_path).launch()
+
+
+def is_mlflow_server(pid: int) -> bool:
+    """Whether `pid` is a live `mlflow server` (so `stop` never signals a process that reused the id)."""
+    cmdline = Path(f"/proc/{pid}/cmdline")
+    try:
+        text = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return False
+    return "mlflow" in text and " server " in f"{text} "
+
+
+def stop_recorded(state: dict) -> None:
+    """Stop the MLflow server an emulator record names (`mlflow_pid`), if it still runs."""
+    pid = state.get("mlflow_pid")
+    if isinstance(pid, int) and pid > 0 and is_mlflow_server(pid):
+        stop_group(pid)
 
 
 def answers(url: str, timeout_s: float = 2.0) -> bool:
