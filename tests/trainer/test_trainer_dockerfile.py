@@ -64,10 +64,25 @@ def test_core_and_checkpoint_dependencies_are_pinned_as_in_pyproject():
     declared = project["dependencies"] + project["optional-dependencies"]["trainer"]
     pins = {re.split(r"[\[=]", d)[0]: d for d in declared}
     text = DOCKERFILE.read_text()
-    for name in ("pydantic", "pyyaml", "s3torchconnector", "s3torchconnectorclient", "tenacity"):
+    for name in (
+        "pydantic",
+        "pyyaml",
+        "s3torchconnector",
+        "s3torchconnectorclient",
+        "tenacity",
+        "mlflow-skinny",
+        "sagemaker-mlflow",
+    ):
         assert f'"{pins[name]}"' in text, pins[name]
     lock = (REPO / "requirements.lock").read_text().splitlines()
-    for name in ("s3torchconnector", "s3torchconnectorclient", "tenacity"):  # make setup installs these
+    # make setup installs these
+    for name in (
+        "s3torchconnector",
+        "s3torchconnectorclient",
+        "tenacity",
+        "mlflow-skinny",
+        "sagemaker-mlflow",
+    ):
         assert pins[name].replace("[dcp]", "") in lock, pins[name]
 
 
@@ -85,8 +100,11 @@ def test_trainer_imports_only_what_the_image_installs():
 import importlib.abc, sys
 class Block(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path, target=None):
+        # mlflow: the tracking client is imported only when tracking is on (trainer.tracking), never
+        # by importing the trainer; tensorboard is not in the image at all (trainer.tensorboard).
         if name.split(".")[0] in {"typer", "rich", "boto3", "botocore", "aws_cdk", "constructs", "cdk_nag",
-                                  "sagemaker", "matplotlib", "moto"}:
+                                  "sagemaker", "matplotlib", "moto", "mlflow", "sagemaker_mlflow",
+                                  "tensorboard"}:
             raise ImportError("not in the training image: " + name)
         module = name.replace(".", "/")
         if name.startswith("trainstack.") and not any(
@@ -95,6 +113,7 @@ class Block(importlib.abc.MetaPathFinder):
             raise ImportError("not in the image's build context (.dockerignore): " + name)
 sys.meta_path.insert(0, Block())
 import trainer.__main__, trainer.entrypoint, trainer.make_shards, trainer.train
+import trainer.tracking, trainer.tensorboard, trainer.delivery
 import s3torchconnector.dcp  # the S3 checkpoint backend, imported only for s3:// locations
 """
     )

@@ -283,7 +283,9 @@ def create_training_job_request(
             }
         ]
     arn = recipe.tracking.mlflow_arn or mlflow_arn
-    request.update(tracking.request_fields(recipe, team, mlflow_arn=arn, run=run, bucket_name=bucket_name))
+    request.update(
+        tracking.request_fields(recipe, team, mlflow_arn=arn, run=run, output_s3_uri=output["S3OutputPath"])
+    )
     if subnet_ids:
         request["VpcConfig"] = {"SecurityGroupIds": list(security_group_ids), "Subnets": list(subnet_ids)}
         request["EnableNetworkIsolation"] = network_isolation

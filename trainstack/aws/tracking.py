@@ -60,19 +60,21 @@ def tracks_mlflow(recipe: Recipe) -> bool:
     return recipe.tracking.mlflow != "off"
 
 
-def tensorboard_s3_uri(bucket_name: str, recipe: Recipe, team: str | None) -> str:
-    from trainstack.aws.request import output_prefix
-
-    return f"s3://{bucket_name}/{output_prefix(recipe, team)}/tensorboard/"
+def _put(target: dict[str, Any], key: str, value: Any) -> None:
+    """As trainstack.aws.request does: a run-time value (`Runtime`, with `.expression`) as `"Key.$"`."""
+    expression = getattr(value, "expression", None)
+    if isinstance(expression, str):
+        target[f"{key}.$"] = expression
+    else:
+        target[key] = value
 
 
 def request_fields(
-    recipe: Recipe, team: str | None, *, mlflow_arn: str | None, run: Any, bucket_name: str
+    recipe: Recipe, team: str | None, *, mlflow_arn: str | None, run: Any, output_s3_uri: str
 ) -> dict[str, Any]:
     """CreateTrainingJob's MlflowConfig and TensorBoardOutputConfig for `recipe` (`run` a literal name or a
-    trainstack.aws.request.Runtime); {} when the recipe tracks nothing."""
-    from trainstack.aws.request import _put
-
+    trainstack.aws.request.Runtime; event files go to `<output_s3_uri>/tensorboard/`); {} when the recipe
+    tracks nothing."""
     fields: dict[str, Any] = {}
     if tracks_mlflow(recipe):
         if not mlflow_arn:
@@ -87,7 +89,7 @@ def request_fields(
     if recipe.tracking.tensorboard:
         fields["TensorBoardOutputConfig"] = {
             "LocalPath": TENSORBOARD_LOCAL_PATH,
-            "S3OutputPath": tensorboard_s3_uri(bucket_name, recipe, team),
+            "S3OutputPath": f"{output_s3_uri.rstrip('/')}/tensorboard/",
         }
     return fields
 
@@ -101,8 +103,6 @@ def environment(
     previous_job_end: Any = None,
 ) -> dict[str, Any]:
     """The job's tracking environment (MLflow's own variables, and what the trainer tags runs with)."""
-    from trainstack.aws.request import _put
-
     if not tracks_mlflow(recipe):
         return {}
     env: dict[str, Any] = {

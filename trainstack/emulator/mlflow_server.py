@@ -15,6 +15,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -22,10 +23,15 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from trainstack.emulator.endpoint import free_port
 from trainstack.errors import TrainstackError
 
 HEALTH = "/health"
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 @dataclass
