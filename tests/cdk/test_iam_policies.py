@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cdk_helpers import synth, templates
 
 pytestmark = pytest.mark.xdist_group("cdk-synth")
 POLICY_PROPERTIES = ("KeyPolicy", "PolicyDocument", "AssumeRolePolicyDocument")
@@ -29,9 +28,10 @@ SOURCE_KEYS = {"aws:sourcearn", "aws:sourceaccount"}
 
 
 @pytest.fixture(scope="module")
-def vpc_templates(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
-    """VPC mode adds the flow-logs role and the execution role's network-interface statements."""
-    return templates(synth({"recipe": "1b-bf16", "vpc": "true"}, tmp_path_factory.mktemp("cdk-vpc")))
+def vpc_templates(vpc_tracking_templates: dict[str, dict]) -> dict[str, dict]:
+    """VPC mode adds the flow-logs role and the execution role's network-interface statements; its recipe
+    also tracks in the team's MLflow App (the tracking stack, the App's role, the MLflow grant)."""
+    return vpc_tracking_templates
 
 
 @pytest.fixture(scope="module")
@@ -122,6 +122,9 @@ def test_sagemaker_may_assume_the_execution_role_only_for_this_recipes_jobs(ever
         condition = statement["Condition"]
         assert condition["StringEquals"]["aws:SourceAccount"]
         source = json.dumps(condition["ArnLike"]["aws:SourceArn"])
+        if stack.split(" ")[0].endswith("-Tracking"):  # the team's MLflow App role: this account's Apps
+            assert ":mlflow-app/*" in source, (stack, source)
+            continue
         prefix = stack.removeprefix("Trainstack-").split("-Launcher")[0]  # <team>-<recipe>
         assert f":training-job/ts-{prefix}--*" in source, (stack, source)
 

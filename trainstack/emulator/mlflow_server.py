@@ -80,7 +80,13 @@ class MlflowServer:
         self.root = Path(self.root).resolve()
         (self.root / "artifacts").mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
-        env = {**os.environ, "MLFLOW_ENABLE_TELEMETRY": "false", "MLFLOW_DISABLE_TELEMETRY": "true"}
+        env = {
+            **os.environ,
+            "MLFLOW_DISABLE_TELEMETRY": "true",  # nothing leaves this machine
+            # No background job runner (GenAI evaluation jobs): a second process importing mlflow,
+            # seconds of start-up on a small machine, for nothing trainstack uses.
+            "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",
+        }
         self._process = subprocess.Popen(
             self.command(),
             stdin=subprocess.DEVNULL,
@@ -106,10 +112,10 @@ class MlflowServer:
         if self._process is not None and self._process.poll() is None:
             _signal_group(self._process.pid, signal.SIGTERM)
             try:
-                self._process.wait(timeout=10)  # reap the leader, or the group's check below sees its zombie
+                self._process.wait(timeout=5)  # reap the leader, or the group's check below sees its zombie
             except subprocess.TimeoutExpired:
                 pass
-            stop_group(self._process.pid, timeout_s=5.0)
+            stop_group(self._process.pid, timeout_s=2.0)
         self._process = None
 
     def __enter__(self) -> MlflowServer:
