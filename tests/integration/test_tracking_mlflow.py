@@ -135,3 +135,28 @@ def test_the_cli_records_the_final_state_and_registers_an_export(server, two_job
     again = tracking.register_export(server.url, found, "tiny-cpu", uri + "again/")
     model = MlflowClient(tracking_uri=server.url).get_model_version("tiny-cpu", version)
     assert (model.source, model.run_id, model.tags, int(again)) == (uri, launched.run_id, {"step": "6"}, 2)
+
+
+def test_the_docs_comparison_example_runs_against_the_local_server(server, two_jobs, capsys):
+    """docs/tracking.md's "Comparing two runs" block, as a reader runs it (a second run to compare with)."""
+    from mlflow.entities import Metric, Param, RunTag
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=server.url)
+    experiment = client.get_experiment_by_name(EXPERIMENT)
+    other = client.create_run(experiment.experiment_id, run_name="ts-platform-tiny-cpu--lr2")
+    client.log_batch(
+        other.info.run_id,
+        metrics=[Metric("loss", 5.0 - step, 0, step) for step in (1, 2)],
+        params=[Param("recipe.training.lr", "0.001")],
+        tags=[RunTag("trainstack.run", "ts-platform-tiny-cpu--lr2")],
+    )
+    text = (Path(__file__).resolve().parents[2] / "docs" / "tracking.md").read_text()
+    block = (
+        text.split("<!-- tracking-example: compare -->", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    )
+    exec(compile(block, "docs/tracking.md", "exec"), {"tracking_uri": server.url})
+    printed = capsys.readouterr().out
+    assert "ts-platform-tiny-cpu--lr2: lr 0.001, loss 4.000 -> 3.000 over 2 steps" in printed
+    assert f"{RUN}: lr 0.003" in printed and "over 6 steps" in printed
+    assert "recipe differences: {'recipe.training.lr': ('0.001', '0.003')" in printed
