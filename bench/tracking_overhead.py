@@ -73,7 +73,7 @@ def train(steps: int, env: dict[str, str], work: Path) -> tuple[list[float], str
     from trainstack.protocol.metrics import parse_line
 
     times = [parse_line(line)["step_time_s"] for line in done.stdout.splitlines() if line.startswith("step=")]
-    report = next((line for line in done.stderr.splitlines() if "tracking mlflow:" in line), "")
+    report = next((line for line in done.stderr.splitlines() if "records delivered" in line), "")
     return times[WARMUP:], report.split("trainer.tracking: ")[-1]
 
 
@@ -141,7 +141,7 @@ def main() -> int:
             f"max {worst * 1000:7.1f} ms"
         )
         if reports[name]:
-            print(f"  {'':<34} {reports[name]}")
+            print(f"  {'':<34} {reports[name].split(' (last error')[0]}")
     return 0
 
 

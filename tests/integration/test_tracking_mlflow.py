@@ -160,3 +160,35 @@ def test_the_docs_comparison_example_runs_against_the_local_server(server, two_j
     assert "ts-platform-tiny-cpu--lr2: lr 0.001, loss 4.000 -> 3.000 over 2 steps" in printed
     assert f"{RUN}: lr 0.003" in printed and "over 6 steps" in printed
     assert "recipe differences: {'recipe.training.lr': ('0.001', '0.003')" in printed
+
+
+def test_runs_mlflow_finds_the_run_and_writes_the_registrys_final_word(server, two_jobs):
+    """`trainstack runs --mlflow`'s per-run step (trainstack.cli.commands.mlflow_access.describe) on a run
+    record as the registry holds it: a stopped run, its two jobs' ends as SageMaker reported them."""
+    from datetime import UTC, datetime
+
+    from mlflow.tracking import MlflowClient
+
+    from trainstack.aws.registry import JobRecord, Run, view
+    from trainstack.cli.commands.mlflow_access import describe
+    from trainstack.recipes.loader import resolve
+
+    launched, _, _ = two_jobs
+    now = datetime.now(UTC)
+    jobs = (
+        JobRecord(f"{RUN}-1", 1, "Stopped", "MaxRuntimeExceeded"),
+        JobRecord(f"{RUN}-2", 2, "Stopped", "Stopped"),
+    )
+    record = Run(
+        run=RUN, run_id="mlflow1", recipe="tiny-cpu", team="platform", state="stopped",
+        current_job=f"{RUN}-2", job_index=2, last_job=20, jobs=jobs, checkpoint_uri="s3://b/c/", steps=60,
+        tokens_per_step=512,
+        usd_per_hour=1.0, overrides={}, keep_alive=0, stop_requested=True, why="trainstack stop was asked",
+        next_step="trainstack resume", recipe_hash="0", max_jobs=20, creator="", created=now, updated=now,
+        mlflow_run_id=launched.run_id,
+    )  # fmt: skip
+    line, found = describe(view(record, {}, 6, now), server.url, resolve(str(TINY)).recipe, None)
+    assert found.run_id == launched.run_id and line == f"mlflow: {found.url}"
+    tags = MlflowClient(tracking_uri=server.url).get_run(launched.run_id).data.tags
+    assert (tags["trainstack.state"], tags["trainstack.why"]) == ("stopped", "trainstack stop was asked")
+    assert tags["trainstack.job.1.status"] == "Stopped (MaxRuntimeExceeded)"

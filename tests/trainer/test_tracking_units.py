@@ -153,3 +153,15 @@ def test_an_unreachable_tracker_costs_the_loop_an_append_and_the_job_nothing(tin
     assert time.monotonic() - started < 3.0
     (report,) = [r.getMessage() for r in caplog.records if "records delivered" in r.getMessage()]
     assert "0 of 202 records delivered" in report and "202 undelivered at exit" in report
+
+
+def test_a_tracker_never_reached_holds_the_jobs_end_two_seconds_not_the_whole_drain_time():
+    def unreachable():
+        raise ConnectionRefusedError("nothing listens")
+
+    delivery = Delivery("test", lambda batch: None, prepare=unreachable, interval_s=0.01)
+    delivery.put(1)
+    time.sleep(0.1)  # at least one failed attempt
+    started = time.monotonic()
+    counts = delivery.close(timeout_s=30)
+    assert time.monotonic() - started < 2.0 + 1.0 and counts.undelivered == 1

@@ -9,6 +9,7 @@ in the tracker's chart, not a lost measurement. Records the sender fails on go b
 buffer and are retried with exponential backoff (1 s doubling to 60 s); `prepare` (finding the tracker's
 run) is retried the same way before anything is sent. `close` gives the thread a bounded time to drain,
 then leaves it (a daemon: it never holds the process up) and reports what was and was not delivered.
+A tracker that was never reached during the job gets 2 s at its end.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ log = logging.getLogger("trainer.tracking")
 
 BACKOFF_FIRST_S = 1.0
 BACKOFF_MAX_S = 60.0
+UNREACHED_CLOSE_S = 2.0
 
 
 @dataclass
@@ -85,9 +87,13 @@ class Delivery:
             self._wake.set()
 
     def close(self, timeout_s: float) -> Counts:
-        """Let the thread drain for at most `timeout_s`, then report (what is left counts as undelivered)."""
+        """Let the thread drain for at most `timeout_s` (UNREACHED_CLOSE_S when the tracker was never
+        reached in the whole job: waiting longer would only bill the job), then report (what is left
+        counts as undelivered)."""
         with self._lock:
             self._closing = True
+            if not self._ready and self.counts.failed_attempts:
+                timeout_s = min(timeout_s, UNREACHED_CLOSE_S)
         self._wake.set()
         self._thread.join(timeout=max(timeout_s, 0.0))
         with self._lock:

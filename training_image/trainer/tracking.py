@@ -51,7 +51,7 @@ NOT_LOGGED = ("step", "straggler_host", "straggler_rank", "straggler_compute_s",
 # 8000, keys 250 in MLflow 3's SQL store). The managed MLflow behind SageMaker is the same server.
 BATCH_METRICS, BATCH_PARAMS, BATCH_TAGS, BATCH_ENTITIES = 1000, 100, 100, 1000
 PARAM_VALUE_MAX, TAG_VALUE_MAX, KEY_MAX = 6000, 8000, 250
-CLOSE_TIMEOUT_S = 20.0  # how long the end of a job waits for the tracker at most
+CLOSE_TIMEOUT_S = 10.0  # how long the end of a job waits for the tracker at most
 STOP_CLOSE_TIMEOUT_S = 5.0  # after SIGTERM or an error: SageMaker's 120 s belong to the checkpoint
 MANIFEST_NAMES = ("manifest.json",)
 
