@@ -242,7 +242,10 @@ def _dry_run(
         if deployed_recipe.tracking.managed:  # the team's MLflow App (stack Trainstack-<team>-Tracking)
             from trainstack.cli.commands.mlflow_access import tracking_uri
 
-            values["mlflow_arn"] = tracking_uri(aws, deployed_recipe, team, hint) or ""
+            try:
+                values["mlflow_arn"] = tracking_uri(aws, deployed_recipe, team, hint, resource=True) or ""
+            except TrainstackError as error:  # the team's tracking stack is not deployed (yet)
+                values["mlflow_arn"] = PLACEHOLDER.format(f"the team's MLflow App ARN: {error}")
         if stacks.launcher.get("RecipeHash") != naming.recipe_hash(deployed_recipe):
             typer.echo(
                 f"note: recipe {deployed_recipe.name} changed since it was deployed; `launch` would refuse "

@@ -19,13 +19,14 @@ from trainstack.errors import TrainstackError
 LOCAL_WAIT_S = 60.0  # the emulator's MLflow server answers some seconds after moto
 
 
-def tracking_uri(aws: Any, recipe: Any, team: str | None, hint: str) -> str | None:
-    """The MLflow tracking URI of `recipe`'s runs, or None when it does not track in MLflow."""
+def tracking_uri(aws: Any, recipe: Any, team: str | None, hint: str, *, resource: bool = False) -> str | None:
+    """The MLflow tracking URI of `recipe`'s runs, or None when it does not track in MLflow. `resource`:
+    the MLflow resource ARN the jobs' request names, also in the emulator (where it is a placeholder)."""
     from trainstack.aws import tracking
 
     if not tracking.tracks_mlflow(recipe):
         return None
-    if aws.local:
+    if aws.local and not resource:
         from trainstack.emulator import endpoint, mlflow_server
 
         state = endpoint.read_state() or {}
