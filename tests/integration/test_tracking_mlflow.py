@@ -145,10 +145,14 @@ def test_the_docs_comparison_example_runs_against_the_local_server(server, two_j
     client = MlflowClient(tracking_uri=server.url)
     experiment = client.get_experiment_by_name(EXPERIMENT)
     other = client.create_run(experiment.experiment_id, run_name="ts-platform-tiny-cpu--lr2")
+    launched, _, _ = two_jobs
+    params = {**client.get_run(launched.run_id).data.params, "recipe.training.lr": "0.001"}  # an lr sweep
+    items = [Param(k, v) for k, v in params.items()]
+    for start in range(0, len(items), 100):  # MLflow takes at most 100 params per batch
+        client.log_batch(other.info.run_id, params=items[start : start + 100])
     client.log_batch(
         other.info.run_id,
         metrics=[Metric("loss", 5.0 - step, 0, step) for step in (1, 2)],
-        params=[Param("recipe.training.lr", "0.001")],
         tags=[RunTag("trainstack.run", "ts-platform-tiny-cpu--lr2")],
     )
     text = (Path(__file__).resolve().parents[2] / "docs" / "tracking.md").read_text()
@@ -159,7 +163,7 @@ def test_the_docs_comparison_example_runs_against_the_local_server(server, two_j
     printed = capsys.readouterr().out
     assert "ts-platform-tiny-cpu--lr2: lr 0.001, loss 4.000 -> 3.000 over 2 steps" in printed
     assert f"{RUN}: lr 0.003" in printed and "over 6 steps" in printed
-    assert "recipe differences: {'recipe.training.lr': ('0.001', '0.003')" in printed
+    assert "recipe differences: {'recipe.training.lr': ('0.001', '0.003')}" in printed
 
 
 def test_runs_mlflow_finds_the_run_and_writes_the_registrys_final_word(server, two_jobs):
