@@ -275,9 +275,21 @@ def wait_for_job(env: dict[str, str], job: str, timeout_s: float = 60) -> None:
 
 def start_recorded(emulator: Emulator, state_file: Path, log: Path) -> None:
     """Start the emulator in its own session (it outlives this script) and record the server's PID."""
+    from trainstack.emulator import mlflow_server
+
     emu.stop_recorded(state_file)  # a stale record: its server is gone
-    emulator.start(timeout_s=120, detach=True)
-    emu.write_state(emulator.endpoint, emulator.pid or 0, state_file, log=log.relative_to(ROOT))
+    # MLflow's own server beside moto, as `trainstack emulator start` runs it (runs of recipes that track
+    # in MLflow are tracked there with --local); it comes up while moto and the deploy do.
+    tracker = mlflow_server.launch_beside(ROOT / mlflow_server.STATE_DIR, ROOT / mlflow_server.LOG_FILE)
+    try:
+        emulator.start(timeout_s=120, detach=True)
+    except BaseException:
+        if tracker is not None:
+            tracker.stop()
+        raise
+    emu.write_state(
+        emulator.endpoint, emulator.pid or 0, state_file, log=log.relative_to(ROOT), mlflow=tracker
+    )
 
 
 def next_steps(recipe: str, team: str | None, endpoint: str, reused: dict | None, log: Path) -> str:

@@ -7,8 +7,10 @@ from aws_cdk import App, DefaultStackSynthesizer, Environment, Tags
 from stacks import nag
 from stacks.data_stack import DataStack
 from stacks.launcher_stack import LauncherStack
+from stacks.tracking import TrackingStack
 from trainstack.aws.deployment import Deployment, DeploymentConfig
 from trainstack.aws.request import tags
+from trainstack.aws.tracking import team_of, tracking_stack_name
 
 DATA = "Data"
 LAUNCHER = "Launcher"
@@ -26,6 +28,7 @@ def build(app: App, config: DeploymentConfig) -> list:
         Environment(account=config.account, region=config.region) if config.account or config.region else None
     )
     stacks = []
+    tracking: dict[str, TrackingStack] = {}  # team -> its MLflow App's stack, shared by its recipes
     for deployment in config.deployments:
         data_name, launcher_name = stack_names(deployment)
         common: dict = {"env": env}
@@ -44,6 +47,14 @@ def build(app: App, config: DeploymentConfig) -> list:
             repository_name=repository_name,
             **common,
         )
+        team_tracking = None
+        if deployment.recipe.tracking.managed:
+            team = team_of(deployment.recipe, deployment.team)
+            if team not in tracking:
+                name = tracking_stack_name(team)
+                tracking[team] = TrackingStack(app, name, stack_name=name, team=team, **common)
+                stacks.append(tracking[team])
+            team_tracking = tracking[team]
         launcher = LauncherStack(
             app,
             launcher_name,
@@ -51,13 +62,16 @@ def build(app: App, config: DeploymentConfig) -> list:
             deployment=deployment,
             network=config.network,
             data=data,
+            tracking=team_tracking,
             **common,
         )
         # EMULATOR: moto reads KMS key tags as TagKey/TagValue and fails on CloudFormation's Key/Value,
         # so the key goes untagged there. Real AWS tags everything.
         untagged = ["AWS::KMS::Key"] if config.emulator else []
-        for stack in (data, launcher):
+        for stack in (data, launcher, *([team_tracking] if team_tracking is not None else [])):
             for key, value in tags(deployment.recipe, deployment.team).items():
+                if stack is team_tracking and key == "recipe":
+                    continue  # the team's stack serves all of its recipes
                 Tags.of(stack).add(key, value, exclude_resource_types=untagged)
         stacks += [data, launcher]
     nag.enable(app)

@@ -26,8 +26,10 @@ from stacks.supervisor.asl import (
     RUN_PATH,
     constants_for,
 )
+from stacks.tracking import allow_tracking
 from trainstack.aws.deployment import Deployment, Network
 from trainstack.aws.request import Runtime, create_training_job_request, execution_input, last_job
+from trainstack.aws.tracking import PREVIOUS_JOB_END_PATH, mlflow_arn_export, team_of
 from trainstack.recipes import naming
 from trainstack.recipes.schema import to_hyperparameters
 
@@ -41,10 +43,13 @@ class LauncherStack(Stack):
         deployment: Deployment,
         network: Network,
         data: DataStack,
+        tracking: Stack | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(scope, id, description=f"trainstack {deployment.stack_prefix}: launcher", **kwargs)
         self.add_stack_dependency(data)
+        if tracking is not None:  # the team's MLflow App (stacks/tracking.py): deployed first
+            self.add_stack_dependency(tracking)
         recipe, team = deployment.recipe, deployment.team
         key = data.exports.key(self)
         bucket = data.exports.bucket(self, key)
@@ -156,6 +161,7 @@ class LauncherStack(Stack):
                 inter_container_encryption=network.inter_container_encryption,
             )
         role: iam.IRole = self.execution_role
+        mlflow_arn = self._mlflow_arn(deployment)
         return create_training_job_request(
             deployment.recipe,
             deployment.team,
@@ -169,8 +175,24 @@ class LauncherStack(Stack):
             hyperparameters=Runtime(HYPERPARAMETERS_EXPRESSION),
             keep_alive_seconds=Runtime(KEEP_ALIVE_PATH),
             region=self.region,
+            mlflow_arn=mlflow_arn,
+            previous_job_end=Runtime(PREVIOUS_JOB_END_PATH),
             **vpc_args,
         )
+
+    def _mlflow_arn(self, deployment: Deployment) -> str | None:
+        """The tracker the jobs log to (the team's managed App, or the recipe's ARN), granted to the
+        execution role on exactly that resource; None when the recipe does not track in MLflow."""
+        tracking = deployment.recipe.tracking
+        if tracking.managed:
+            team = team_of(deployment.recipe, deployment.team)
+            arn = Fn.import_value(mlflow_arn_export(team))
+        elif tracking.mlflow_arn:
+            arn = tracking.mlflow_arn
+        else:
+            return None
+        allow_tracking(self.execution.policy, arn, app=tracking.managed or ":mlflow-app/" in arn)
+        return arn
 
     def _compose_monitoring(self, deployment: Deployment, key: kms.IKey, bucket: s3.IBucket) -> Any:
         """Composition point for stacks/monitoring (notifications now; alarms and dashboard by watch())."""

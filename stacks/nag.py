@@ -75,6 +75,15 @@ REASONS: dict[str, str] = {
         "(alarm:ts-<team>-<recipe>--*, which no other recipe's or team's alarms start with), never "
         "all alarms."
     ),
+    # Experiment tracking (stacks/tracking.py): the team's MLflow App and its artifact store.
+    "AwsSolutions-S1:mlflow-access-logs": (
+        "This is the server-access-log bucket of the team's MLflow artifact bucket; logging it into itself "
+        "would loop, and S3 delivers access logs only to SSE-S3 buckets."
+    ),
+    "AwsSolutions-IAM5:mlflow-artifacts": (
+        "The MLflow App's role reads and writes objects under the artifacts/ prefix of the team's own MLflow "
+        "bucket only; MLflow names the objects below it per experiment and run at run time."
+    ),
     # GitOps pipeline (stacks/pipeline.py): the artifact store, and what CDK Pipelines generates.
     "AwsSolutions-S1:pipeline-access-logs": (
         "This is the server-access-log bucket of the pipeline's artifact bucket; logging it into itself "

@@ -88,6 +88,7 @@ REGISTRY_ATTRIBUTES = {
     "next_step": "S",  # what happens next, in words
     "recipe_hash": "S",  # the deployed recipe's hash when the run was launched
     "max_jobs": "N",  # compute.max_jobs of that recipe
+    "mlflow_run_id": "S",  # the MLflow run `trainstack launch` created ("" if none; trainstack.aws.tracking)
     "creator": "S",  # the execution that registered the newest job (and creates it): `stop` may end it
     "created": "S",
     "updated": "S",

@@ -22,6 +22,7 @@ from trainstack.aws.request import (
     INPUT_JOB,
     INPUT_KEEP_ALIVE,
     INPUT_LAST_JOB,
+    INPUT_PREVIOUS_JOB_END,
     INPUT_REASON,
     INPUT_RUN,
     INPUT_RUN_ID,
@@ -404,6 +405,7 @@ def job_ended_definition(
                 f"{INPUT_KEEP_ALIVE}.$": "States.StringToJson($.Registry.Item.keep_alive.N)",
                 f"{INPUT_STEPS}.$": "States.StringToJson($.Registry.Item.steps.N)",
                 INPUT_REASON: "next",
+                f"{INPUT_PREVIOUS_JOB_END}.$": "$.Decision.Rule",  # the trainer tags the run with it
                 "Decision.$": "$.Decision",
             },
             "ResultPath": "$",

@@ -27,6 +27,7 @@ from trainstack.aws.request import (
     INPUT_HYPERPARAMETER_OVERRIDES,
     INPUT_JOB,
     INPUT_LAST_JOB,
+    INPUT_MLFLOW_RUN_ID,
     INPUT_REASON,
     INPUT_RUN_ID,
     INPUT_STEPS,
@@ -93,6 +94,7 @@ def start_job_states(
         "recipe_hash": {"S": c.recipe_hash},
         "max_jobs": {"N": str(c.max_jobs)},
         "creator": {"S.$": "$$.Execution.Id"},
+        "mlflow_run_id": {"S.$": f"$.{INPUT_MLFLOW_RUN_ID}"},
         "created": {"S.$": now},
         "updated": {"S.$": now},
     }

@@ -166,7 +166,7 @@ def test_bad_input_to_launch_is_one_line_and_exit_2_before_any_aws(tmp_path: Pat
     zero.write_text("extends: 1b-bf16\nname: zero-jobs\ncompute:\n  max_jobs: 0\n")
     root = Path(__file__).resolve().parents[2]
     for args, expected in (
-        ([str(zero)], "error: zero-jobs.yaml: compute.max_jobs: Input should be greater than or equal to 1"),
+        ([str(zero)], "error: zero-jobs.yaml: compute.max_jobs: Input should be greater than 0"),
         (["1b-bf16", "--name", "Bad_Name"], "error: --name: invalid run name 'Bad_Name': a run name is 1-16"),
     ):
         result = subprocess.run(

@@ -204,6 +204,8 @@ def test_a_short_run_overrides_only_the_steps_and_gets_its_own_hash() -> None:
         "KeepAlivePeriodInSeconds": 1800,
         "Steps": 50,
         "Reason": "launch",
+        "PreviousJobEnd": "",  # tracking: why the previous job ended (the trainer tags its MLflow run)
+        "MlflowRunId": "",  # the MLflow run launch created, recorded in the registry
     }
 
 

@@ -302,6 +302,8 @@ def test_launch_on_deploy_rule_starts_the_recipe_hash_run(tmp_path: Path, all_te
         "KeepAlivePeriodInSeconds": recipe.compute.keep_alive_seconds,
         "Steps": recipe.training.steps,
         "Reason": "launch",
+        "PreviousJobEnd": "",
+        "MlflowRunId": "",
     }
     starts = [k for k in resources(template, "AWS::StepFunctions::StateMachine") if "StartJob" in k]
     assert target["Arn"] == {"Ref": starts[0]}

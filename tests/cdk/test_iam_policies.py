@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cdk_helpers import synth, templates
 
 pytestmark = pytest.mark.xdist_group("cdk-synth")
 POLICY_PROPERTIES = ("KeyPolicy", "PolicyDocument", "AssumeRolePolicyDocument")
@@ -29,9 +28,10 @@ SOURCE_KEYS = {"aws:sourcearn", "aws:sourceaccount"}
 
 
 @pytest.fixture(scope="module")
-def vpc_templates(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
-    """VPC mode adds the flow-logs role and the execution role's network-interface statements."""
-    return templates(synth({"recipe": "1b-bf16", "vpc": "true"}, tmp_path_factory.mktemp("cdk-vpc")))
+def vpc_templates(vpc_tracking_templates: dict[str, dict]) -> dict[str, dict]:
+    """VPC mode adds the flow-logs role and the execution role's network-interface statements; its recipe
+    also tracks in the team's MLflow App (the tracking stack, the App's role, the MLflow grant)."""
+    return vpc_tracking_templates
 
 
 @pytest.fixture(scope="module")
@@ -122,12 +122,16 @@ def test_sagemaker_may_assume_the_execution_role_only_for_this_recipes_jobs(ever
         condition = statement["Condition"]
         assert condition["StringEquals"]["aws:SourceAccount"]
         source = json.dumps(condition["ArnLike"]["aws:SourceArn"])
-        prefix = stack.removeprefix("Trainstack-").split("-Launcher")[0].split("-Data")[0]  # <team>-<recipe>
-        if stack.endswith("-Data"):  # the processing role (stacks/processing_role.py): data prepare jobs
+        name = stack.split(" ")[0]
+        if name.endswith("-Tracking"):  # the team's MLflow App role: this account's Apps
+            assert ":mlflow-app/*" in source, (stack, source)
+            continue
+        prefix = name.removeprefix("Trainstack-").split("-Launcher")[0].split("-Data")[0]  # <team>-<recipe>
+        if name.endswith("-Data"):  # the processing role (stacks/processing_role.py): data prepare jobs
             assert f":processing-job/ts-prep-{prefix}--*" in source, (stack, source)
         else:
             assert f":training-job/ts-{prefix}--*" in source, (stack, source)
-    assert any(stack.endswith("-Data") for stack, _ in roles)  # nlp's 8b-fp8 names a corpus
+    assert any(stack.split(" ")[0].endswith("-Data") for stack, _ in roles)  # nlp's 8b-fp8 names a corpus
 
 
 def test_vpc_mode_scopes_network_interfaces_to_this_deployment(vpc_templates: dict) -> None:

@@ -15,6 +15,7 @@ import pytest
 
 from trainstack.aws.session import where_line
 from trainstack.emulator.endpoint import is_emulator_process
+from trainstack.emulator.mlflow_server import is_mlflow_server
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("emulator")]
 ROOT = Path(__file__).resolve().parents[2]
@@ -42,6 +43,8 @@ def test_start_status_env_and_stop(tmp_path: Path) -> None:
     try:
         # the command has exited; the server it started runs on, recorded under its own PID
         assert is_emulator_process(state["pid"]) and "supervisor_pid" not in state
+        # and MLflow's own server beside it (trainstack.emulator.mlflow_server), recorded the same way
+        assert state["mlflow"].startswith("http://127.0.0.1:") and is_mlflow_server(state["mlflow_pid"])
         urllib.request.urlopen(f"{state['endpoint']}/moto-api/data.json", timeout=5).close()
         assert started.stdout.splitlines()[0].startswith(
             f"started the local AWS emulator on {state['endpoint']}"
@@ -73,6 +76,7 @@ def test_start_status_env_and_stop(tmp_path: Path) -> None:
         stopped.returncode == 0 and f"stopped the local AWS emulator on {state['endpoint']}" in stopped.stdout
     )
     assert not is_emulator_process(state["pid"])
+    assert not is_mlflow_server(state["mlflow_pid"])  # stopped with it
     assert not (tmp_path / ".emulator" / "endpoint.json").exists()
     with pytest.raises(OSError):
         urllib.request.urlopen(f"{state['endpoint']}/moto-api/data.json", timeout=5).close()

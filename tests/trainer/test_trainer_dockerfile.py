@@ -95,6 +95,8 @@ def test_core_and_checkpoint_dependencies_are_pinned_as_in_pyproject():
         "tokenizers",
         "pyarrow",
         "safetensors",
+        "mlflow-skinny",
+        "sagemaker-mlflow",
     ):
         assert f'"{pins[name]}"' in text, pins[name]
     lock = (REPO / "requirements.lock").read_text().splitlines()
@@ -105,6 +107,8 @@ def test_core_and_checkpoint_dependencies_are_pinned_as_in_pyproject():
         "tokenizers",
         "pyarrow",
         "safetensors",
+        "mlflow-skinny",
+        "sagemaker-mlflow",
     ):
         assert pins[name].replace("[dcp]", "") in lock, pins[name]
 
@@ -123,8 +127,11 @@ def test_trainer_imports_only_what_the_image_installs():
 import importlib.abc, sys
 class Block(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path, target=None):
+        # mlflow: the tracking client is imported only when tracking is on (trainer.tracking), never
+        # by importing the trainer; tensorboard is not in the image at all (trainer.tensorboard).
         if name.split(".")[0] in {"typer", "rich", "boto3", "botocore", "aws_cdk", "constructs", "cdk_nag",
-                                  "sagemaker", "matplotlib", "moto"}:
+                                  "sagemaker", "matplotlib", "moto", "mlflow", "sagemaker_mlflow",
+                                  "tensorboard"}:
             raise ImportError("not in the training image: " + name)
         module = name.replace(".", "/")
         if name.startswith("trainstack.") and not any(
@@ -133,6 +140,7 @@ class Block(importlib.abc.MetaPathFinder):
             raise ImportError("not in the image's build context (.dockerignore): " + name)
 sys.meta_path.insert(0, Block())
 import trainer.__main__, trainer.entrypoint, trainer.make_shards, trainer.prepare, trainer.train
+import trainer.tracking, trainer.tensorboard, trainer.delivery
 import s3torchconnector.dcp  # the S3 checkpoint backend, imported only for s3:// locations
 """
     )

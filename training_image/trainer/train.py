@@ -22,7 +22,7 @@ import os
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -64,6 +64,7 @@ from trainer.throughput import (
     peak_tflops,
     slowest_rank,
 )
+from trainer.tracking import Tracking, open_tracking
 from trainer.validation import Validator, build_validator
 from trainstack.errors import TrainstackError
 from trainstack.planner import flops_per_token, plan
@@ -174,6 +175,10 @@ def _train(
         recipe, layout, rank, device, options.data_dir, options.synthetic, token_source, open_dataset
     )
     storage = open_storage(options.checkpoint_location)  # a bad URI or missing region: exit 2 before building
+    # MLflow / TensorBoard from rank 0, on a background thread (trainer.tracking); never raises.
+    tracking, job = open_tracking(
+        recipe, rank, plan=plan(recipe), data_source=token_source.name, data_dir=data_dir
+    )
 
     torch.manual_seed(recipe.training.seed)
     model = build_model(recipe.model, recipe.training.seq_len, backend, recipe.training.loss_chunk_tokens)
@@ -275,9 +280,11 @@ def _train(
         control=dist.new_group(backend="gloo"),
         timer=BlockComputeTimer(list(model.layers), device),
         validator=validator,
+        tracking=tracking,
     )
     try:
-        return _loop(ctx, state, max_steps, stop)
+        with tracking.session(stop, job.job_index):  # records how the job ended, drains (bounded)
+            return _loop(ctx, state, max_steps, stop)
     except AbandonedSave:
         raise
     except BaseException:
@@ -307,6 +314,7 @@ class LoopContext:
     control: dist.ProcessGroup  # gloo, host-side: stop votes, straggler times, agreements
     timer: BlockComputeTimer
     validator: Validator | None = None  # the recipe's validation section (trainer.validation)
+    tracking: Tracking = field(default_factory=Tracking.off)  # rank 0's trackers; off elsewhere
 
 
 @dataclass(frozen=True)
@@ -452,6 +460,8 @@ def _loop(ctx: LoopContext, state: TrainerState, max_steps: int, stop: StopReque
                 )
                 if ctx.rank == 0:
                     print(line, flush=True)
+                    if ctx.tracking.on:  # the same values, queued for MLflow / TensorBoard
+                        ctx.tracking.log_line(step, line, grad_norm=float(grad_norm))
                 interval_loss, interval_steps = torch.zeros((), device=device), 0
                 interval_start = time.perf_counter()
             state = TrainerState(

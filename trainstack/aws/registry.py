@@ -86,6 +86,7 @@ class Run:
     # Every export of the run, oldest first: {job, step (0: the newest), out_parent, reason, requested}
     # (the Export state machine appends them: stacks/export.py).
     exports: tuple[dict[str, Any], ...] = ()
+    mlflow_run_id: str = ""  # the MLflow run launch created (trainstack.aws.tracking), "" when none
 
     @property
     def name(self) -> RunName | None:
@@ -136,6 +137,7 @@ def run_from_item(item: dict[str, Any]) -> Run:
         updated=_time(a["updated"]),
         crashes=int(a.get("crashes", 0)),
         exports=tuple(a.get("exports", [])),
+        mlflow_run_id=a.get("mlflow_run_id", ""),
     )
 
 
@@ -186,6 +188,7 @@ class RunView:
             "updated": r.updated.isoformat(),
             "unsupervised": self.unsupervised,
             "exports": list(r.exports),
+            "mlflow_run_id": r.mlflow_run_id,
         }
 
 

@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from trainstack.aws import tracking
 from trainstack.protocol.metrics import metric_definitions
 from trainstack.recipes import naming
 from trainstack.recipes.schema import Recipe, to_hyperparameters
@@ -35,6 +36,8 @@ INPUT_HYPERPARAMETER_OVERRIDES = "HyperParameterOverrides"  # {"training.steps":
 INPUT_KEEP_ALIVE = "KeepAlivePeriodInSeconds"
 INPUT_STEPS = "Steps"  # the run's training.steps (the registry keeps it for progress)
 INPUT_REASON = "Reason"  # why the job starts: one of START_REASONS
+INPUT_PREVIOUS_JOB_END = "PreviousJobEnd"  # why the run's previous job ended ("" at launch); for tracking
+INPUT_MLFLOW_RUN_ID = "MlflowRunId"  # the MLflow run `launch` created ("" when none); the registry records it
 START_REASONS = ("launch", "resume", "next")
 
 
@@ -54,6 +57,8 @@ def execution_input(
     overrides: Mapping[str, str] | None = None,
     keep_alive_seconds: int = 0,
     reason: str = "launch",
+    previous_job_end: str = "",
+    mlflow_run_id: str = "",
 ) -> dict:
     """The input that starts job `job` of `run` (overrides are hyperparameters, already encoded)."""
     if reason not in START_REASONS:
@@ -69,6 +74,8 @@ def execution_input(
         INPUT_KEEP_ALIVE: int(keep_alive_seconds),
         INPUT_STEPS: int(steps),
         INPUT_REASON: reason,
+        INPUT_PREVIOUS_JOB_END: previous_job_end,
+        INPUT_MLFLOW_RUN_ID: mlflow_run_id,
     }
 
 
@@ -181,6 +188,8 @@ def create_training_job_request(
     network_isolation: bool = False,
     inter_container_encryption: bool = False,
     region: str | None = None,
+    mlflow_arn: str | None = None,
+    previous_job_end: str | Runtime | None = None,
 ) -> dict[str, Any]:
     """The full CreateTrainingJob request for `recipe` as `team` runs it.
 
@@ -190,6 +199,8 @@ def create_training_job_request(
     the CLI always pass both; without them the request is a lone job's, with no run to resume.
     With `subnet_ids` the job runs in a VPC (VpcConfig; network isolation and inter-container
     encryption are explicit choices). Keys whose value is a `Runtime` are emitted as `"Key.$"`.
+    `mlflow_arn`: the team's managed MLflow App when `tracking.mlflow` is `managed` (a recipe's own ARN wins);
+    MlflowConfig, TensorBoardOutputConfig and the tracking environment: trainstack.aws.tracking.
     """
     from trainstack.planner.input_mode import input_plan  # how the shards reach the nodes, and why
 
@@ -245,7 +256,16 @@ def create_training_job_request(
             # Health checks on the nodes before the job starts paying for a multi-day run.
             "InfraCheckConfig": {"EnableInfraCheck": True},
             "EnableManagedSpotTraining": compute.spot,
-            "Environment": environment(recipe, run, checkpoint_uri, region),
+            "Environment": {
+                **environment(recipe, run, checkpoint_uri, region),
+                **tracking.environment(
+                    recipe,
+                    team,
+                    mlflow_arn=recipe.tracking.mlflow_arn or mlflow_arn,
+                    image_uri=image_uri,
+                    previous_job_end=previous_job_end,
+                ),
+            },
             "Tags": [{"Key": k, "Value": v} for k, v in tags(recipe, team).items()] + run_tags,
         }
     )
@@ -271,6 +291,10 @@ def create_training_job_request(
         from trainstack.aws.channels import base_channel  # models in and out (docs/models.md)
 
         request.setdefault("InputDataConfig", []).append(base_channel(recipe.model.init_from))
+    arn = recipe.tracking.mlflow_arn or mlflow_arn
+    request.update(
+        tracking.request_fields(recipe, team, mlflow_arn=arn, run=run, output_s3_uri=output["S3OutputPath"])
+    )
     if subnet_ids:
         request["VpcConfig"] = {"SecurityGroupIds": list(security_group_ids), "Subnets": list(subnet_ids)}
         request["EnableNetworkIsolation"] = network_isolation

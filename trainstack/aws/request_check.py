@@ -63,6 +63,8 @@ PLACEHOLDERS = dict(
     ),
     bucket_name="trainstack-team-recipe-d-checkpointsbucket6ba0c50d-a1b2c3d4e5f6",  # 63: S3's longest
     kms_key_arn=f"arn:aws:kms:{PLACEHOLDER_REGION}:{PLACEHOLDER_ACCOUNT}:key/1234abcd-12ab-34cd-56ef-1234567890ab",
+    # A team's managed MLflow App (tracking.mlflow: managed; used only by recipes that track).
+    mlflow_arn=f"arn:aws:sagemaker:{PLACEHOLDER_REGION}:{PLACEHOLDER_ACCOUNT}:mlflow-app/app-{'a' * 12}",
 )
 PLACEHOLDER_VPC = dict(
     subnet_ids=["subnet-0123456789abcdef0", "subnet-0123456789abcdef1"],
@@ -323,6 +325,7 @@ def requests_for(recipe: Recipe, team: str | None) -> Iterator[tuple[str, dict[s
         checkpoint_uri,
         create_training_job_request,
     )
+    from trainstack.aws.tracking import PREVIOUS_JOB_END_MAX, PREVIOUS_JOB_END_PATH
     from trainstack.recipes.schema import to_hyperparameters
 
     name = longest_job_name(recipe, team)
@@ -344,6 +347,7 @@ def requests_for(recipe: Recipe, team: str | None) -> Iterator[tuple[str, dict[s
                 checkpoint_uri=Runtime("$.Names.CheckpointUri"),
                 hyperparameters=Runtime("$.HyperParameters"),
                 keep_alive_seconds=Runtime(f"$.{INPUT_KEEP_ALIVE}"),
+                previous_job_end=Runtime(PREVIOUS_JOB_END_PATH),
                 **deployment,
                 **network,
             ),
@@ -362,6 +366,7 @@ def requests_for(recipe: Recipe, team: str | None) -> Iterator[tuple[str, dict[s
                     **run_values,
                     hyperparameters=to_hyperparameters(recipe),
                     keep_alive_seconds=keep_alive,
+                    previous_job_end="p" * PREVIOUS_JOB_END_MAX,  # the longest the CLI sends
                     **deployment,
                     **network,
                 ),
@@ -419,6 +424,11 @@ _FIELDS: tuple[tuple[str, str], ...] = (
     ("CheckpointConfig", "name"),
     ("OutputDataConfig.S3OutputPath", "name"),
     ("Environment[TRAINSTACK_RECIPE]", "name"),
+    ("Environment[MLFLOW_EXPERIMENT_NAME]", "tracking.experiment"),
+    ("Environment[MLFLOW_TRACKING_URI]", "tracking.mlflow"),
+    ("MlflowConfig", "tracking.mlflow"),
+    ("MlflowConfig.MlflowExperimentName", "tracking.experiment"),
+    ("TensorBoardOutputConfig", "tracking.tensorboard"),
     ("Tags", "tags.extra"),
 )
 # trainstack's own tags (trainstack.aws.request.tags) -> the recipe field each comes from.

@@ -177,11 +177,15 @@ def write_state(
     path: Path = STATE_FILE,
     log: Path | None = None,
     supervisor_pid: int | None = None,
+    mlflow: Any = None,
 ) -> None:
     """Record a running emulator: `pid` is the moto server's own process (what `stop` signals);
-    `supervisor_pid` the foreground `python -m trainstack.emulator` watching it, if any."""
+    `supervisor_pid` the foreground `python -m trainstack.emulator` watching it, if any; `mlflow` the
+    MLflow server beside it (trainstack.emulator.mlflow_server), recorded as its URL and PID."""
     path.parent.mkdir(parents=True, exist_ok=True)
     state = {"endpoint": endpoint, "pid": pid, "started": time.time()}
+    if mlflow is not None:
+        state.update(mlflow=mlflow.url, mlflow_pid=mlflow.pid)
     if log is not None:
         state["log"] = str(log)
     if supervisor_pid is not None:
@@ -257,6 +261,9 @@ def stop_recorded(path: Path = STATE_FILE, timeout_s: float = 15.0) -> dict | No
         if is_emulator_process(pid):
             os.kill(pid, signal.SIGKILL)
         stopped = state
+    from trainstack.emulator import mlflow_server  # the tracker beside it goes with it
+
+    mlflow_server.stop_recorded(state)
     path.unlink(missing_ok=True)
     return stopped
 

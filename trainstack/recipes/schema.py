@@ -544,6 +544,51 @@ class Export(Section):
     dtype: Literal["bf16", "fp32"] = "bf16"  # the exported weights' dtype
 
 
+# Where runs are tracked (docs/tracking.md). An MLflow resource ARN as CreateTrainingJob's MlflowConfig
+# takes it (SageMaker API reference, MlflowConfig.MlflowResourceArn: `arn:aws[a-z\-]*:sagemaker:...:
+# mlflow-[a-zA-Z-]*/.*`), narrowed to the two kinds that exist, an MLflow App or a tracking server.
+MLFLOW_ARN = (
+    r"^arn:aws[a-z\-]*:sagemaker:[a-z0-9\-]+:[0-9]{12}:mlflow-(app|tracking-server)/[A-Za-z0-9\-_.]+$"
+)
+MLFLOW_CHOICES = "off, managed (the team's SageMaker MLflow App), or an MLflow App / tracking server ARN"
+# MLflow experiment names as SageMaker's MLflow configurations accept them (API reference, AIMlflowConfig).
+MLFLOW_EXPERIMENT = r"^[a-zA-Z0-9\-_./]{1,256}$"
+
+
+class Tracking(Section):
+    """Experiment tracking: MLflow (one MLflow run per trainstack run) and TensorBoard event files."""
+
+    # off | managed | arn:aws:sagemaker:<region>:<account>:mlflow-app/<id> (or mlflow-tracking-server/<name>)
+    mlflow: Annotated[str, Field(json_schema_extra={"pattern": f"^(off|managed)$|{MLFLOW_ARN}"})] = "off"
+    # Write TensorBoard event files to /opt/ml/output/tensorboard (synced to S3 by TensorBoardOutputConfig).
+    tensorboard: bool = False
+    # The MLflow experiment runs are grouped in; None: `<team>/<recipe>`.
+    experiment: Annotated[str, Field(pattern=MLFLOW_EXPERIMENT)] | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _yaml_off(cls, data: Any) -> Any:
+        # YAML 1.1 reads a bare `off` as false: `tracking: {mlflow: off}` means "off", not a type error.
+        if isinstance(data, dict) and data.get("mlflow") is False:
+            return {**data, "mlflow": "off"}
+        return data
+
+    @model_validator(mode="after")
+    def _known_mlflow(self) -> Tracking:
+        if self.mlflow not in ("off", "managed") and not re.fullmatch(MLFLOW_ARN, self.mlflow):
+            raise ValueError(f"mlflow: {self.mlflow!r} is not {MLFLOW_CHOICES}")
+        return self
+
+    @property
+    def managed(self) -> bool:
+        return self.mlflow == "managed"
+
+    @property
+    def mlflow_arn(self) -> str | None:
+        """The ARN the recipe names (None for off and for managed, whose ARN the team's stack knows)."""
+        return None if self.mlflow in ("off", "managed") else self.mlflow
+
+
 # The tags trainstack itself puts on every resource and training job (trainstack.aws.request.tags); cost
 # reports and IAM conditions read them, so `extra` may add tags but never replace one of these.
 RESERVED_TAG_KEYS = ("project", "team", "recipe", "cost-center")
@@ -597,6 +642,7 @@ class Recipe(Section):
     checkpointing: Checkpointing = Checkpointing()
     monitoring: Monitoring = Monitoring()
     export: Export = Export()
+    tracking: Tracking = Tracking()
     tags: Tags = Tags()
     budget: Budget = Budget()
     deploy: Deploy = Deploy()

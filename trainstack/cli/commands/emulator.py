@@ -33,7 +33,8 @@ def _ago(started: float | None) -> str:
 
 def _describe(state: dict) -> str:
     log = f", log {state['log']}" if state.get("log") else ""
-    return f"{state['endpoint']} (pid {state.get('pid')}{_ago(state.get('started'))}{log})"
+    tracker = f"; MLflow on {state['mlflow']} (pid {state.get('mlflow_pid')})" if state.get("mlflow") else ""
+    return f"{state['endpoint']} (pid {state.get('pid')}{_ago(state.get('started'))}{log}){tracker}"
 
 
 @emulator_app.command("start")
@@ -44,6 +45,9 @@ def start(
     ] = 120.0,
 ) -> None:
     """Start the emulator in the background (or say where the running one is) and record it.
+
+    Beside moto it starts MLflow's own tracking server (SQLite and artifacts under .emulator/mlflow/,
+    when the dev extra's mlflow is installed), where `--local` runs are tracked; its URL is recorded too.
 
     Prints the `export` line for other shells; `eval "$(trainstack emulator env)"` sets it in this one.
     Exit status 0 (also when one is already running), 2 when it cannot start.
@@ -56,11 +60,20 @@ def start(
     if state is not None:
         typer.echo(f"the local AWS emulator is already running on {_describe(state)}")
     else:
+        from trainstack.emulator import mlflow_server
+
         emu.stop_recorded()  # a stale record (its server died): remove it
         emu.LOG_FILE.parent.mkdir(parents=True, exist_ok=True)
+        tracker = mlflow_server.launch_beside()  # starts while moto does; None without the mlflow package
         server = emu.Emulator(port=port or emu.free_port(), log_path=emu.LOG_FILE)
-        server.start(timeout_s=timeout, detach=True)
-        emu.write_state(server.endpoint, server.pid or 0, log=emu.LOG_FILE)
+        try:
+            # Not waited for: it answers some seconds after moto (clients of it wait, or retry, themselves).
+            server.start(timeout_s=timeout, detach=True)
+        except BaseException:
+            if tracker is not None:
+                tracker.stop()
+            raise
+        emu.write_state(server.endpoint, server.pid or 0, log=emu.LOG_FILE, mlflow=tracker)
         state = emu.read_state() or {"endpoint": server.endpoint, "pid": server.pid}
         typer.echo(f"started the local AWS emulator on {_describe(state)}")
     typer.echo("stop it with `trainstack emulator stop`; for AWS tools in another shell:")

@@ -156,6 +156,7 @@ def launch(
                 f"a run named {run} exists ({existing.state}): `trainstack resume {run}` continues it, "
                 "or pick another --name"
             )
+        mlflow_run = _mlflow_run(aws, deployed_recipe, team, run, hint)
         execution_input = request.execution_input(
             run,
             run_id,
@@ -165,6 +166,7 @@ def launch(
             overrides,
             keep,
             "launch",
+            mlflow_run_id=mlflow_run.run_id if mlflow_run is not None else "",
         )
         started = aws.client("stepfunctions").start_execution(
             stateMachineArn=stacks.start_job, name=job, input=json.dumps(execution_input)
@@ -182,6 +184,7 @@ def launch(
             f"execution: {started['executionArn']}",
             "checkpoints: "
             + request.checkpoint_uri(stacks.data["BucketName"], deployed_recipe, team, run_id),
+            *([f"mlflow: {mlflow_run.url}"] if mlflow_run is not None else []),
         ],
     )
     if wait:
@@ -191,6 +194,18 @@ def launch(
             raise TrainstackError(
                 f"lost contact with {aws.where} while waiting for {job}: {explain(exc)}"
             ) from None
+
+
+def _mlflow_run(aws: Any, recipe: Any, team: str | None, run: str, hint: str) -> Any:
+    """The new run's MLflow run when the recipe tracks in MLflow (trainstack.cli.commands.mlflow_access)."""
+    from trainstack.cli.commands import mlflow_access
+
+    try:
+        uri = mlflow_access.tracking_uri(aws, recipe, team, hint)
+    except TrainstackError as error:  # tracking never stops a launch
+        typer.echo(f"warning: {error}; the run's first job creates its MLflow run", err=True)
+        return None
+    return mlflow_access.create_for_launch(uri, recipe, team, run) if uri else None
 
 
 def _progress(as_json: bool):
@@ -231,6 +246,13 @@ def _dry_run(
             "kms_key_arn": stacks.data["KeyArn"],
             "image_uri": _deployed_image(aws, stacks.start_job),
         }
+        if deployed_recipe.tracking.managed:  # the team's MLflow App (stack Trainstack-<team>-Tracking)
+            from trainstack.cli.commands.mlflow_access import tracking_uri
+
+            try:
+                values["mlflow_arn"] = tracking_uri(aws, deployed_recipe, team, hint, resource=True) or ""
+            except TrainstackError as error:  # the team's tracking stack is not deployed (yet)
+                values["mlflow_arn"] = PLACEHOLDER.format(f"the team's MLflow App ARN: {error}")
         if stacks.launcher.get("RecipeHash") != naming.recipe_hash(deployed_recipe):
             typer.echo(
                 f"note: recipe {deployed_recipe.name} changed since it was deployed; `launch` would refuse "
@@ -249,6 +271,8 @@ def _dry_run(
             "kms_key_arn": f"the key ARN of {prefix}-Data",
             "image_uri": f"the training image {prefix}-Launcher deploys",
         }
+        if deployed_recipe.tracking.managed:
+            placeholders["mlflow_arn"] = "the team's MLflow App ARN (stack Trainstack-<team>-Tracking)"
         values = {k: PLACEHOLDER.format(v) for k, v in placeholders.items()}
         if deployed_recipe.image.uri:
             values["image_uri"] = deployed_recipe.image.uri
@@ -264,6 +288,7 @@ def _dry_run(
         checkpoint_uri=request.checkpoint_uri(values["bucket_name"], deployed_recipe, team, run_id),
         keep_alive_seconds=keep,
         region=region,
+        previous_job_end="",
         **values,
     )
     # The job limit is fixed when the stack is deployed, by the deployed recipe's plan.

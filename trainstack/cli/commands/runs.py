@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -38,6 +39,13 @@ def runs(
     as_json: Annotated[bool, typer.Option("--json", help="Print the runs as a JSON list.")] = False,
     local: LocalOpt = False,
     recipes_dir: RecipesDirOpt = None,
+    mlflow: Annotated[
+        bool,
+        typer.Option(
+            "--mlflow",
+            help="Also print each run's MLflow run URL (and write an ended run's final state into it).",
+        ),
+    ] = False,
 ) -> None:
     """List runs across recipes and teams, newest first: state, step of steps, tokens, jobs, cost so far
     and the run's checkpoint URI.
@@ -73,10 +81,38 @@ def runs(
         views = collect(clients, stack_prefix, team if recipe is None else None)
     except (BotoCoreError, ClientError) as error:
         raise TrainstackError(f"reading runs from {clients.where} failed: {explain(error)}") from None
+    tracked = _mlflow_lines(clients.aws, views, recipes_dir) if mlflow else {}
     if as_json:
-        typer.echo(json.dumps([v.as_dict() for v in views], indent=2))
+        rows = [v.as_dict() for v in views]
+        for row in rows if mlflow else ():
+            line, found = tracked[row["run"]]
+            row["mlflow"] = {"url": found.url, "run_id": found.run_id} if found is not None else line
+        typer.echo(json.dumps(rows, indent=2))
         return
     render(views, clients.where, recipe, team)
+    for run_name, (line, _) in tracked.items():
+        typer.echo(f"{run_name}: {line}")
+
+
+def _mlflow_lines(aws: Any, views: list[RunView], recipes_dir: str | None) -> dict[str, tuple[str, Any]]:
+    """run -> (where its MLflow run is, the MLflow run or None) (trainstack.cli.commands.mlflow_access)."""
+    from trainstack.cli.commands import mlflow_access
+    from trainstack.cli.commands.run_access import deploy_hint
+    from trainstack.recipes.loader import recipes_dir_or_default, resolve
+
+    teams = Path(recipes_dir_or_default(recipes_dir)) / "teams"
+    out = {}
+    for v in views:
+        # The registry names the deployment's team; the default team's recipes deploy without `--team`.
+        team = v.run.team if (teams / v.run.team).is_dir() else None
+        try:
+            resolved = resolve(v.run.recipe, team=team, recipes_dir=recipes_dir).recipe
+            uri = mlflow_access.tracking_uri(aws, resolved, team, deploy_hint(v.run.recipe, team, aws.local))
+        except TrainstackError as error:
+            out[v.run.run] = (f"mlflow: {error}", None)
+            continue
+        out[v.run.run] = mlflow_access.describe(v, uri, resolved, team)
+    return out
 
 
 def collect(clients: Any, stack_prefix: str | None, team: str | None) -> list[RunView]:

@@ -156,6 +156,9 @@ def resume(run: RunArg, local: LocalOpt = False, as_json: JsonOpt = False) -> No
         record.overrides,
         record.keep_alive,
         "resume",
+        # What the trainer tags the MLflow run with (trainstack.aws.tracking: Environment values <= 512).
+        previous_job_end=f"resumed after the run {record.state}: {record.why}"[:512],
+        mlflow_run_id=record.mlflow_run_id,
     )
     try:
         started = aws.client("stepfunctions").start_execution(

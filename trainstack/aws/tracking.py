@@ -1,0 +1,239 @@
+"""Experiment tracking on the AWS side: what a job's request carries (pure) and what the CLI does with MLflow.
+
+Where runs go is the recipe's `tracking.mlflow` (a team sets it in its defaults.yaml): `off`; an MLflow App
+or tracking server ARN; or `managed`, the team's own SageMaker MLflow App, which the team's tracking stack
+`Trainstack-<team>-Tracking` creates once for all of the team's recipes and exports as
+`Trainstack-<team>-MlflowAppArn` (stacks/tracking.py). Every job of a run gets:
+
+- `MlflowConfig {MlflowResourceArn, MlflowExperimentName, MlflowRunName}` (CreateTrainingJob; SageMaker
+  links the job to the MLflow resource and returns `MlflowDetails` from DescribeTrainingJob);
+- MLFLOW_TRACKING_URI (the ARN; the sagemaker-mlflow plugin in the image signs requests with the job's
+  role), MLFLOW_EXPERIMENT_NAME, TRAINSTACK_TEAM, TRAINSTACK_IMAGE and TRAINSTACK_PREVIOUS_JOB_END (why the
+  run's previous job ended, as the supervisor decided) in its environment; the trainer (trainer.tracking)
+  appends to the MLflow run tagged `trainstack.run=<run>`, which `trainstack launch` creates.
+
+With `tracking.tensorboard`, TensorBoardOutputConfig syncs the trainer's event files to
+`s3://<bucket>/output/<team>/<recipe>/tensorboard/` (one folder per run below it).
+
+The MLflow client (mlflow-skinny; sagemaker-mlflow for ARNs) is imported only by the functions that talk
+to a tracker, and only when tracking is on.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from trainstack.recipes.schema import Recipe
+
+TRACKING_STACK_SUFFIX = "Tracking"
+MLFLOW_ARN_EXPORT = "MlflowAppArn"
+TENSORBOARD_LOCAL_PATH = "/opt/ml/output/tensorboard"  # TensorBoardOutputConfig.LocalPath's default
+PREVIOUS_JOB_END_PATH = "$.PreviousJobEnd"  # the StartJob input field (trainstack.aws.request)
+# CreateTrainingJob Environment values are at most 512 characters (botocore model, TrainingEnvironmentValue):
+# the supervisor passes its rule's id there, the CLI's resume at most this much of the run's `why`.
+PREVIOUS_JOB_END_MAX = 512
+RUN_TAG = "trainstack.run"
+STACK_PROJECT = "Trainstack"  # as trainstack.recipes.naming.stack_prefix begins
+
+
+def team_of(recipe: Recipe, team: str | None) -> str:
+    return team or recipe.tags.team
+
+
+def tracking_stack_name(team: str) -> str:
+    return f"{STACK_PROJECT}-{team}-{TRACKING_STACK_SUFFIX}"
+
+
+def mlflow_arn_export(team: str) -> str:
+    """The export the team's tracking stack gives its MLflow App ARN under."""
+    return f"{STACK_PROJECT}-{team}-{MLFLOW_ARN_EXPORT}"
+
+
+def experiment_name(recipe: Recipe, team: str | None) -> str:
+    return recipe.tracking.experiment or f"{team_of(recipe, team)}/{recipe.name}"
+
+
+def tracks_mlflow(recipe: Recipe) -> bool:
+    return recipe.tracking.mlflow != "off"
+
+
+def _put(target: dict[str, Any], key: str, value: Any) -> None:
+    """As trainstack.aws.request does: a run-time value (`Runtime`, with `.expression`) as `"Key.$"`."""
+    expression = getattr(value, "expression", None)
+    if isinstance(expression, str):
+        target[f"{key}.$"] = expression
+    else:
+        target[key] = value
+
+
+def request_fields(
+    recipe: Recipe, team: str | None, *, mlflow_arn: str | None, run: Any, output_s3_uri: str
+) -> dict[str, Any]:
+    """CreateTrainingJob's MlflowConfig and TensorBoardOutputConfig for `recipe` (`run` a literal name or a
+    trainstack.aws.request.Runtime; event files go to `<output_s3_uri>/tensorboard/`); {} when the recipe
+    tracks nothing."""
+    fields: dict[str, Any] = {}
+    if tracks_mlflow(recipe):
+        if not mlflow_arn:
+            raise ValueError(f"tracking.mlflow is {recipe.tracking.mlflow}: no MLflow ARN given")
+        config: dict[str, Any] = {
+            "MlflowResourceArn": mlflow_arn,
+            "MlflowExperimentName": experiment_name(recipe, team),
+        }
+        if run is not None:
+            _put(config, "MlflowRunName", run)
+        fields["MlflowConfig"] = config
+    if recipe.tracking.tensorboard:
+        fields["TensorBoardOutputConfig"] = {
+            "LocalPath": TENSORBOARD_LOCAL_PATH,
+            "S3OutputPath": f"{output_s3_uri.rstrip('/')}/tensorboard/",
+        }
+    return fields
+
+
+def environment(
+    recipe: Recipe,
+    team: str | None,
+    *,
+    mlflow_arn: str | None,
+    image_uri: str | None,
+    previous_job_end: Any = None,
+) -> dict[str, Any]:
+    """The job's tracking environment (MLflow's own variables, and what the trainer tags runs with)."""
+    if not tracks_mlflow(recipe):
+        return {}
+    env: dict[str, Any] = {
+        "MLFLOW_TRACKING_URI": mlflow_arn,
+        "MLFLOW_EXPERIMENT_NAME": experiment_name(recipe, team),
+        "TRAINSTACK_TEAM": team_of(recipe, team),
+    }
+    if image_uri:
+        env["TRAINSTACK_IMAGE"] = image_uri
+    if previous_job_end is not None:
+        _put(env, "TRAINSTACK_PREVIOUS_JOB_END", previous_job_end)
+    return env
+
+
+# --- the CLI's MLflow (launch creates the run; runs --mlflow prints where it is) -------------------
+
+
+@dataclass(frozen=True)
+class MlflowRun:
+    tracking_uri: str
+    experiment_id: str
+    run_id: str
+    status: str
+    tags: Mapping[str, str]
+
+    @property
+    def url(self) -> str:
+        return run_url(self.tracking_uri, self.experiment_id, self.run_id)
+
+
+def run_url(tracking_uri: str, experiment_id: str, run_id: str) -> str:
+    """Where a person opens the run: the server's UI page, or, for SageMaker's managed MLflow (whose UI
+    needs a presigned URL), the ARN and the page inside it."""
+    page = f"#/experiments/{experiment_id}/runs/{run_id}"
+    if tracking_uri.startswith("arn:"):
+        kind = "app" if ":mlflow-app/" in tracking_uri else "tracking-server"
+        return (
+            f"{tracking_uri} {page} (open the UI with `aws sagemaker create-presigned-mlflow-{kind}-url "
+            f"--arn {tracking_uri}`)"
+        )
+    return f"{tracking_uri.rstrip('/')}/{page}"
+
+
+def client(tracking_uri: str) -> Any:
+    """An MLflow client for `tracking_uri`. The sagemaker-mlflow plugin reads the process's tracking URI
+    (not the client's) for its routing header, so it is set too."""
+    import mlflow
+    from mlflow.tracking import MlflowClient
+
+    if not tracking_uri.startswith("arn:"):  # the plugin's header provider understands ARNs only
+        logging.getLogger("mlflow.tracking.request_header.registry").setLevel(logging.ERROR)
+    mlflow.set_tracking_uri(tracking_uri)
+    return MlflowClient(tracking_uri=tracking_uri)
+
+
+def _experiment_id(mlflow_client: Any, name: str, create: bool) -> str | None:
+    found = mlflow_client.get_experiment_by_name(name)
+    if found is not None:
+        return found.experiment_id
+    return mlflow_client.create_experiment(name) if create else None
+
+
+def find_run(tracking_uri: str, experiment: str, run: str, run_id: str = "") -> MlflowRun | None:
+    """The MLflow run of trainstack run `run` (by its id when known, else by its tag)."""
+    mlflow_client = client(tracking_uri)
+    if run_id:
+        found = mlflow_client.get_run(run_id)
+    else:
+        experiment_id = _experiment_id(mlflow_client, experiment, create=False)
+        if experiment_id is None:
+            return None
+        hits = mlflow_client.search_runs(
+            [experiment_id],
+            filter_string=f"tags.`{RUN_TAG}` = '{run}'",
+            max_results=1,
+            order_by=["attributes.start_time ASC"],
+        )
+        if not hits:
+            return None
+        found = hits[0]
+    info = found.info
+    return MlflowRun(tracking_uri, info.experiment_id, info.run_id, info.status, dict(found.data.tags))
+
+
+def create_run(tracking_uri: str, experiment: str, run: str, tags: Mapping[str, str]) -> MlflowRun:
+    """The MLflow run of trainstack run `run`, created at launch (or the one already tagged with it)."""
+    existing = find_run(tracking_uri, experiment, run)
+    if existing is not None:
+        return existing
+    mlflow_client = client(tracking_uri)
+    experiment_id = _experiment_id(mlflow_client, experiment, create=True)
+    created = mlflow_client.create_run(experiment_id, run_name=run, tags={RUN_TAG: run, **tags})
+    # Created and waiting for its first job: the trainer sets it RUNNING when a job starts.
+    mlflow_client.update_run(created.info.run_id, status="SCHEDULED")
+    return MlflowRun(tracking_uri, experiment_id, created.info.run_id, "SCHEDULED", {RUN_TAG: run, **tags})
+
+
+def record_state(found: MlflowRun, state: str, why: str, ended: Mapping[str, str]) -> dict[str, str]:
+    """Write the run registry's final word into the MLflow run: `trainstack.state`, why the newest job ended
+    and every ended job's SageMaker status (`trainstack.job.<n>.status`); returns the tags that changed."""
+    tags = {"trainstack.state": state, "trainstack.why": why}
+    tags.update({f"trainstack.job.{index}.status": status for index, status in ended.items()})
+    changed = {k: v for k, v in tags.items() if found.tags.get(k) != v}
+    if changed:
+        from mlflow.entities import RunTag
+
+        client(found.tracking_uri).log_batch(found.run_id, tags=[RunTag(k, v) for k, v in changed.items()])
+    return changed
+
+
+def register_export(
+    tracking_uri: str,
+    run: MlflowRun | None,
+    model_name: str,
+    artifact_uri: str,
+    tags: Mapping[str, str] | None = None,
+) -> str:
+    """Register an exported model (its S3 location, e.g. `trainstack export`'s output) as a new version of
+    registered model `model_name`, linked to the MLflow run it came from; returns the version number."""
+    from mlflow.exceptions import MlflowException
+
+    mlflow_client = client(tracking_uri)
+    try:
+        mlflow_client.create_registered_model(model_name)
+    except MlflowException as error:
+        if getattr(error, "error_code", "") != "RESOURCE_ALREADY_EXISTS":
+            raise
+    version = mlflow_client.create_model_version(
+        model_name,
+        source=artifact_uri,
+        run_id=run.run_id if run is not None else None,
+        tags=dict(tags or {}),
+    )
+    return str(version.version)
