@@ -84,6 +84,29 @@ TRANSIENT_ERRORS: dict[str, tuple[str, ...]] = {
         "DynamoDB.TransactionConflictException",
         "DynamoDB.AmazonDynamoDBException",
     ),
+    # The reconciler: DynamoDB Scan through the SDK integration (service name `DynamoDb` there), and
+    # Step Functions itself (optimized startExecution: `StepFunctions.<Code>Exception`; the SDK
+    # integration's describeExecution: `Sfn.<Code>Exception`).
+    "aws-sdk:dynamodb": (
+        "DynamoDb.ProvisionedThroughputExceededException",
+        "DynamoDb.ThrottlingException",
+        "DynamoDb.RequestLimitExceededException",
+        "DynamoDb.InternalServerErrorException",
+        "DynamoDb.DynamoDbException",
+        "DynamoDb.SdkClientException",
+    ),
+    "states": (
+        "StepFunctions.ThrottlingException",
+        "StepFunctions.ServiceUnavailableException",
+        "StepFunctions.InternalServerErrorException",
+        "StepFunctions.SdkClientException",
+    ),
+    "aws-sdk:sfn": (
+        "Sfn.ThrottlingException",
+        "Sfn.ServiceUnavailableException",
+        "Sfn.SfnException",
+        "Sfn.SdkClientException",
+    ),
     "sns": (
         "SNS.ThrottledException",  # SNS's code is `Throttled`
         "SNS.InternalErrorException",

@@ -19,11 +19,12 @@ from supervisor_cases import CASES, Case
 from test_supervisor_decisions import HISTORY_LIMIT, definitions, history_bound
 
 from trainstack.aws.registry import read_run
-from trainstack.aws.request import execution_input, last_job
+from trainstack.aws.request import execution_input
 from trainstack.aws.supervisor import RUN_STATE, EndedJob, Outcome, RunRecord, next_action
 from trainstack.emulator import events as emulator_events
 from trainstack.emulator.endpoint import ACCOUNT, REGION, Emulator, clients
 from trainstack.recipes.loader import resolve
+from trainstack.recipes.naming import JOB_INDEX_MAX
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("supervisor-emulator")]
 RECIPE = resolve("1b-bf16").recipe
@@ -88,10 +89,10 @@ def cloud(tmp_path_factory):
 def launch(cloud: Cloud, run_id: str) -> tuple[str, str]:
     run = f"{PREFIX}{run_id}"
     payload = execution_input(
-        run, run_id, 1, last_job(1, RECIPE.compute.max_jobs), RECIPE.training.steps, {}, 0
+        run, run_id, 1, RECIPE.training.steps, {}, 0, change={"Who": "test", "What": "launch"}
     )
     arn = cloud.sfn.start_execution(
-        stateMachineArn=cloud.start_job, name=f"{run}-1", input=json.dumps(payload)
+        stateMachineArn=cloud.start_job, name=f"{run}-1-{uuid.uuid4().hex[:12]}", input=json.dumps(payload)
     )["executionArn"]
     assert cloud.wait(arn)["status"] == "SUCCEEDED"
     return run, arn
@@ -99,30 +100,27 @@ def launch(cloud: Cloud, run_id: str) -> tuple[str, str]:
 
 def set_up(cloud: Cloud, run: str, case: Case) -> None:
     """Make the run's record what the case says (as `trainstack stop`, a resume or a late event would)."""
-    sets, values = ["#stop = :stop"], {":stop": {"BOOL": case.stop_requested}}
-    names = {"#stop": "stop_requested"}
+    values: dict[str, dict] = {
+        "stop_requested": {"BOOL": case.stop_requested},
+        "stalled": {"S": f"{run}-1" if case.stalled else ""},
+        "capacity_wait": {"N": str(case.capacity_wait)},
+        "capacity_minutes": {"N": str(case.capacity_minutes)},
+        "capacity_budget": {"N": str(case.capacity_budget)},
+        "crashes": {"N": str(case.crashes)},
+        "run_state": {"S": case.run_state},
+    }
     if case.at_job_limit:
-        sets.append("#last = :one")
-        values[":one"] = {"N": "1"}
-        names["#last"] = "last_job"
+        values["counted"] = {"N": str(RECIPE.compute.max_jobs)}
     if case.stale:
-        sets.append("#current = :other")
-        values[":other"] = {"S": f"{run}-2"}
-        names["#current"] = "current_job"
-    if case.crashes:
-        sets.append("#crashes = :crashes")
-        values[":crashes"] = {"N": str(case.crashes)}
-        names["#crashes"] = "crashes"
-    if case.run_state != "running":
-        sets.append("#state = :state")
-        values[":state"] = {"S": case.run_state}
-        names["#state"] = "run_state"
+        values["current_job"] = {"S": f"{run}-2"}
+    if case.last_index:
+        values["job_index"] = {"N": str(JOB_INDEX_MAX)}
     cloud.ddb.update_item(
         TableName="runs",
         Key={"run": {"S": run}},
-        UpdateExpression="SET " + ", ".join(sets),
-        ExpressionAttributeNames=names,
-        ExpressionAttributeValues=values,
+        UpdateExpression="SET " + ", ".join(f"#{k} = :{k}" for k in values),
+        ExpressionAttributeNames={f"#{k}": k for k in values},
+        ExpressionAttributeValues={f":{k}": v for k, v in values.items()},
     )
 
 
@@ -155,9 +153,14 @@ def test_the_state_machine_decides_every_case_as_the_pure_function_does(
         before.state,
         before.current_job,
         before.job_index,
-        before.last_job,
+        before.counted,
+        before.max_jobs,
         before.stop_requested,
         before.crashes,
+        before.stalled,
+        before.capacity_minutes,
+        before.capacity_wait,
+        before.capacity_budget,
     )
     expected = next_action(record, EndedJob(job, case.status, case.secondary, case.reason))
     assert (decision["Outcome"], decision["Rule"]) == (expected.outcome.value, expected.rule)
@@ -186,6 +189,15 @@ def test_the_state_machine_decides_every_case_as_the_pure_function_does(
         assert nxt["Environment"]["TRAINSTACK_RUN"] == run
         assert after.current_job == f"{run}-2" and after.job_index == 2
         assert after.crashes == expected.crashes  # counted by a crash, reset by any other end
+        assert (after.counted, after.capacity_minutes, after.capacity_wait) == (
+            expected.counted,
+            expected.capacity_minutes,
+            expected.wait_minutes,
+        )
+        # Built from the run's recorded request, whatever is deployed: the same request, its own name.
+        sent = {k: v for k, v in nxt.items() if k in before.request}
+        assert sent["HyperParameters"] == before.request["HyperParameters"]
+        assert sent["ResourceConfig"]["InstanceCount"] == before.request["ResourceConfig"]["InstanceCount"]
 
 
 def test_a_repeated_event_starts_no_second_job(cloud) -> None:
@@ -222,7 +234,6 @@ def test_history_events_per_execution_stay_far_below_the_limit(cloud, capsys) ->
 
 
 STATE_PAYLOAD_MAX = 262_144  # bytes of UTF-8: any state's input or output (Step Functions quotas)
-ITEM_MAX = 400 * 1024  # bytes: one DynamoDB item (DynamoDB developer guide, "Item sizes and formats")
 
 
 def payload_sizes(events: list[dict]) -> list[int]:
@@ -237,64 +248,38 @@ def payload_sizes(events: list[dict]) -> list[int]:
     ]
 
 
-def item_bytes(value: dict) -> int:
-    """A DynamoDB attribute value's size by the documented rule: strings and binaries their UTF-8
-    length, numbers about one byte per two digits plus one, booleans and nulls one byte, lists and
-    maps 3 bytes plus their elements (and each map key's length)."""
-    ((kind, raw),) = value.items()
-    if kind == "S":
-        return len(raw.encode())
-    if kind == "N":
-        return (len(raw.lstrip("-").replace(".", "")) + 1) // 2 + 1
-    if kind in ("BOOL", "NULL"):
-        return 1
-    if kind == "L":
-        return 3 + sum(1 + item_bytes(v) for v in raw)
-    assert kind == "M", kind
-    return 3 + sum(len(k.encode()) + 1 + item_bytes(v) for k, v in raw.items())
-
-
 def test_state_payloads_and_the_run_record_stay_within_what_aws_accepts(cloud, capsys) -> None:
     """The emulator accepts payloads and items of any size. Measured here on a run whose first job
-    crashed with a failure reason of SageMaker's full 1,024 characters; the record is then extrapolated
-    to a run's most jobs (naming.JOB_INDEX_MAX) and the largest overrides a request may carry."""
-    from botocore.session import get_session
-
+    crashed with a failure reason of SageMaker's full 1,024 characters; the record is then extrapolated,
+    by the growth measured per job, to a run's most jobs (naming.JOB_INDEX_MAX) and a full history
+    (test_aws_limits.py bounds the same record from the definitions, for every recipe)."""
+    from trainstack.aws.registry import HISTORY_MAX, ITEM_MAX, WHAT_MAX, WHO_MAX, item_bytes
     from trainstack.protocol.exit_codes import FAILURE_REASON_MAX
-    from trainstack.recipes.naming import JOB_INDEX_MAX
 
     run, start = launch(cloud, "limits")
-    one_job = item_size(cloud, run)
     reason = ("AlgorithmError: " + "x" * FAILURE_REASON_MAX)[:FAILURE_REASON_MAX]
     emulator_events.end_training_job(cloud.env, f"{run}-1", "Failed", "Failed", reason)
     _, next_job = job_ended(cloud, f"{run}-1")
-    two_jobs = item_size(cloud, run)
-    emulator_events.end_training_job(cloud.env, f"{run}-2", "Completed", "Completed")
-    _, completed = job_ended(cloud, f"{run}-2")
+    two_jobs = item_size(cloud, run, item_bytes)
+    emulator_events.end_training_job(cloud.env, f"{run}-2", "Failed", "Failed", reason)
+    job_ended(cloud, f"{run}-2")
+    per_job = item_size(cloud, run, item_bytes) - two_jobs
+    emulator_events.end_training_job(cloud.env, f"{run}-3", "Completed", "Completed")
+    _, completed = job_ended(cloud, f"{run}-3")
 
     payload = max(size for arn in (start, next_job, completed) for size in payload_sizes(cloud.events(arn)))
     assert payload < STATE_PAYLOAD_MAX / 4
-
-    # The record grows by one job's name and end per job (an over-estimate here: the growth measured
-    # also holds the 1,024-character `why`, which is replaced, not appended); `overrides` holds
-    # HyperParameterOverrides,
-    # which cannot exceed SageMaker's HyperParameters map (entries x (key + value) as JSON).
-    hyperparameters = (
-        get_session().get_service_model("sagemaker").operation_model("CreateTrainingJob").input_shape
-    ).members["HyperParameters"]
-    overrides_max = hyperparameters.metadata["max"] * (
-        hyperparameters.key.metadata["max"] + hyperparameters.value.metadata["max"] + 6
-    )
-    largest = two_jobs + (two_jobs - one_job) * (JOB_INDEX_MAX - 2) + overrides_max
-    assert largest < ITEM_MAX
+    history = HISTORY_MAX * (WHO_MAX + WHAT_MAX + 80)
+    largest = two_jobs + per_job * (JOB_INDEX_MAX - 2) + history
+    assert 0 < per_job < 300 and largest < ITEM_MAX * 0.9
     with capsys.disabled():
         print(
-            f"\nlargest state payload {payload:,} B (limit {STATE_PAYLOAD_MAX:,}); run record {one_job:,} B "
-            f"with 1 job, {two_jobs:,} B with 2, at most {largest:,} B with {JOB_INDEX_MAX} jobs and the "
-            f"largest overrides (limit {ITEM_MAX:,})"
+            f"\nlargest state payload {payload:,} B (limit {STATE_PAYLOAD_MAX:,}); run record {two_jobs:,} B "
+            f"with 2 jobs, {per_job} B more per job, at most {largest:,} B with {JOB_INDEX_MAX} jobs and a "
+            f"full history (limit {ITEM_MAX:,})"
         )
 
 
-def item_size(cloud: Cloud, run: str) -> int:
+def item_size(cloud: Cloud, run: str, measure) -> int:
     item = cloud.ddb.get_item(TableName="runs", Key={"run": {"S": run}}, ConsistentRead=True)["Item"]
-    return sum(len(name.encode()) + item_bytes(value) for name, value in item.items())
+    return measure(item)

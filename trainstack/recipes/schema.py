@@ -209,6 +209,9 @@ class Compute(Section):
     training_plan_arn: str | None = None
     keep_alive_seconds: Annotated[int, Field(ge=0, le=3600)] = 0  # warm pool between short tuning runs
     max_retry_attempts: Annotated[int, Field(ge=1, le=30)] = 3
+    # How long a run may wait for instances in all, over every capacity failure since it was launched or
+    # resumed (the supervisor retries with a back-off, docs/runs.md); then it fails for a person.
+    capacity_wait_hours: Annotated[float, Field(gt=0, le=28 * 24)] = 72.0
 
     @model_validator(mode="after")
     def _known_instance(self) -> Compute:
@@ -266,6 +269,9 @@ class Monitoring(Section):
     slow_fraction: Fraction = 0.7  # alarm when tokens/s falls below this fraction of the plan
     slow_minutes: PosInt = 20
     stall_minutes: PosInt = 20
+    # A job with no step for stall_minutes is stopped by the supervisor (the trainer saves) and the run
+    # continues with its next job on fresh instances; false: only the Stalled alarm tells a person.
+    stop_stalled: bool = True
     disk_high_pct: Percent = 85.0
     # One rank's step compute time this fraction above the median for straggler_minutes: a bad GPU or link.
     straggler_skew: PosFloat = 0.25
