@@ -146,8 +146,9 @@ def test_the_message_names_run_job_why_next_and_the_runs_checkpoints() -> None:
 
 
 @cache
-def definitions() -> dict[str, dict[str, Any]]:
-    recipe = resolve("1b-bf16").recipe
+def definitions(sets: tuple[str, ...] = ()) -> dict[str, dict[str, Any]]:
+    """The supervisor's definitions for 1b-bf16 (with `sets`: as a redeploy with them would build them)."""
+    recipe = resolve("1b-bf16", None, sets).recipe
     constants = constants_for(
         recipe,
         None,
@@ -169,6 +170,7 @@ def definitions() -> dict[str, dict[str, Any]]:
             "States.JsonMerge($.Recipe.HyperParameters, $.HyperParameterOverrides, false)"
         ),
         keep_alive_seconds=Runtime("$.KeepAlivePeriodInSeconds"),
+        region="us-east-1",
     )
     machines = "arn:aws:states:us-east-1:123456789012:stateMachine:"
     return {

@@ -4,149 +4,50 @@ the pure function gives, the registry and the next job follow it, the notificati
 history events of each kind of execution are counted.
 
 The definitions are the ones the RunSupervisor construct deploys, built by the same functions with
-literal values instead of CDK tokens (the deployed stack runs in test_emulator_deploy.py). One change
-for the emulator: the 15-minute wait after a capacity failure is 1 s (its Wait state's SecondsPath).
+literal values instead of CDK tokens (supervisor_cloud.py; the deployed stack runs in
+test_emulator_deploy.py). The faults a run meets are driven through the same machines in
+test_run_faults_emulator.py.
 """
 
 from __future__ import annotations
 
-import json
-import time
-import uuid
-
 import pytest
 from supervisor_cases import CASES, Case
+from supervisor_cloud import JOB_INDEX_MAX, job_ended, launch, set_up
 from test_supervisor_decisions import HISTORY_LIMIT, definitions, history_bound
 
 from trainstack.aws.registry import read_run
-from trainstack.aws.request import execution_input
 from trainstack.aws.supervisor import RUN_STATE, EndedJob, Outcome, RunRecord, next_action
 from trainstack.emulator import events as emulator_events
-from trainstack.emulator.endpoint import ACCOUNT, REGION, Emulator, clients
-from trainstack.recipes.loader import resolve
-from trainstack.recipes.naming import JOB_INDEX_MAX
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("supervisor-emulator")]
-RECIPE = resolve("1b-bf16").recipe
-PREFIX = "ts-platform-1b-bf16--"
-
-
-class Cloud:
-    def __init__(self, emulator: Emulator) -> None:
-        self.env = emulator.env()
-        self.sfn, self.ddb, self.sagemaker, self.sns, self.sqs = clients(
-            self.env, "stepfunctions", "dynamodb", "sagemaker", "sns", "sqs"
-        )
-
-    def wait(self, arn: str, timeout_s: float = 120) -> dict:
-        deadline = time.monotonic() + timeout_s
-        while (described := self.sfn.describe_execution(executionArn=arn))["status"] == "RUNNING":
-            assert time.monotonic() < deadline, arn
-            time.sleep(0.2)
-        return described
-
-    def events(self, arn: str) -> list[dict]:
-        pages = self.sfn.get_paginator("get_execution_history").paginate(executionArn=arn)
-        return [e for page in pages for e in page["events"]]
-
-    def messages(self) -> list[str]:
-        found = []
-        while batch := self.sqs.receive_message(QueueUrl=self.queue, MaxNumberOfMessages=10).get("Messages"):
-            for m in batch:
-                found.append(json.loads(m["Body"])["Message"])
-                self.sqs.delete_message(QueueUrl=self.queue, ReceiptHandle=m["ReceiptHandle"])
-        return found
 
 
 @pytest.fixture(scope="module")
-def cloud(tmp_path_factory):
-    with Emulator(log_path=tmp_path_factory.mktemp("moto") / "moto.log").start(timeout_s=180) as emulator:
-        c = Cloud(emulator)
-        emulator_events.configure(c.env, jobs_run=True)
-        c.ddb.create_table(
-            TableName="runs",
-            KeySchema=[{"AttributeName": "run", "KeyType": "HASH"}],
-            AttributeDefinitions=[{"AttributeName": "run", "AttributeType": "S"}],
-            BillingMode="PAY_PER_REQUEST",
-        )
-        topic = c.sns.create_topic(Name="t")["TopicArn"]
-        assert topic == "arn:aws:sns:us-east-1:123456789012:t"  # the ARN definitions() was built with
-        c.queue = c.sqs.create_queue(QueueName="notifications")["QueueUrl"]
-        queue_arn = c.sqs.get_queue_attributes(QueueUrl=c.queue, AttributeNames=["QueueArn"])["Attributes"]
-        c.sns.subscribe(TopicArn=topic, Protocol="sqs", Endpoint=queue_arn["QueueArn"])
-        ended = json.loads(json.dumps(definitions()["JobEnded"]))
-        ended["States"]["WaitForCapacity"] = {"Type": "Wait", "Seconds": 1, "Next": "NextInput"}  # EMULATOR
-        role = f"arn:aws:iam::{ACCOUNT}:role/supervisor"
-        c.start_job = c.sfn.create_state_machine(
-            name="StartJob", definition=json.dumps(definitions()["StartJob"]), roleArn=role
-        )["stateMachineArn"]
-        c.job_ended = c.sfn.create_state_machine(name="JobEnded", definition=json.dumps(ended), roleArn=role)[
-            "stateMachineArn"
-        ]
-        yield c
+def cloud(supervisor_cloud):
+    return supervisor_cloud
 
 
-def launch(cloud: Cloud, run_id: str) -> tuple[str, str]:
-    run = f"{PREFIX}{run_id}"
-    payload = execution_input(
-        run, run_id, 1, RECIPE.training.steps, {}, 0, change={"Who": "test", "What": "launch"}
-    )
-    arn = cloud.sfn.start_execution(
-        stateMachineArn=cloud.start_job, name=f"{run}-1-{uuid.uuid4().hex[:12]}", input=json.dumps(payload)
-    )["executionArn"]
-    assert cloud.wait(arn)["status"] == "SUCCEEDED"
-    return run, arn
+@pytest.fixture(scope="module")
+def decided(cloud) -> dict[str, tuple]:
+    """Every case of the table, each its own run: launched, its record made what the case says, its job
+    ended, its end decided by JobEnded. (One at a time: concurrent executions were slower here.)"""
+    found = {}
+    for index, case in enumerate(CASES):
+        run, _ = launch(cloud, f"case-{index}")
+        set_up(cloud, run, case)
+        before = read_run(cloud.ddb, "runs", run)
+        emulator_events.end_training_job(cloud.env, f"{run}-1", case.status, case.secondary, case.reason)
+        cloud.messages()
+        decision, _ = job_ended(cloud, f"{run}-1")
+        found[case.id] = (run, before, decision, read_run(cloud.ddb, "runs", run), cloud.messages())
+    return found
 
 
-def set_up(cloud: Cloud, run: str, case: Case) -> None:
-    """Make the run's record what the case says (as `trainstack stop`, a resume or a late event would)."""
-    values: dict[str, dict] = {
-        "stop_requested": {"BOOL": case.stop_requested},
-        "stalled": {"S": f"{run}-1" if case.stalled else ""},
-        "capacity_wait": {"N": str(case.capacity_wait)},
-        "capacity_minutes": {"N": str(case.capacity_minutes)},
-        "capacity_budget": {"N": str(case.capacity_budget)},
-        "crashes": {"N": str(case.crashes)},
-        "run_state": {"S": case.run_state},
-    }
-    if case.at_job_limit:
-        values["counted"] = {"N": str(RECIPE.compute.max_jobs)}
-    if case.stale:
-        values["current_job"] = {"S": f"{run}-2"}
-    if case.last_index:
-        values["job_index"] = {"N": str(JOB_INDEX_MAX)}
-    cloud.ddb.update_item(
-        TableName="runs",
-        Key={"run": {"S": run}},
-        UpdateExpression="SET " + ", ".join(f"#{k} = :{k}" for k in values),
-        ExpressionAttributeNames={f"#{k}": k for k in values},
-        ExpressionAttributeValues={f":{k}": v for k, v in values.items()},
-    )
-
-
-def job_ended(cloud: Cloud, job: str) -> tuple[dict, str]:
-    """Start JobEnded with the event SageMaker sends for the job's current state; its decision."""
-    described = cloud.sagemaker.describe_training_job(TrainingJobName=job)
-    event = emulator_events.job_state_change_event(described, REGION, ACCOUNT)
-    arn = cloud.sfn.start_execution(
-        stateMachineArn=cloud.job_ended, name=uuid.uuid4().hex, input=json.dumps(event)
-    )["executionArn"]
-    done = cloud.wait(arn)
-    assert done["status"] == "SUCCEEDED", done
-    return json.loads(done["output"]), arn
-
-
-@pytest.mark.parametrize("index,case", list(enumerate(CASES)), ids=[c.id for c in CASES])
-def test_the_state_machine_decides_every_case_as_the_pure_function_does(
-    cloud, index: int, case: Case
-) -> None:
-    run, _ = launch(cloud, f"case-{index}")
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_the_state_machine_decides_every_case_as_the_pure_function_does(cloud, decided, case: Case) -> None:
+    run, before, decision, after, notes = decided[case.id]
     job = f"{run}-1"
-    set_up(cloud, run, case)
-    before = read_run(cloud.ddb, "runs", run)
-    emulator_events.end_training_job(cloud.env, job, case.status, case.secondary, case.reason)
-    cloud.messages()  # only this case's notification below
-    decision, _ = job_ended(cloud, job)
 
     record = RunRecord(
         run,
@@ -167,8 +68,6 @@ def test_the_state_machine_decides_every_case_as_the_pure_function_does(
     assert (decision["Outcome"], decision["Rule"]) == (case.outcome, case.rule)
     assert decision["Why"] == expected.why and decision["Next"] == expected.next_step
 
-    after = read_run(cloud.ddb, "runs", run)
-    notes = cloud.messages()
     if expected.outcome is Outcome.IGNORED:
         assert (after.state, after.current_job) == (before.state, before.current_job) and notes == []
         return
@@ -280,6 +179,6 @@ def test_state_payloads_and_the_run_record_stay_within_what_aws_accepts(cloud, c
         )
 
 
-def item_size(cloud: Cloud, run: str, measure) -> int:
+def item_size(cloud, run: str, measure) -> int:
     item = cloud.ddb.get_item(TableName="runs", Key={"run": {"S": run}}, ConsistentRead=True)["Item"]
     return measure(item)

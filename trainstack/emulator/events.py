@@ -17,7 +17,8 @@ depends on all four, so in emulator mode only (`trainstack.emulator.server.serve
   (the pool becomes `Reused`, `ReusedByJob` names the job); UpdateTrainingJob with
   KeepAlivePeriodInSeconds 0 ends it (`Terminated`). moto has neither warm pools nor UpdateTrainingJob;
 - Step Functions JSONata expressions (moto evaluates them in a JVM it does not ship) are evaluated by
-  `jsonata-python`, a port of the JSONata reference implementation;
+  `jsonata-python`, a port of the JSONata reference implementation, and states that call Step
+  Functions itself (startExecution, describeExecution) get the member names AWS uses;
 - `deliver_job_state_change(env, job)` does what EventBridge does on AWS when a job changes state:
   it builds the event from DescribeTrainingJob and starts every Step Functions target of every enabled
   rule whose pattern matches (moto's own EventPattern matcher), with the input the target asks for;
@@ -114,6 +115,46 @@ def _use_python_jsonata() -> None:
     moto_jsonata._eval_jsonata = lambda expression: jsonata.Jsonata(expression).evaluate(None)
 
 
+def _pascal_step_functions_calls() -> None:
+    """moto's interpreter passes Step Functions' own API the PascalCase members states use
+    (`StateMachineArn`, `Input`), and botocore's stepfunctions client wants them camelCase; answers come
+    back camelCase where a state reads PascalCase (`ExecutionArn`, `Status`). Both integrations, the
+    optimized startExecution and the aws-sdk describeExecution, are translated here, as AWS does."""
+    from moto.stepfunctions.parser.asl.component.state.exec.state_task.service import (
+        state_task_service_aws_sdk,
+        state_task_service_sfn,
+    )
+
+    def plain(value: Any) -> Any:
+        return value.isoformat() if isinstance(value, datetime) else value
+
+    for cls in (
+        state_task_service_sfn.StateTaskServiceSfn,
+        state_task_service_aws_sdk.StateTaskServiceAwsSdk,
+    ):
+        original = cls._eval_service_task
+
+        def translated(
+            self: Any,
+            env: Any,
+            resource_runtime_part: Any,
+            normalised_parameters: dict,
+            state_credentials: Any,
+            _original: Any = original,
+        ) -> Any:
+            service = getattr(self, "_get_boto_service_name", lambda: "")()
+            if service not in ("stepfunctions", "sfn"):
+                return _original(self, env, resource_runtime_part, normalised_parameters, state_credentials)
+            camel = {k[:1].lower() + k[1:]: v for k, v in normalised_parameters.items()}
+            normalised_parameters.clear()
+            normalised_parameters.update(camel)
+            result = _original(self, env, resource_runtime_part, normalised_parameters, state_credentials)
+            env.stack[-1] = {k[:1].upper() + k[1:]: plain(v) for k, v in env.stack[-1].items()}
+            return result
+
+        cls._eval_service_task = translated
+
+
 def install() -> None:
     """Patch moto's SageMaker responses and wrap the server's WSGI app (called by serve())."""
     import threading
@@ -124,6 +165,7 @@ def install() -> None:
     from moto.sagemaker.responses import SageMakerResponse
 
     _use_python_jsonata()
+    _pascal_step_functions_calls()
     create = SageMakerResponse.create_training_job
 
     def create_training_job(self: Any) -> Any:
