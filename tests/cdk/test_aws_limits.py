@@ -107,8 +107,13 @@ def test_every_state_machine_fits_step_functions_limits(all_templates: dict[str,
 
 @pytest.mark.parametrize("name,team", ALL, ids=[f"{t or 'platform'}-{n}" for n, t in ALL])
 def test_the_executions_the_cli_starts_have_names_step_functions_accepts(name: str, team: str | None) -> None:
-    """`launch` and `resume` name the StartJob execution after the job it creates."""
-    execution = longest_job_name(resolve(name, team).recipe, team)
+    """`launch` and `resume` name each StartJob execution after the job it creates and the attempt
+    (naming.execution_name): a failed attempt's name, kept 90 days, blocks no later one."""
+    from trainstack.recipes import naming
+
+    execution = naming.execution_name(
+        longest_job_name(resolve(name, team).recipe, team), "z" * naming.ATTEMPT_TOKEN_LEN
+    )
     machine = f"arn:aws:states:{PLACEHOLDER_REGION}:{PLACEHOLDER_ACCOUNT}:stateMachine:StartJob"
     params = {"stateMachineArn": machine, "name": execution}
     assert check_against_model("stepfunctions", "StartExecution", params) == []
