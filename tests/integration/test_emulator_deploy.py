@@ -480,7 +480,8 @@ def test_resume_changes_the_run_deliberately_and_from_a_checkpoint(cloud: Cloud)
     listed = cloud.run_of("1b-bf16", run)
     assert listed["state"] == "running" and [h["what"] for h in listed["history"]][0].startswith("launch")
     (change,) = listed["history"][1:]
-    assert "training.lr: 0.0003 -> 0.0001" in change["what"] and "from step 40" in change["what"]
+    launched_lr = json.dumps(resolve("1b-bf16").recipe.training.lr)
+    assert f"training.lr: {launched_lr} -> 0.0001" in change["what"] and "from step 40" in change["what"]
     assert change["who"].startswith("arn:aws:")
 
 

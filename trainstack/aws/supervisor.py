@@ -1,8 +1,9 @@
 """The run supervisor's one decision: a job of a run has ended; what happens to the run?
 
-`next_action(run, ended_job)` is a pure function. The "job ended" state machine (stacks/supervisor.py)
-makes the same decision with Choice states generated from the same table, `RULES`, and a test drives a
-table of cases through both (tests/integration/test_supervisor_emulator.py).
+`next_action(run, ended_job)` is a pure function. The "job ended" state machine
+(stacks/supervisor/job_ended.py) makes the same decision with Choice states generated from the same
+table, `RULES`, and a test drives a table of cases through both
+(tests/integration/test_supervisor_emulator.py).
 
 What a job's end says (SageMaker API reference: DescribeTrainingJob `TrainingJobStatus`,
 `SecondaryStatus`, `FailureReason`; the SecondaryStatus enum of the service model lists Starting,
@@ -16,13 +17,18 @@ MaxWaitTimeExceeded, ...):
 - `Interrupted` (managed spot) and `MaxWaitTimeExceeded`: spot capacity went away or never came back in
   time. The next job continues;
 - `Stopped` otherwise: someone called StopTrainingJob. Through `trainstack stop` the run's record says
-  so (a stop request); from the console or another script it does not, and the run stops all the same;
+  so (a stop request); through the stall handler it names the job as stalled (the run continues, on
+  fresh instances); from the console or another script it says neither, and the run stops all the same.
+  A stop request never hides an end that says more: a completed job, a fatal or a client error keep
+  theirs (those rules come first);
 - `Failed`: `FailureReason` says why. SageMaker copies the trainer's failure file into it
   (trainstack.protocol.exit_codes); a line with `trainstack-fatal` names a failure the next job would repeat
   (a mistake in the recipe or data, a diverged loss, no EFA). `ClientError: ...` is SageMaker refusing
   the job's own input (role, image, data channel). SageMaker Pipelines' retry policy documents
   `InternalServerError` and EC2 `InsufficientCapacityError` (`CapacityError: ...`) as worth a new job
-  (SageMaker developer guide, "Retry Policy for Pipeline Steps"); a capacity error waits first. Any
+  (SageMaker developer guide, "Retry Policy for Pipeline Steps"); a capacity error waits first, longer
+each time in a row (CAPACITY_BACKOFF_MINUTES), spends no slot of `compute.max_jobs`, and the run's
+waits are bounded by `compute.capacity_wait_hours`. Any
   other failure (a node or a collective lost, the trainer killed) is worth the next job, which resumes
   from the newest complete checkpoint on new instances. A crash that repeats is not a lost node: after
   MAX_CONSECUTIVE_CRASHES such jobs in a row the run fails and waits for a person (CRASH_LOOP), and
