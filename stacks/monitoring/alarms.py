@@ -34,7 +34,7 @@ class Alarms(Construct):
     The supervisor's executions are short, so "the launcher failed" means a start or a decision failed
     (a job could not be created, a job's end could not be recorded): a run may be left without its next
     job. Events that EventBridge could not deliver to the supervisor (FailedInvocations of its rule,
-    after its retries) leave a run unsupervised just the same.
+    after its retries) leave a run waiting for the reconciler just the same.
     """
 
     def __init__(
@@ -109,7 +109,7 @@ class Alarms(Construct):
                     period=five,
                 ),
                 f"EventBridge could not start the {recipe.name} run supervisor for a job that ended: "
-                "a run is unsupervised (trainstack runs shows it; trainstack stop and resume recover it).",
+                "the run reconciler decides that end within minutes (trainstack runs shows it as deciding).",
             )
         manager = self.run_alarms.state_machine
         self.alarm_manager_failed = alarm(

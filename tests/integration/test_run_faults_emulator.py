@@ -139,7 +139,9 @@ def test_a_failed_notification_strands_no_run_and_fails_its_execution(cloud) -> 
 def test_a_stop_during_a_creation_stops_the_job_it_could_not_see(cloud) -> None:
     """`trainstack stop` asks while job 2 is registered and not yet created (here: a capacity wait that
     the stop did not end). The creation's own stop check stops job 2 at once; SageMaker passes through
-    Stopping before Stopped (documented, and what the emulator does); its end stops the run."""
+    Stopping before Stopped ("When it receives a StopTrainingJob request, SageMaker changes the status
+    of the job to Stopping. After SageMaker stops the job, it sets the status to Stopped": SageMaker API
+    reference, StopTrainingJob; the emulator does the same); only its Stopped end stops the run."""
     run, _ = launch(cloud, "stop-race")
     emulator_events.end_training_job(cloud.env, f"{run}-1", "Failed", "Failed", CAPACITY)
     decision = start_job_ended(cloud, f"{run}-1", machine=cloud.job_ended_slow)
@@ -182,8 +184,11 @@ def test_a_stalled_job_is_stopped_and_its_run_continues_on_fresh_instances(cloud
 
 
 def test_a_healthy_end_leaves_its_warm_pool_to_the_next_job_and_a_crash_does_not(cloud) -> None:
-    """SageMaker places a job on a matching warm pool (developer guide, "Managed warm pools"): after a
-    max-runtime stop that is a faster restart; after a crash it would be the suspect cluster again."""
+    """SageMaker places a job on a matching warm pool ("If the warm pool identifies a second training
+    job with matching specifications such as instance count or instance type, then the warm pool moves
+    from the first training job to the second": developer guide, "SageMaker AI Managed Warm Pools"):
+    after a max-runtime stop that is a faster restart; after a crash it would be the suspect cluster
+    again, so JobEnded ends it first (UpdateTrainingJob KeepAlivePeriodInSeconds=0)."""
     run, _ = launch(cloud, "warm", keep_alive=1800)
     emulator_events.end_training_job(cloud.env, f"{run}-1", "Stopped", "MaxRuntimeExceeded")
     job_ended(cloud, f"{run}-1")

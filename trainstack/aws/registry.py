@@ -353,7 +353,7 @@ def deployed_recipe_hash(cloudformation: Any, registry: Registry) -> str | None:
     launcher = registry.stack.removesuffix(DATA_STACK_SUFFIX) + "-Launcher"
     try:
         (stack,) = cloudformation.describe_stacks(StackName=launcher)["Stacks"]
-    except Exception:  # noqa: BLE001 - no launcher (deleted, never deployed): nothing to compare with
+    except cloudformation.exceptions.ClientError:  # no launcher (deleted, never deployed)
         return None
     return {o["OutputKey"]: o["OutputValue"] for o in stack.get("Outputs", [])}.get("RecipeHash")
 
