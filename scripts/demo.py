@@ -243,6 +243,8 @@ def prepare_data(emulator: Emulator, env: dict[str, str], trainstack: str) -> No
 def deliver(env: dict[str, str], job: str, run_name: str) -> dict:
     """Deliver the job's state-change event to the deployed rules and wait for the supervisor's decision."""
     (sfn,) = emu.clients(env, "stepfunctions")
+    # SageMaker passes through Stopping (SIGTERM, the trainer saves) before Stopped; so does the emulator.
+    emulator_events.wait_for_status(env, job, ("Stopped", "Completed", "Failed"), timeout_s=60)
     started = emulator_events.deliver_job_state_change(env, job)
     decisions = []
     deadline = time.monotonic() + 120

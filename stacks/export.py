@@ -242,5 +242,5 @@ def export_on_complete_state(export_machine_arn: str) -> dict[str, Any]:
         },
         "ResultPath": None,
         "Retry": retriers(START_EXECUTION),
-        "Catch": [{"ErrorEquals": ["States.ALL"], "ResultPath": "$.ExportError", "Next": "Decided"}],
+        "Catch": [{"ErrorEquals": ["States.ALL"], "ResultPath": "$.ExportError", "Next": "Notify"}],
     }

@@ -28,8 +28,8 @@ from stacks.supervisor.asl import (
 )
 from stacks.tracking import allow_tracking
 from trainstack.aws.deployment import Deployment, Network
-from trainstack.aws.request import Runtime, create_training_job_request, execution_input, last_job
-from trainstack.aws.tracking import PREVIOUS_JOB_END_PATH, mlflow_arn_export, team_of
+from trainstack.aws.request import Runtime, create_training_job_request, execution_input
+from trainstack.aws.tracking import mlflow_arn_export, team_of
 from trainstack.recipes import naming
 from trainstack.recipes.schema import to_hyperparameters
 
@@ -111,7 +111,13 @@ class LauncherStack(Stack):
             self.export.allow_start(self.supervisor.job_ended)
         self.state_machine = self.supervisor.start_job
         self.monitoring.watch(
-            {"start": self.supervisor.start_job, "decide": self.supervisor.job_ended}, self.supervisor.rule
+            {
+                "start": self.supervisor.start_job,
+                "decide": self.supervisor.job_ended,
+                "reconcile": self.supervisor.reconcile,
+                "stalled": self.supervisor.stop_stalled,
+            },
+            self.supervisor.rule,
         )
 
         if recipe.launch_on_deploy:
@@ -124,16 +130,17 @@ class LauncherStack(Stack):
                     naming.run_name(recipe, team, run_id),
                     run_id,
                     1,
-                    last_job(1, recipe.compute.max_jobs),
                     recipe.training.steps,
                     {},
                     recipe.compute.keep_alive_seconds,
+                    change={"Who": "launch on deploy", "What": f"launch of recipe {deployment.recipe_hash}"},
                 ),
             )
 
         CfnOutput(self, "StateMachineArn", value=self.state_machine.state_machine_arn)
         CfnOutput(self, "JobEndedStateMachineArn", value=self.supervisor.job_ended.state_machine_arn)
         CfnOutput(self, "ExportStateMachineArn", value=self.export.state_machine.state_machine_arn)
+        CfnOutput(self, "ReconcileStateMachineArn", value=self.supervisor.reconcile.state_machine_arn)
         CfnOutput(self, "JobNamePrefix", value=prefix)
         CfnOutput(self, "RecipeHash", value=deployment.recipe_hash)
         CfnOutput(self, "ExecutionRoleArn", value=self.execution_role.role_arn)
@@ -176,7 +183,6 @@ class LauncherStack(Stack):
             keep_alive_seconds=Runtime(KEEP_ALIVE_PATH),
             region=self.region,
             mlflow_arn=mlflow_arn,
-            previous_job_end=Runtime(PREVIOUS_JOB_END_PATH),
             **vpc_args,
         )
 

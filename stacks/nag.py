@@ -68,6 +68,11 @@ REASONS: dict[str, str] = {
         "SageMaker writes to the /aws/sagemaker/ProcessingJobs log group with one stream per job and "
         "instance, named at run time."
     ),
+    "AwsSolutions-IAM5:supervisor-executions": (
+        "The run reconciler reads the status of the supervisor's own executions (states:DescribeExecution "
+        "on execution:<StartJob or JobEnded name>:*) to tell a job still being created from one whose "
+        "creator died; execution names are made per attempt at run time."
+    ),
     # Monitoring (stacks/monitoring.py).
     "AwsSolutions-IAM5:run-alarms": (
         "The alarm manager puts and deletes the alarms of each run, named <job>-<alarm> after a training "

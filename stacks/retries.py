@@ -84,19 +84,39 @@ TRANSIENT_ERRORS: dict[str, tuple[str, ...]] = {
         "DynamoDB.TransactionConflictException",
         "DynamoDB.AmazonDynamoDBException",
     ),
+    # The reconciler: DynamoDB Scan through the SDK integration (service name `DynamoDb` there), and
+    # Step Functions itself (optimized startExecution: `StepFunctions.<Code>Exception`; the SDK
+    # integration's describeExecution: `Sfn.<Code>Exception`).
+    "aws-sdk:dynamodb": (
+        "DynamoDb.ProvisionedThroughputExceededException",
+        "DynamoDb.ThrottlingException",
+        "DynamoDb.RequestLimitExceededException",
+        "DynamoDb.InternalServerErrorException",
+        "DynamoDb.DynamoDbException",
+        "DynamoDb.SdkClientException",
+    ),
+    # (also the Export machine started after a run completes, stacks/export.py: StartExecution's
+    # documented ExecutionLimitExceeded)
+    "states": (
+        "StepFunctions.ThrottlingException",
+        "StepFunctions.ServiceUnavailableException",
+        "StepFunctions.InternalServerErrorException",
+        "StepFunctions.ExecutionLimitExceededException",
+        "StepFunctions.AWSStepFunctionsException",
+        "StepFunctions.SdkClientException",
+    ),
+    "aws-sdk:sfn": (
+        "Sfn.ThrottlingException",
+        "Sfn.ServiceUnavailableException",
+        "Sfn.SfnException",
+        "Sfn.SdkClientException",
+    ),
     "sns": (
         "SNS.ThrottledException",  # SNS's code is `Throttled`
         "SNS.InternalErrorException",
         "SNS.KMSThrottlingException",
         "SNS.AmazonSNSException",
         "SNS.SdkClientException",
-    ),
-    # Starting another state machine (the Export machine after a run completes: stacks/export.py):
-    # StartExecution's documented ExecutionLimitExceeded, in the integrations' <Service>.<Exception> form.
-    "states": (
-        "StepFunctions.ExecutionLimitExceededException",
-        "StepFunctions.AWSStepFunctionsException",
-        "StepFunctions.SdkClientException",
     ),
 }
 # Capacity, not a fault: the account's quota of the instance type is in use (CreateTrainingJob).

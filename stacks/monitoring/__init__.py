@@ -92,6 +92,7 @@ class Monitoring(Construct):
             topic=self.topic,
             key=self._key,
             job_rule=job_rule,
+            supervision_topic=self.notifications.supervision_topic,
         )
         self.dashboard = Dashboard(
             self,

@@ -34,7 +34,7 @@ class Alarms(Construct):
     The supervisor's executions are short, so "the launcher failed" means a start or a decision failed
     (a job could not be created, a job's end could not be recorded): a run may be left without its next
     job. Events that EventBridge could not deliver to the supervisor (FailedInvocations of its rule,
-    after its retries) leave a run unsupervised just the same.
+    after its retries) leave a run waiting for the reconciler just the same.
     """
 
     def __init__(
@@ -49,11 +49,14 @@ class Alarms(Construct):
         topic: sns.ITopic,
         key: kms.IKey,
         job_rule: events.IRule | None = None,
+        supervision_topic: sns.ITopic | None = None,
     ) -> None:
         super().__init__(scope, id)
         self.run_alarms = RunAlarms(self, "Run", recipe=recipe, team=team, plan=plan, topic=topic, key=key)
         self.thresholds = Thresholds.of(recipe, plan)
-        action = cw_actions.SnsAction(topic)
+        # The supervisor's own alarms also go to the supervision topic (its own key): a failed publish to
+        # the first topic is one of the failures they report.
+        actions = [cw_actions.SnsAction(t) for t in (topic, supervision_topic) if t is not None]
         five = Duration.minutes(5)
 
         def alarm(name: str, metric: cw.IMetric, description: str) -> cw.Alarm:
@@ -67,7 +70,7 @@ class Alarms(Construct):
                 treat_missing_data=cw.TreatMissingData.NOT_BREACHING,
                 alarm_description=description,
             )
-            created.add_alarm_action(action)
+            created.add_alarm_action(*actions)
             return created
 
         self.execution_failed = alarm(
@@ -79,8 +82,9 @@ class Alarms(Construct):
                 },
                 five,
             ),
-            f"A {recipe.name} run supervisor execution failed (a job was not created, or the end of a "
-            "job was not decided): a run may be left without its next job.",
+            f"A {recipe.name} run supervisor execution failed (a job was not created, the end of a job "
+            "was not decided, a notification failed, or the reconciler failed): the reconciler drives a run "
+            "left without its next job within minutes; if this repeats, look at the executions.",
         )
         self.execution_timed_out = alarm(
             "ExecutionTimedOut",
@@ -105,7 +109,7 @@ class Alarms(Construct):
                     period=five,
                 ),
                 f"EventBridge could not start the {recipe.name} run supervisor for a job that ended: "
-                "a run is unsupervised (trainstack runs shows it; trainstack stop and resume recover it).",
+                "the run reconciler decides that end within minutes (trainstack runs shows it as deciding).",
             )
         manager = self.run_alarms.state_machine
         self.alarm_manager_failed = alarm(

@@ -87,3 +87,44 @@ class Notifications(Construct):
         # them. tests/monitoring/test_rule.py pins both rules for every statement of both policies.
         if recipe.monitoring.notification_email:
             self.topic.add_subscription(subs.EmailSubscription(recipe.monitoring.notification_email))
+        self.supervision_topic = self._supervision_topic(recipe, team_name, source)
+
+    def _supervision_topic(self, recipe: Recipe, team_name: str, source: dict) -> sns.Topic:
+        """Who hears that the notifier itself failed: a second topic, for the alarms on the supervisor
+        only, encrypted with a key of its own. A deleted topic, or the deployment key disabled, silences
+        the first topic and every publish to it (the supervisor's and the alarms'); this one still
+        reaches the same address."""
+        key = kms.Key(
+            self,
+            "SupervisionKey",
+            description=f"trainstack {team_name}/{recipe.name}: the supervision alarms' topic",
+            enable_key_rotation=True,
+        )
+        key.add_to_resource_policy(
+            iam.PolicyStatement(
+                sid="AlarmsPublish",
+                principals=[iam.ServicePrincipal("cloudwatch.amazonaws.com")],
+                actions=["kms:Decrypt", "kms:GenerateDataKey"],
+                resources=["*"],  # in a key policy "*" means this key
+                conditions=source,
+            )
+        )
+        topic = sns.Topic(
+            self,
+            "SupervisionTopic",
+            display_name=f"trainstack {team_name}/{recipe.name} supervision",
+            master_key=key,
+            enforce_ssl=True,
+        )
+        topic.add_to_resource_policy(
+            iam.PolicyStatement(
+                sid="AlarmsPublish",
+                principals=[iam.ServicePrincipal("cloudwatch.amazonaws.com")],
+                actions=["sns:Publish"],
+                resources=[topic.topic_arn],
+                conditions=source,
+            )
+        )
+        if recipe.monitoring.notification_email:
+            topic.add_subscription(subs.EmailSubscription(recipe.monitoring.notification_email))
+        return topic

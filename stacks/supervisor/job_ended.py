@@ -1,4 +1,12 @@
-"""The "job ended" state machine definition: Choice states generated from trainstack.aws.supervisor.RULES."""
+"""The "job ended" state machine definition: Choice states generated from trainstack.aws.supervisor.RULES.
+
+Read top to bottom: what ended (DescribeJob ... Current), the decision (Decide, one Rule<Id> per row),
+what it needs first (FreshInstances: a suspect cluster's warm pool released), the limits that can turn
+a next job into a failed run (crash loop, capacity budget, job slots, job names), the one write that
+records the end and registers job n+1 (RecordNextJob) or ends the run (RecordEnd), the next job's
+creation, and last the notification. Hooks for other steps of a decision go between the record and
+Notify (e.g. an export when a run completes, in `completed_hook`).
+"""
 
 from __future__ import annotations
 
@@ -9,25 +17,24 @@ from stacks.supervisor.asl import (
     DESCRIBE,
     GET_ITEM,
     UPDATE_ITEM,
+    UPDATE_JOB,
     SupervisorConstants,
     fmt,
+    job_name_expression,
     names,
+    notification_failed,
     notify,
     task,
 )
-from stacks.supervisor.start_job import START_AT, start_job_states
+from stacks.supervisor.start_job import CREATE_AT, creation_states
 from trainstack.aws import supervisor
 from trainstack.aws.request import (
-    INPUT_HYPERPARAMETER_OVERRIDES,
-    INPUT_JOB,
-    INPUT_KEEP_ALIVE,
-    INPUT_LAST_JOB,
-    INPUT_PREVIOUS_JOB_END,
-    INPUT_REASON,
+    INPUT_JOB_ENVIRONMENT,
+    INPUT_REQUEST,
     INPUT_RUN,
-    INPUT_RUN_ID,
-    INPUT_STEPS,
+    PREVIOUS_JOB_END_ENV,
 )
+from trainstack.recipes.naming import DECIMAL_JOBS, JOB_INDEX_MAX
 
 # --- JobEnded ---------------------------------------------------------------------------------------
 
@@ -50,6 +57,9 @@ def rule_condition(rule: supervisor.Rule) -> dict[str, Any]:
         tests.append(
             {"Variable": "$.Registry.Item.stop_requested.BOOL", "BooleanEquals": rule.stop_requested}
         )
+    if rule.stalled is not None:
+        same = {"Variable": "$.Registry.Item.stalled.S", "StringEqualsPath": "$.Ended.Name"}
+        tests.append(same if rule.stalled else {"Not": same})
     assert tests, rule
     return tests[0] if len(tests) == 1 else {"And": tests}
 
@@ -78,15 +88,71 @@ def _decision(rule_id: str, outcome: supervisor.Outcome, why: dict[str, str], **
     }
 
 
-def job_ended_definition(
-    c: SupervisorConstants,
-    *,
-    request: dict[str, Any],
-    hyperparameters: dict[str, str],
-    on_complete: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """The "job ended" state machine: read the job and its run's record, decide, record, notify, and
-    start the next job when the decision says so."""
+def _failed(rule_id: str, template: str, *arguments: str) -> dict[str, Any]:
+    """A limit that turns the decision into a failed run: its why, then the job's own."""
+    return {
+        "Type": "Pass",
+        "Parameters": _decision(
+            rule_id,
+            supervisor.Outcome.FAILED,
+            {"Why.$": fmt(template + "; this job ended because {}", *arguments, "$.Decision.Why")},
+            **_next_text(supervisor.Outcome.FAILED),
+            **{"CheckpointUri.$": "$.Decision.CheckpointUri", "Fresh.$": "$.Decision.Fresh"},
+        ),
+        "ResultPath": "$.Decision",
+        "Next": "RecordEnd",
+    }
+
+
+def _wait(minutes: int) -> dict[str, Any]:
+    """The capacity back-off's step: how long, and what the run will have waited in all."""
+    return {
+        "Type": "Pass",
+        "Parameters": {
+            "Minutes": minutes,
+            "Seconds": minutes * 60,
+            "Spent.$": f"States.MathAdd($.Numbers.CapacityMinutes, {minutes})",
+            "Counted.$": "$.Numbers.Counted",  # a capacity retry takes the failed job's slot
+            "When": supervisor.WAIT_TEXT.format(minutes=minutes),
+        },
+        "ResultPath": "$.Wait",
+        "Next": "WithinCapacityBudget",
+    }
+
+
+def next_job_state(*, decimal: bool) -> dict[str, Any]:
+    """The decision to start job n+1, with its name (`decimal`: n+1 is at most naming.DECIMAL_JOBS)."""
+    return {
+        "Type": "Pass",
+        "Parameters": {
+            "Outcome.$": "$.Decision.Outcome",
+            "Headline.$": "$.Decision.Headline",
+            "Rule.$": "$.Decision.Rule",
+            "State.$": "$.Decision.State",
+            "Why.$": "$.Decision.Why",
+            "Crashes.$": "$.Decision.Crashes",
+            "CheckpointUri.$": "$.Decision.CheckpointUri",
+            "WaitSeconds.$": "$.Wait.Seconds",
+            "WaitMinutes.$": "$.Wait.Minutes",
+            "Counted.$": "$.Wait.Counted",
+            "CapacityMinutes.$": "$.Wait.Spent",
+            "Index.$": "States.MathAdd($.Numbers.Job, 1)",
+            "NextJob.$": job_name_expression(
+                "$.Numbers.Run", "States.MathAdd($.Numbers.Job, 1)", decimal=decimal
+            ),
+        },
+        "ResultPath": "$.Decision",
+        "Next": "NextText",
+    }
+
+
+def job_ended_definition(c: SupervisorConstants, *, completed_hook: str | None = None) -> dict[str, Any]:
+    """The "job ended" state machine: read the job and its run's record, decide, record, start the next
+    job when the decision says so, notify.
+
+    No request is deployed here: the next job is the run's recorded request (NextInput).
+    `completed_hook`: the name of a state to run between recording a completed run and notifying it
+    (its definition added by its owner; it must go on to Notify)."""
     describe = {"TrainingJobName.$": "$.detail.TrainingJobName"}
     key = {"run": {"S.$": "$.Numbers.Run"}}
     recorded = {
@@ -150,7 +216,10 @@ def job_ended_definition(
             "Parameters": _decision(
                 "NotSupervised",
                 supervisor.Outcome.IGNORED,
-                {"Why": "the job has no run (no TRAINSTACK_RUN, or no record of it in the run registry)"},
+                {
+                    "Why": "the job has no run (no TRAINSTACK_RUN, or no record of it with a recorded "
+                    "request in the run registry)"
+                },
                 Next=supervisor.NEXT[supervisor.Outcome.IGNORED],
             ),
             "ResultPath": "$.Decision",
@@ -168,7 +237,7 @@ def job_ended_definition(
         ),
         "Registered": {
             "Type": "Choice",
-            "Choices": [{"Variable": "$.Registry.Item", "IsPresent": True, "Next": "Numbers"}],
+            "Choices": [{"Variable": "$.Registry.Item.request", "IsPresent": True, "Next": "Numbers"}],
             "Default": "NotSupervised",
         },
         "Numbers": {
@@ -176,8 +245,12 @@ def job_ended_definition(
             "Parameters": {
                 "Run.$": "$.Registry.Item.run.S",
                 "Job.$": "States.StringToJson($.Registry.Item.job_index.N)",
-                "Last.$": "States.StringToJson($.Registry.Item.last_job.N)",
+                "Counted.$": "States.StringToJson($.Registry.Item.counted.N)",
+                "MaxJobs.$": "States.StringToJson($.Registry.Item.max_jobs.N)",
                 "Crashes.$": "States.StringToJson($.Registry.Item.crashes.N)",
+                "CapacityMinutes.$": "States.StringToJson($.Registry.Item.capacity_minutes.N)",
+                "CapacityWait.$": "States.StringToJson($.Registry.Item.capacity_wait.N)",
+                "CapacityBudget.$": "States.StringToJson($.Registry.Item.capacity_budget.N)",
             },
             "ResultPath": "$.Numbers",
             "Next": "Current",
@@ -218,37 +291,77 @@ def job_ended_definition(
         },
     }
     for rule in supervisor.RULES:
+        extra: dict[str, Any] = {"Fresh": rule.fresh_instances, **checkpoint}
         if rule.outcome is supervisor.Outcome.NEXT_JOB:
-            when = f" in {rule.wait_minutes} minutes" if rule.wait_minutes else ""
-            crashed = rule.id == "Crashed"  # counts toward the crash loop; any other end resets it
+            crashes = "States.MathAdd($.Numbers.Crashes, 1)" if rule.crash else None
             parameters = _decision(
                 rule.id,
                 rule.outcome,
                 _why(rule.why),
-                When=when,
-                WaitSeconds=rule.wait_minutes * 60,
-                **({"Crashes.$": "States.MathAdd($.Numbers.Crashes, 1)"} if crashed else {"Crashes": 0}),
-                **checkpoint,
+                Capacity=rule.capacity,
+                **({"Crashes.$": crashes} if crashes else {"Crashes": 0}),
+                **extra,
             )
-            after = "WithinCrashLimit" if crashed else "WithinJobLimit"
         else:
-            parameters = _decision(
-                rule.id, rule.outcome, _why(rule.why), **_next_text(rule.outcome), **checkpoint
-            )
-            after = "RecordEnd"
+            parameters = _decision(rule.id, rule.outcome, _why(rule.why), **_next_text(rule.outcome), **extra)
         states[f"Rule{rule.id}"] = {
             "Type": "Pass",
             "Parameters": parameters,
             "ResultPath": "$.Decision",
-            "Next": after,
+            "Next": "FreshInstances",
         }
 
-    failed = supervisor.Outcome.FAILED
-    limit_why = supervisor.JOB_LIMIT_WHY.replace("{job}", "{}").replace("{last}", "{}")
+    request_keep_alive = "$.Recorded.Request.ResourceConfig.KeepAlivePeriodInSeconds"
+    limit_why = supervisor.JOB_LIMIT_WHY.replace("{counted}", "{}").replace("{max_jobs}", "{}")
+    budget_why = supervisor.CAPACITY_BUDGET_WHY.replace("{minutes}", "{}").replace("{budget}", "{}")
     next_job = (
-        supervisor.NEXT[supervisor.Outcome.NEXT_JOB].replace("{next_job}", "{}-{}").replace("{when}", "{}")
+        supervisor.NEXT[supervisor.Outcome.NEXT_JOB].replace("{next_job}", "{}").replace("{when}", "{}")
     )
+    backoff = supervisor.CAPACITY_BACKOFF_MINUTES
     states |= {
+        # Crashed, Stalled, InternalError: the cluster is suspect. SageMaker would place the next job
+        # on the ended job's warm pool if it has one (a matching job reuses it); releasing it first
+        # means fresh instances (UpdateTrainingJob KeepAlivePeriodInSeconds=0, SageMaker API reference).
+        "FreshInstances": {
+            "Type": "Choice",
+            "Choices": [{"Variable": "$.Decision.Fresh", "BooleanEquals": True, "Next": "ReadRequest"}],
+            "Default": "Limits",
+        },
+        "ReadRequest": {
+            "Type": "Pass",
+            "Parameters": {"Request.$": "States.StringToJson($.Registry.Item.request.S)"},
+            "ResultPath": "$.Recorded",
+            "Next": "HasWarmPool",
+        },
+        "HasWarmPool": {
+            "Type": "Choice",
+            "Choices": [{"Variable": request_keep_alive, "IsPresent": True, "Next": "WarmPoolKept"}],
+            "Default": "Limits",
+        },
+        "WarmPoolKept": {
+            "Type": "Choice",
+            "Choices": [{"Variable": request_keep_alive, "NumericGreaterThan": 0, "Next": "ReleaseWarmPool"}],
+            "Default": "Limits",
+        },
+        "ReleaseWarmPool": task(
+            UPDATE_JOB,
+            {"TrainingJobName.$": "$.Ended.Name", "ResourceConfig": {"KeepAlivePeriodInSeconds": 0}},
+            ResultPath=None,
+            # Best effort: a pool SageMaker did not keep (or already ended) cannot be released twice.
+            Catch=[{"ErrorEquals": ["States.ALL"], "Next": "Limits", "ResultPath": "$.ReleaseError"}],
+            Next="Limits",
+        ),
+        "Limits": {
+            "Type": "Choice",
+            "Choices": [
+                {
+                    "Variable": "$.Decision.Outcome",
+                    "StringEquals": supervisor.Outcome.NEXT_JOB.value,
+                    "Next": "WithinCrashLimit",
+                }
+            ],
+            "Default": "RecordEnd",
+        },
         "WithinCrashLimit": {
             "Type": "Choice",
             "Choices": [
@@ -258,93 +371,184 @@ def job_ended_definition(
                     "Next": supervisor.CRASH_LOOP,
                 }
             ],
+            "Default": "CapacityOrSlot",
+        },
+        supervisor.CRASH_LOOP: _failed(
+            supervisor.CRASH_LOOP,
+            supervisor.CRASH_LOOP_WHY.replace("{crashes}", "{}"),
+            "$.Decision.Crashes",
+        ),
+        "CapacityOrSlot": {
+            "Type": "Choice",
+            "Choices": [{"Variable": "$.Decision.Capacity", "BooleanEquals": True, "Next": "Backoff"}],
             "Default": "WithinJobLimit",
         },
-        supervisor.CRASH_LOOP: {
-            "Type": "Pass",
-            "Parameters": _decision(
-                supervisor.CRASH_LOOP,
-                failed,
-                {
-                    "Why.$": fmt(
-                        supervisor.CRASH_LOOP_WHY.replace("{crashes}", "{}") + "; this job ended because {}",
-                        "$.Decision.Crashes",
-                        "$.Decision.Why",
-                    )
-                },
-                **_next_text(failed),
-                **{"CheckpointUri.$": "$.Decision.CheckpointUri"},
-            ),
-            "ResultPath": "$.Decision",
-            "Next": "RecordEnd",
+        # supervisor.capacity_wait: the back-off's first step above the previous wait.
+        "Backoff": {
+            "Type": "Choice",
+            "Choices": [
+                {"Variable": "$.Numbers.CapacityWait", "NumericLessThan": minutes, "Next": f"Wait{minutes}"}
+                for minutes in backoff[:-1]
+            ],
+            "Default": f"Wait{backoff[-1]}",
         },
+        **{f"Wait{minutes}": _wait(minutes) for minutes in backoff},
+        "WithinCapacityBudget": {
+            "Type": "Choice",
+            "Choices": [
+                {
+                    "Variable": "$.Wait.Spent",
+                    "NumericGreaterThanPath": "$.Numbers.CapacityBudget",
+                    "Next": supervisor.CAPACITY_BUDGET,
+                }
+            ],
+            "Default": "WithinJobNames",
+        },
+        supervisor.CAPACITY_BUDGET: _failed(
+            supervisor.CAPACITY_BUDGET, budget_why, "$.Wait.Spent", "$.Numbers.CapacityBudget"
+        ),
         "WithinJobLimit": {
             "Type": "Choice",
             "Choices": [
-                {"Variable": "$.Numbers.Job", "NumericLessThanPath": "$.Numbers.Last", "Next": "NextJob"}
-            ],
-            "Default": "JobLimit",
-        },
-        "JobLimit": {
-            "Type": "Pass",
-            "Parameters": _decision(
-                supervisor.JOB_LIMIT,
-                failed,
                 {
-                    "Why.$": fmt(
-                        limit_why + "; this job ended because {}",
-                        "$.Numbers.Job",
-                        "$.Numbers.Last",
-                        "$.Decision.Why",
-                    )
-                },
-                **_next_text(failed),
-                **{"CheckpointUri.$": "$.Decision.CheckpointUri"},
-            ),
-            "ResultPath": "$.Decision",
-            "Next": "RecordEnd",
+                    "Variable": "$.Numbers.Counted",
+                    "NumericGreaterThanEqualsPath": "$.Numbers.MaxJobs",
+                    "Next": supervisor.JOB_LIMIT,
+                }
+            ],
+            "Default": "NoWait",
         },
-        "NextJob": {
+        supervisor.JOB_LIMIT: _failed(
+            supervisor.JOB_LIMIT, limit_why, "$.Numbers.Counted", "$.Numbers.MaxJobs"
+        ),
+        "NoWait": {
             "Type": "Pass",
             "Parameters": {
-                "Outcome.$": "$.Decision.Outcome",
-                "Headline.$": "$.Decision.Headline",
-                "Rule.$": "$.Decision.Rule",
-                "State.$": "$.Decision.State",
-                "Why.$": "$.Decision.Why",
-                "WaitSeconds.$": "$.Decision.WaitSeconds",
-                "Crashes.$": "$.Decision.Crashes",
-                "CheckpointUri.$": "$.Decision.CheckpointUri",
-                "Index.$": "States.MathAdd($.Numbers.Job, 1)",
-                "NextJob.$": fmt("{}-{}", "$.Numbers.Run", "States.MathAdd($.Numbers.Job, 1)"),
-                "Next.$": fmt(
-                    next_job, "$.Numbers.Run", "States.MathAdd($.Numbers.Job, 1)", "$.Decision.When"
-                ),
+                "Minutes": 0,
+                "Seconds": 0,
+                "Spent.$": "$.Numbers.CapacityMinutes",
+                "Counted.$": "States.MathAdd($.Numbers.Counted, 1)",
+                "When": "",
             },
-            "ResultPath": "$.Decision",
+            "ResultPath": "$.Wait",
+            "Next": "WithinJobNames",
+        },
+        "WithinJobNames": {
+            "Type": "Choice",
+            "Choices": [
+                {
+                    "Variable": "$.Numbers.Job",
+                    "NumericGreaterThanEquals": JOB_INDEX_MAX,
+                    "Next": supervisor.NO_JOB_NAMES,
+                }
+            ],
+            "Default": "NameScheme",
+        },
+        supervisor.NO_JOB_NAMES: _failed(supervisor.NO_JOB_NAMES, supervisor.NO_JOB_NAMES_WHY),
+        "NameScheme": {
+            "Type": "Choice",
+            "Choices": [{"Variable": "$.Numbers.Job", "NumericLessThan": DECIMAL_JOBS, "Next": "NextJob"}],
+            "Default": "NextJobPast99",
+        },
+        "NextJob": next_job_state(decimal=True),
+        "NextJobPast99": next_job_state(decimal=False),
+        "NextText": {
+            "Type": "Pass",
+            "Parameters": {"Next.$": fmt(next_job, "$.Decision.NextJob", "$.Wait.When")},
+            "ResultPath": "$.Text",
             "Next": "RecordNextJob",
         },
+        # One conditional write: the job's end, the decision and the next job registered, so no
+        # failure between them can leave an end recorded with no job to follow it (the reconciler
+        # creates a registered job whose creation never happened).
         "RecordNextJob": task(
             UPDATE_ITEM,
             {
                 **recorded,
+                "ConditionExpression": (
+                    "#current_job = :job AND #run_state = :running AND #stop_requested = :false"
+                ),
                 "UpdateExpression": (
-                    "SET #ended.#job = :entry, #crashes = :crashes, #why = :why, #next_step = :next, "
-                    "#updated = :now"
+                    "SET #ended.#job = :entry, #crashes = :crashes, #counted = :counted, "
+                    "#capacity_minutes = :spent, #capacity_wait = :wait, #why = :why, #next_step = :next, "
+                    "#current_job = :next_job, #job_index = :index, #jobs = list_append(#jobs, :jobs), "
+                    "#stalled = :none, #creator = :creator, #updated = :now"
                 ),
                 "ExpressionAttributeNames": {
-                    **names("ended", "crashes", "why", "next_step", "updated", "current_job", "run_state"),
+                    **names(
+                        "ended",
+                        "crashes",
+                        "counted",
+                        "capacity_minutes",
+                        "capacity_wait",
+                        "why",
+                        "next_step",
+                        "current_job",
+                        "job_index",
+                        "jobs",
+                        "stalled",
+                        "creator",
+                        "updated",
+                        "run_state",
+                        "stop_requested",
+                    ),
                     "#job.$": "$.Ended.Name",
                 },
                 "ExpressionAttributeValues": {
                     **common_values,
+                    ":next": {"S.$": "$.Text.Next"},
+                    ":false": {"BOOL": False},
+                    ":none": {"S": ""},
                     ":crashes": {"N.$": fmt("{}", "$.Decision.Crashes")},
+                    ":counted": {"N.$": fmt("{}", "$.Decision.Counted")},
+                    ":spent": {"N.$": fmt("{}", "$.Decision.CapacityMinutes")},
+                    ":wait": {"N.$": fmt("{}", "$.Decision.WaitMinutes")},
+                    ":next_job": {"S.$": "$.Decision.NextJob"},
+                    ":index": {"N.$": fmt("{}", "$.Decision.Index")},
+                    ":jobs": {"L": [{"S.$": "$.Decision.NextJob"}]},
+                    ":creator": {"S.$": "$$.Execution.Id"},
                 },
             },
             ResultPath=None,
             Catch=changed_meanwhile,
-            Next="Notify",
+            Next="WaitFirst",
         ),
+        "WaitFirst": {
+            "Type": "Choice",
+            "Choices": [
+                {"Variable": "$.Decision.WaitSeconds", "NumericGreaterThan": 0, "Next": "WaitForCapacity"}
+            ],
+            "Default": "NextInput",
+        },
+        "WaitForCapacity": {"Type": "Wait", "SecondsPath": "$.Decision.WaitSeconds", "Next": "NextInput"},
+        # The next job starts in this execution, through the same states as StartJob's, from the run's
+        # recorded request: no execution waits on another, and the registry's conditional write made a
+        # repeated event harmless.
+        "NextInput": {
+            "Type": "Pass",
+            "Parameters": {
+                f"{INPUT_RUN}.$": "$.Numbers.Run",
+                f"{INPUT_REQUEST}.$": "States.StringToJson($.Registry.Item.request.S)",
+                # the trainer tags the run's MLflow run with why the previous job ended (trainer.tracking)
+                INPUT_JOB_ENVIRONMENT: {f"{PREVIOUS_JOB_END_ENV}.$": "$.Decision.Rule"},
+                "Names": {"JobName.$": "$.Decision.NextJob"},
+                "Decision": {
+                    "Outcome.$": "$.Decision.Outcome",
+                    "Headline.$": "$.Decision.Headline",
+                    "Rule.$": "$.Decision.Rule",
+                    "State.$": "$.Decision.State",
+                    "Why.$": "$.Decision.Why",
+                    "Next.$": "$.Text.Next",
+                    "NextJob.$": "$.Decision.NextJob",
+                    "CheckpointUri.$": "$.Decision.CheckpointUri",
+                },
+                "Numbers.$": "$.Numbers",
+                "Ended.$": "$.Ended",
+            },
+            "ResultPath": "$",
+            "Next": CREATE_AT,
+        },
+        **creation_states(c, then="Notify"),
         "RecordEnd": task(
             UPDATE_ITEM,
             {
@@ -361,7 +565,7 @@ def job_ended_definition(
             },
             ResultPath=None,
             Catch=changed_meanwhile,
-            Next="Notify",
+            Next="Ended" if completed_hook else "Notify",
         ),
         "Notify": {
             **notify(
@@ -370,54 +574,25 @@ def job_ended_definition(
                 job="$.Ended.Name",
                 status="$.Ended.Status",
                 secondary="$.Ended.Secondary",
+                failed="NotificationFailed",
             ),
-            "Next": "Continue",
+            "Next": "Decided",
         },
-        "Continue": {
+        "NotificationFailed": notification_failed("the run's record, and its next job if any"),
+        "Decided": {"Type": "Succeed", "OutputPath": "$.Decision"},
+    }
+    if completed_hook:
+        states["Ended"] = {
             "Type": "Choice",
             "Choices": [
                 {
                     "Variable": "$.Decision.Outcome",
-                    "StringEquals": supervisor.Outcome.NEXT_JOB.value,
-                    "Next": "WaitFirst",
+                    "StringEquals": supervisor.Outcome.COMPLETED.value,
+                    "Next": completed_hook,
                 }
             ],
-            "Default": "Decided",
-        },
-        "WaitFirst": {
-            "Type": "Choice",
-            "Choices": [
-                {"Variable": "$.Decision.WaitSeconds", "NumericGreaterThan": 0, "Next": "WaitForCapacity"}
-            ],
-            "Default": "NextInput",
-        },
-        "WaitForCapacity": {"Type": "Wait", "SecondsPath": "$.Decision.WaitSeconds", "Next": "NextInput"},
-        # The next job starts in this execution, through the same states as StartJob: no execution
-        # waits on another, and the registry's conditional write makes a repeated event harmless.
-        "NextInput": {
-            "Type": "Pass",
-            "Parameters": {
-                f"{INPUT_RUN}.$": "$.Numbers.Run",
-                f"{INPUT_RUN_ID}.$": "$.Registry.Item.run_id.S",
-                f"{INPUT_JOB}.$": "$.Decision.Index",
-                f"{INPUT_LAST_JOB}.$": "$.Numbers.Last",
-                f"{INPUT_HYPERPARAMETER_OVERRIDES}.$": "States.StringToJson($.Registry.Item.overrides.S)",
-                f"{INPUT_KEEP_ALIVE}.$": "States.StringToJson($.Registry.Item.keep_alive.N)",
-                f"{INPUT_STEPS}.$": "States.StringToJson($.Registry.Item.steps.N)",
-                INPUT_REASON: "next",
-                f"{INPUT_PREVIOUS_JOB_END}.$": "$.Decision.Rule",  # the trainer tags the run with it
-                "Decision.$": "$.Decision",
-            },
-            "ResultPath": "$",
-            "Next": START_AT,
-        },
-        **start_job_states(c, request=request, hyperparameters=hyperparameters, output_path="$.Decision"),
-        "Decided": {"Type": "Succeed", "OutputPath": "$.Decision"},
-    }
-    if on_complete is not None:  # export.on_complete: one state after a completed run (stacks/export.py)
-        completed = {"Variable": "$.Decision.Outcome", "StringEquals": supervisor.Outcome.COMPLETED.value}
-        states["Continue"]["Choices"].append({**completed, "Next": "OnComplete"})
-        states["OnComplete"] = {**on_complete, "Next": "Decided"}
+            "Default": "Notify",
+        }
     return {
         "Comment": f"A job of a {c.team}/{c.recipe} run ended: decide what the run does next.",
         "StartAt": "DescribeJob",

@@ -107,9 +107,88 @@ def test_every_state_machine_fits_step_functions_limits(all_templates: dict[str,
 
 @pytest.mark.parametrize("name,team", ALL, ids=[f"{t or 'platform'}-{n}" for n, t in ALL])
 def test_the_executions_the_cli_starts_have_names_step_functions_accepts(name: str, team: str | None) -> None:
-    """`launch` and `resume` name the StartJob execution after the job it creates."""
-    execution = longest_job_name(resolve(name, team).recipe, team)
+    """`launch` and `resume` name each StartJob execution after the job it creates and the attempt
+    (naming.execution_name): a failed attempt's name, kept 90 days, blocks no later one."""
+    from trainstack.recipes import naming
+
+    execution = naming.execution_name(
+        longest_job_name(resolve(name, team).recipe, team), "z" * naming.ATTEMPT_TOKEN_LEN
+    )
     machine = f"arn:aws:states:{PLACEHOLDER_REGION}:{PLACEHOLDER_ACCOUNT}:stateMachine:StartJob"
     params = {"stateMachineArn": machine, "name": execution}
     assert check_against_model("stepfunctions", "StartExecution", params) == []
     assert not NAME_FORBIDDEN.search(execution)
+
+
+def test_the_largest_run_record_fits_one_dynamodb_item() -> None:
+    """A run's record holds its request (every job is built from it), every job's name and end, and its
+    history. moto accepts items of any size; DynamoDB refuses one over 400 KB (developer guide, "Service,
+    account, and table quotas"). The record at its largest: the largest request any recipe here makes
+    (trainstack.aws.request_check.requests_for), a run that named all JOB_INDEX_MAX jobs, a full history
+    of the longest entries, SageMaker's longest FailureReason (1,024 characters) in `why`."""
+    import json
+
+    from stacks.supervisor.asl import REGISTRY_ATTRIBUTES
+    from trainstack.aws.registry import HISTORY_MAX, ITEM_MAX, WHAT_MAX, WHO_MAX, item_bytes
+    from trainstack.aws.request_check import longest_run_id, requests_for
+    from trainstack.aws.supervisor import CAPACITY_BUDGET_WHY, JOB_LIMIT_WHY, NEXT, Outcome
+    from trainstack.protocol.exit_codes import FAILURE_REASON_MAX
+    from trainstack.recipes import naming
+    from trainstack.recipes.schema import to_hyperparameters
+
+    largest_request, hyperparameters, longest = {}, {}, ("", None)
+    for name, team in ALL:
+        recipe = resolve(name, team).recipe
+        for _, request in requests_for(recipe, team):
+            if len(json.dumps(request)) > len(json.dumps(largest_request)):
+                largest_request, hyperparameters = request, to_hyperparameters(recipe)
+        run = naming.run_name(recipe, team, longest_run_id())
+        longest = max(longest, (run, team), key=lambda r: len(r[0]))
+    run = longest[0]
+    jobs = [naming.job_of_run(run, i) for i in range(1, naming.JOB_INDEX_MAX + 1)]
+    text = lambda n: {"S": "x" * n}  # noqa: E731
+    entry = {"at": "2026-12-01T00:00:00.000000+00:00", "who": "w" * WHO_MAX, "what": "w" * WHAT_MAX}
+    why = max(len(JOB_LIMIT_WHY), len(CAPACITY_BUDGET_WHY)) + 400 + FAILURE_REASON_MAX
+    item = {
+        "run": {"S": run},
+        "run_id": text(naming.RUN_ID_MAX),
+        "recipe": text(22),
+        "team": text(16),
+        "run_state": {"S": "completed"},
+        "current_job": {"S": jobs[-1]},
+        "job_index": {"N": str(naming.JOB_INDEX_MAX)},
+        "jobs": {"L": [{"S": j} for j in jobs]},
+        "ended": {
+            "M": {
+                j: {"M": {"job_status": text(10), "secondary_status": {"S": "MaxWaitTimeExceeded"}}}
+                for j in jobs
+            }
+        },
+        "checkpoint_uri": text(5 + 63 + 1 + 80 + 17),
+        "steps": {"N": "9" * 10},
+        "tokens_per_step": {"N": "9" * 12},
+        "usd_per_hour": {"N": "99999.9999"},
+        "overrides": {"S": json.dumps(hyperparameters)},  # the launch's overrides: at most every key
+        "keep_alive": {"N": "3600"},
+        "stop_requested": {"BOOL": True},
+        "crashes": {"N": "3"},
+        "why": text(why),
+        "next_step": text(len(NEXT[Outcome.NEXT_JOB]) + 2 * naming.JOB_NAME_MAX),
+        "recipe_hash": text(naming.HASH_LEN),
+        "max_jobs": {"N": "99"},
+        "counted": {"N": "99"},
+        "creator": text(2048),  # an execution ARN, at IAM's longest ARN
+        "request": {"S": json.dumps(largest_request, separators=(",", ":"))},
+        "history": {"S": json.dumps([entry] * HISTORY_MAX)},
+        "stalled": {"S": jobs[-1]},
+        "stop_stalled": {"BOOL": True},
+        "capacity_minutes": {"N": "40320"},
+        "capacity_wait": {"N": "120"},
+        "capacity_budget": {"N": "40320"},
+        "created": text(32),
+        "updated": text(32),
+    }
+    assert set(item) == set(REGISTRY_ATTRIBUTES)
+    size = item_bytes(item)
+    print(f"largest run record {size:,} B of {ITEM_MAX:,} (request {len(item['request']['S']):,} B)")
+    assert size < ITEM_MAX * 0.9

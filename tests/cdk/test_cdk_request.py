@@ -11,7 +11,6 @@ from trainstack.aws.request import (
     execution_input,
     hyperparameter_overrides,
     job_name,
-    last_job,
 )
 from trainstack.aws.request_check import check_request
 from trainstack.planner import plan
@@ -195,26 +194,31 @@ def test_a_short_run_overrides_only_the_steps_and_gets_its_own_hash() -> None:
     assert job_name(short, None, "t1") != job_name(base, None, "t1")
     merged = {**to_hyperparameters(base), **hyperparameter_overrides(base, short)}
     assert from_hyperparameters(merged) == short
-    assert execution_input("ts-x--r", "r", 1, 20, 50, {"training.steps": "50"}, 1800) == {
+    change = {"Who": "arn:aws:iam::123456789012:user/a", "What": "launch"}
+    assert execution_input("ts-x--r", "r", 1, 50, {"training.steps": "50"}, 1800, change=change) == {
         "Run": "ts-x--r",
         "RunId": "r",
         "Job": 1,
-        "LastJob": 20,
         "HyperParameterOverrides": {"training.steps": "50"},
         "KeepAlivePeriodInSeconds": 1800,
         "Steps": 50,
         "Reason": "launch",
-        "PreviousJobEnd": "",  # tracking: why the previous job ended (the trainer tags its MLflow run)
+        "JobEnvironment": {},
+        "Change": change,
         "MlflowRunId": "",  # the MLflow run launch created, recorded in the registry
     }
 
 
-def test_a_launch_or_resume_may_reach_max_jobs_more_jobs_within_the_two_digit_index() -> None:
-    assert last_job(1, 20) == 20 and last_job(5, 20) == 24 and last_job(90, 20) == 99
-    with pytest.raises(ValueError, match="last job"):
-        execution_input("ts-x--r", "r", 100, 100, 1)
+def test_a_start_is_within_the_run_names_jobs_and_carries_the_request_it_needs() -> None:
+    execution_input("ts-x--r", "r", naming.JOB_INDEX_MAX, 1)  # the last name a run has
+    with pytest.raises(ValueError, match="job"):
+        execution_input("ts-x--r", "r", naming.JOB_INDEX_MAX + 1, 1)
     with pytest.raises(ValueError, match="reason"):
-        execution_input("ts-x--r", "r", 1, 20, 1, reason="again")
+        execution_input("ts-x--r", "r", 1, 1, reason="again")
+    with pytest.raises(ValueError, match="recorded request"):
+        execution_input("ts-x--r", "r", 2, 1, reason="resume")  # a resume trains the run's own request
+    with pytest.raises(ValueError, match="deployed recipe"):
+        execution_input("ts-x--r", "r", 1, 1, request={"RoleArn": "x"})
 
 
 @pytest.mark.parametrize("suffix", ["", "x" * 8, "x" * 11, "bad_suffix", "a.b"])

@@ -61,10 +61,10 @@ def test_the_supervisor_may_write_only_its_registry_and_publish_only_to_its_topi
     all_templates: dict,
 ) -> None:
     template = all_templates[LAUNCHER]
-    for role, extra in (("SupervisorStartJobRole", set()), ("SupervisorJobEndedRole", {"dynamodb:GetItem"})):
+    for role in ("SupervisorStartJobRole", "SupervisorJobEndedRole"):
         found = statements(template, role)
         dynamo = {a for s in found for a in as_list(s["Action"]) if a.startswith("dynamodb:")}
-        assert dynamo == {"dynamodb:PutItem", "dynamodb:UpdateItem"} | extra
+        assert dynamo == {"dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:GetItem"}
         for s in found:
             if any(a.startswith(("dynamodb:", "sns:")) for a in as_list(s["Action"])):
                 (resource,) = as_list(s["Resource"])
@@ -115,7 +115,11 @@ def test_alarms_cover_both_supervisor_machines_and_undelivered_job_events(all_te
         for m in failed["Metrics"]
         if "MetricStat" in m
     }
-    assert len(machines) == 2 and all("Supervisor" in m for m in machines)
+    assert len(machines) == 4 and all("Supervisor" in m for m in machines)  # start, decide, reconcile, stalls
+    # Not only on the topic the supervisor publishes to: a deleted topic or a disabled deployment key
+    # must not silence the alarm that reports the failed publish (a topic with its own key).
+    topics = [flatten_join(a) for a in failed["AlarmActions"]]
+    assert len(topics) == 2 and any("SupervisionTopic" in t for t in topics), topics
     (undelivered,) = [a for k, a in alarms.items() if k.startswith("MonitoringAlarmsJobEventsUndelivered")]
     assert undelivered["MetricName"] == "FailedInvocations" and undelivered["Namespace"] == "AWS/Events"
     assert "SupervisorJobStateChanged" in json.dumps(undelivered["Dimensions"])
@@ -133,12 +137,12 @@ def test_the_job_ended_machine_decides_with_the_rule_table(all_templates: dict) 
 def test_results_discarded_in_the_builder_stay_discarded_in_the_template(all_templates: dict) -> None:
     """`"ResultPath": null` keeps a task's input; a template that dropped it would replace the input with
     the task's result (as Stack.to_json_string does with nulls)."""
-    for which in ("StartJob", "JobEnded"):
-        states = state_machine_definition(all_templates[LAUNCHER], which)["States"]
-        for name in ("RegisterRun", "RegisterNextJob", "RegisterResume", "NotifyNotCreated"):
-            assert "ResultPath" in states[name] and states[name]["ResultPath"] is None, (which, name)
-        if which == "JobEnded":
-            assert states["RecordEnd"]["ResultPath"] is None and states["Notify"]["ResultPath"] is None
+    start = state_machine_definition(all_templates[LAUNCHER], "StartJob")["States"]
+    for name in ("RegisterRun", "RegisterResume", "ClaimJob", "NotifyNotCreated", "StopUnwanted"):
+        assert "ResultPath" in start[name] and start[name]["ResultPath"] is None, name
+    ended = state_machine_definition(all_templates[LAUNCHER], "JobEnded")["States"]
+    for name in ("RecordNextJob", "RecordEnd", "Notify", "ReleaseWarmPool", "NotifyNotCreated"):
+        assert "ResultPath" in ended[name] and ended[name]["ResultPath"] is None, name
 
 
 def test_the_supervisor_may_create_grants_only_for_a_volume_it_encrypts(monkeypatch, tmp_path) -> None:
@@ -160,3 +164,68 @@ def test_the_supervisor_may_create_grants_only_for_a_volume_it_encrypts(monkeypa
         (grant,) = [s for s in statements(template, role) if "kms:CreateGrant" in as_list(s["Action"])]
         assert as_list(grant["Action"]) == ["kms:CreateGrant"]
         assert grant["Condition"] == {"Bool": {"kms:GrantIsForAWSResource": "true"}}
+
+
+def test_the_reconciler_runs_on_a_schedule_with_least_privilege(all_templates: dict) -> None:
+    """moto runs no EventBridge Scheduler: the schedule is checked here, the reconciler it starts in
+    tests/integration/test_run_faults_emulator.py."""
+    from trainstack.aws.supervisor import RECONCILE_MINUTES
+
+    template = all_templates[LAUNCHER]
+    (schedule,) = resources(template, "AWS::Scheduler::Schedule").values()
+    props = schedule["Properties"]
+    assert props["ScheduleExpression"] == f"rate({RECONCILE_MINUTES} minutes)"
+    assert props["State"] == "ENABLED" and props["FlexibleTimeWindow"] == {"Mode": "OFF"}
+    target = props["Target"]
+    assert (
+        "SupervisorReconcile" in json.dumps(target["Arn"])
+        and target["RetryPolicy"]["MaximumRetryAttempts"] == 3
+    )
+    roles = resources(template, "AWS::IAM::Role")
+    (role_key,) = [k for k in roles if json.dumps(target["RoleArn"]).find(k) >= 0]
+    (trust,) = roles[role_key]["Properties"]["AssumeRolePolicyDocument"]["Statement"]
+    assert trust["Principal"] == {"Service": "scheduler.amazonaws.com"}
+    assert trust["Condition"] == {"StringEquals": {"aws:SourceAccount": {"Ref": "AWS::AccountId"}}}
+    (start,) = statements(template, "SupervisorScheduleRole")
+    assert as_list(start["Action"]) == ["states:StartExecution"] and "SupervisorReconcile" in json.dumps(
+        start["Resource"]
+    )
+    # The reconciler itself: read the registry, list and stop this recipe's jobs, start and read
+    # the supervisor's own executions; nothing else.
+    actions = {a for s in statements(template, "SupervisorReconcileRole") for a in as_list(s["Action"])}
+    assert actions - {"logs:CreateLogDelivery", "logs:GetLogDelivery", "logs:UpdateLogDelivery"} - {
+        "logs:DeleteLogDelivery",
+        "logs:ListLogDeliveries",
+        "logs:PutResourcePolicy",
+        "logs:DescribeResourcePolicies",
+        "logs:DescribeLogGroups",
+        "xray:PutTraceSegments",
+        "xray:PutTelemetryRecords",
+        "xray:GetSamplingRules",
+        "xray:GetSamplingTargets",
+    } == {
+        "dynamodb:Scan",
+        "dynamodb:GetItem",
+        "kms:Decrypt",
+        "kms:Encrypt",
+        "kms:GenerateDataKey",
+        "sagemaker:StopTrainingJob",
+        "sagemaker:ListTrainingJobs",
+        "states:StartExecution",
+        "states:DescribeExecution",
+    }
+
+
+def test_a_stalled_alarm_of_this_recipe_starts_the_stall_handler(all_templates: dict) -> None:
+    from stacks.supervisor.stalled import stalled_alarm_pattern
+
+    template = all_templates[LAUNCHER]
+    (rule,) = [
+        r for k, r in resources(template, "AWS::Events::Rule").items() if k.startswith("SupervisorJobStalled")
+    ]
+    assert rule["Properties"]["EventPattern"] == stalled_alarm_pattern("ts-platform-30b-fp8--")
+    (target,) = rule["Properties"]["Targets"]
+    assert "SupervisorStopStalled" in json.dumps(target["Arn"])
+    actions = {a for s in statements(template, "SupervisorStopStalledRole") for a in as_list(s["Action"])}
+    assert {"sagemaker:StopTrainingJob", "dynamodb:UpdateItem"} <= actions
+    assert not {a for a in actions if a.startswith("sagemaker:Create") or a == "iam:PassRole"}

@@ -71,45 +71,59 @@ def test_cfn_lint_reports_nothing_on_any_template(all_outdir: Path) -> None:
 
 @pytest.mark.parametrize(("name", "team"), ALL)
 def test_state_machine_request_matches_the_recipe(all_templates: dict, name: str, team: str | None) -> None:
+    """A launch builds the run's request from the deployed recipe (BuildRequest) and records it; every
+    job, the launch's and JobEnded's next ones, is created from the run's request (JSONata: the whole
+    request, so a field a deployment adds or drops changes no running run)."""
+    from stacks.supervisor.start_job import CREATE_ARGUMENTS
+
     recipe = resolve(name, team).recipe
     _, launcher = names(name, team)
-    for which in ("StartJob", "JobEnded"):  # JobEnded starts the run's next job with the same states
-        definition = state_machine_definition(all_templates[launcher], which)
+    start = state_machine_definition(all_templates[launcher], "StartJob")
+    request = start["States"]["BuildRequest"]["Parameters"]
+    assert "TrainingJobName" not in request and "TrainingJobName.$" not in request
+    assert request["ResourceConfig"]["InstanceType"] == recipe.compute.instance_type
+    assert request["ResourceConfig"]["InstanceCount"] == recipe.compute.instance_count
+    assert request["ResourceConfig"]["KeepAlivePeriodInSeconds.$"] == "$.KeepAlivePeriodInSeconds"
+    assert "CheckpointConfig" not in request
+    environment = request["Environment"]
+    assert environment["TRAINSTACK_RUN.$"] == "$.Run"
+    assert environment["TRAINSTACK_CHECKPOINT_URI.$"] == "$.Names.CheckpointUri"
+    # Every job of a run: s3://<bucket>/checkpoints/<team>/<recipe>/<run id>/.
+    uri = start["States"]["Names"]["Parameters"]["CheckpointUri.$"]
+    assert uri.startswith("States.Format('s3://${") and uri.endswith(
+        f"/{naming.checkpoint_prefix(recipe, team)}/{{}}/', $.RunId)"
+    )
+    assert "BucketName" in uri  # the imported checkpoint bucket's name
+    assert request["AlgorithmSpecification"]["MetricDefinitions"] == metric_definitions()
+    assert (
+        request["HyperParameters.$"]
+        == "States.JsonMerge($.Recipe.HyperParameters, $.HyperParameterOverrides, false)"
+    )
+    hyper = start["States"]["LoadRecipe"]["Result"]["HyperParameters"]
+    assert hyper == to_hyperparameters(recipe)
+    if recipe.precision.dtype == "fp8":
+        assert hyper["precision.dtype"] == '"fp8"' and json.loads(hyper["precision.fp8_recipe"])
+    assert request["RetryStrategy"]["MaximumRetryAttempts"] == recipe.compute.max_retry_attempts
+    assert environment["FI_EFA_USE_HUGE_PAGE"] == "0"
+    assert start["States"]["RegisterRun"]["Parameters"]["Item"]["request"] == {
+        "S.$": "States.JsonToString($.Request)"
+    }
+    job_limit = start["States"]["RegisterRun"]["Parameters"]["Item"]["max_jobs"]
+    assert job_limit == {"N": str(recipe.compute.max_jobs)}
+    ended = state_machine_definition(all_templates[launcher], "JobEnded")
+    assert "BuildRequest" not in ended["States"]  # nothing of the deployed recipe reaches a next job
+    assert ended["States"]["NextInput"]["Parameters"]["Request.$"] == (
+        "States.StringToJson($.Registry.Item.request.S)"
+    )
+    for definition in (start, ended):
         create = definition["States"]["CreateTrainingJob"]
         assert create["Resource"] == "arn:aws:states:::aws-sdk:sagemaker:createTrainingJob"
-        request = create["Parameters"]
-        assert request["ResourceConfig"]["InstanceType"] == recipe.compute.instance_type
-        assert request["ResourceConfig"]["InstanceCount"] == recipe.compute.instance_count
-        assert request["ResourceConfig"]["KeepAlivePeriodInSeconds.$"] == "$.KeepAlivePeriodInSeconds"
-        assert request["TrainingJobName.$"] == "$.Names.JobName"
-        assert "CheckpointConfig" not in request
-        environment = request["Environment"]
-        assert environment["TRAINSTACK_RUN.$"] == "$.Run"
-        assert environment["TRAINSTACK_CHECKPOINT_URI.$"] == "$.Names.CheckpointUri"
-        # Every job of a run: s3://<bucket>/checkpoints/<team>/<recipe>/<run id>/.
-        uri = definition["States"]["Names"]["Parameters"]["CheckpointUri.$"]
-        assert uri.startswith("States.Format('s3://${") and uri.endswith(
-            f"/{naming.checkpoint_prefix(recipe, team)}/{{}}/', $.RunId)"
-        )
-        assert "BucketName" in uri  # the imported checkpoint bucket's name
-        assert request["AlgorithmSpecification"]["MetricDefinitions"] == metric_definitions()
-        assert (
-            request["HyperParameters.$"]
-            == "States.JsonMerge($.Recipe.HyperParameters, $.HyperParameterOverrides, false)"
-        )
-        hyper = definition["States"]["LoadRecipe"]["Result"]["HyperParameters"]
-        assert hyper == to_hyperparameters(recipe)
-        if recipe.precision.dtype == "fp8":
-            assert hyper["precision.dtype"] == '"fp8"' and json.loads(hyper["precision.fp8_recipe"])
-        assert request["RetryStrategy"]["MaximumRetryAttempts"] == recipe.compute.max_retry_attempts
-        assert environment["FI_EFA_USE_HUGE_PAGE"] == "0"
+        assert (create["QueryLanguage"], create["Arguments"]) == ("JSONata", CREATE_ARGUMENTS)
         assert {e for r in create["Retry"] for e in r["ErrorEquals"]} >= {
             "SageMaker.ResourceLimitExceededException",
             "SageMaker.ThrottlingException",
         }
         assert create["Catch"][0]["ErrorEquals"] == ["SageMaker.ResourceInUseException"]
-        job_limit = definition["States"]["RegisterRun"]["Parameters"]["Item"]["max_jobs"]
-        assert job_limit == {"N": str(recipe.compute.max_jobs)}
 
 
 def test_the_supervisor_rule_starts_job_ended_on_this_recipes_job_ends(all_templates: dict) -> None:
@@ -136,7 +150,7 @@ def test_state_machine_logs_all_and_traces(all_templates: dict) -> None:
     for name, template in all_templates.items():
         if name.endswith("-Launcher"):
             machines = resources(template, "AWS::StepFunctions::StateMachine").values()
-            assert len(machines) == 4, name  # StartJob, JobEnded, the alarm manager, Export
+            assert len(machines) == 6, name  # StartJob, JobEnded, Reconcile, StopStalled, alarms, Export
             for machine in machines:
                 props = machine["Properties"]
                 assert props["LoggingConfiguration"]["Level"] == "ALL", name
@@ -247,7 +261,11 @@ def test_each_launcher_may_touch_only_its_own_recipes_training_jobs(all_template
             flatten_join(resource).rpartition(":training-job/")[2]
             for policy in resources(all_templates[launcher], "AWS::IAM::Policy").values()
             for statement in policy["Properties"]["PolicyDocument"]["Statement"]
-            if any(a.startswith("sagemaker:") and "TrainingJob" in a for a in as_list(statement["Action"]))
+            # ListTrainingJobs has no resource-level permissions (the reconciler's, on "*").
+            if any(
+                a.startswith("sagemaker:") and "TrainingJob" in a and a != "sagemaker:ListTrainingJobs"
+                for a in as_list(statement["Action"])
+            )
             for resource in as_list(statement["Resource"])
         }
         prefix = naming.job_name_prefix(resolve(name, team).recipe, team)
@@ -297,12 +315,12 @@ def test_launch_on_deploy_rule_starts_the_recipe_hash_run(tmp_path: Path, all_te
         "Run": f"{naming.job_name_prefix(recipe, None)}{run_id}",
         "RunId": run_id,
         "Job": 1,
-        "LastJob": recipe.compute.max_jobs,
         "HyperParameterOverrides": {},
         "KeepAlivePeriodInSeconds": recipe.compute.keep_alive_seconds,
         "Steps": recipe.training.steps,
         "Reason": "launch",
-        "PreviousJobEnd": "",
+        "JobEnvironment": {},
+        "Change": {"Who": "launch on deploy", "What": f"launch of recipe {naming.recipe_hash(recipe)}"},
         "MlflowRunId": "",
     }
     starts = [k for k in resources(template, "AWS::StepFunctions::StateMachine") if "StartJob" in k]
@@ -322,7 +340,7 @@ def test_vpc_mode_isolates_jobs_with_an_efa_group_and_endpoints(tmp_path: Path) 
         tmp_path,
     )
     template = json.loads((outdir / "Trainstack-platform-1b-bf16-Launcher.template.json").read_text())
-    request = state_machine_definition(template)["States"]["CreateTrainingJob"]["Parameters"]
+    request = state_machine_definition(template)["States"]["BuildRequest"]["Parameters"]
     assert (
         request["EnableNetworkIsolation"] is True
         and request["EnableInterContainerTrafficEncryption"] is False
@@ -367,7 +385,7 @@ def test_emulator_quirks_only_in_emulator_mode(tmp_path: Path, all_templates: di
     (key,) = resources(emulated, "AWS::KMS::Key").values()
     assert "Tags" not in key["Properties"]
     launcher = json.loads((outdir / "Trainstack-platform-1b-bf16-Launcher.template.json").read_text())
-    request = state_machine_definition(launcher)["States"]["CreateTrainingJob"]["Parameters"]
+    request = state_machine_definition(launcher)["States"]["BuildRequest"]["Parameters"]
     recipe = resolve("1b-bf16").recipe
     assert request["AlgorithmSpecification"]["TrainingImage"].endswith(f":{naming.recipe_hash(recipe)}")
 

@@ -269,7 +269,7 @@ def test_the_longest_name_the_supervisor_makes_fits_and_the_check_follows_naming
     name = longest_job_name(longest, team)
     # `<prefix><run id>-<job index>` with the longest run id and the 99th job: exactly SageMaker's 63.
     assert len(name) == len(naming.job_name_prefix(longest, team)) + naming.RUN_ID_MAX + naming.JOB_SUFFIX_MAX
-    assert name.endswith(f"-{naming.JOB_INDEX_MAX}") and len(name) == naming.JOB_NAME_MAX
+    assert name.endswith(f"-{naming.job_suffix(naming.JOB_INDEX_MAX)}") and len(name) == naming.JOB_NAME_MAX
     assert check_recipe(longest, team) == []
     # Were the supervisor to name jobs past 63 characters, the check would refuse the recipe before deploy.
     monkeypatch.setattr("trainstack.aws.request_check.longest_job_name", lambda r, t: name + "-x")

@@ -261,14 +261,17 @@ def _deliver_job_ends(ws: Workspace, run: str) -> None:
     import time
 
     from trainstack.emulator.endpoint import clients
-    from trainstack.emulator.events import deliver_job_state_change
+    from trainstack.emulator.events import deliver_job_state_change, wait_for_status
 
     env = ws.aws_env
     sagemaker, sfn = clients(env, "sagemaker", "stepfunctions")
     jobs = sagemaker.list_training_jobs(NameContains=run)["TrainingJobSummaries"]
-    ended = [
-        j for j in jobs if j["TrainingJobName"].startswith(f"{run}-") and j["TrainingJobStatus"] == "Stopped"
+    stopping = [
+        j
+        for j in jobs
+        if j["TrainingJobName"].startswith(f"{run}-") and j["TrainingJobStatus"] in ("Stopping", "Stopped")
     ]
+    ended = [wait_for_status(env, j["TrainingJobName"], ("Stopped",), timeout_s=60) for j in stopping]
     deadline = time.monotonic() + 120
     for job in ended:
         for arn in deliver_job_state_change(env, job["TrainingJobName"]):

@@ -21,11 +21,21 @@ class Case:
     stale: bool = False  # the run's newest job is another one (a repeated or late event)
     run_state: str = "running"
     crashes: int = 0  # jobs in a row before this one that ended by the Crashed rule
+    stalled: bool = False  # the record names this job as the one the supervisor stopped as stalled
+    capacity_wait: int = 0  # minutes of the previous capacity wait (0: the previous job did not lack it)
+    capacity_minutes: int = 0  # minutes waited for capacity so far
+    capacity_budget: int = 72 * 60
+    last_index: bool = False  # the job has the last index a run name has room for
     outcome: str = ""  # expected trainstack.aws.supervisor.Outcome value
     rule: str = ""  # expected rule id
+    wait_minutes: int = 0  # expected capacity wait before the next job
 
 
 FATAL = "AlgorithmError: " + failure_line(3, "loss became nan at step 1200 (lr too high?)")
+CAPACITY = (
+    "CapacityError: Unable to provision requested ML compute capacity. Please retry using a different "
+    "ML instance type."
+)
 CASES = [
     Case("max-runtime", "Stopped", "MaxRuntimeExceeded", outcome="next_job", rule="MaxRuntime"),
     Case("spot-interrupted", "Stopped", "Interrupted", outcome="next_job", rule="SpotInterrupted"),
@@ -60,14 +70,73 @@ CASES = [
         outcome="failed",
         rule="ClientError",
     ),
-    Case(
-        "capacity",
+    Case("capacity", "Failed", "Failed", CAPACITY, outcome="next_job", rule="Capacity", wait_minutes=15),
+    Case(  # the second shortage in a row waits longer, and takes no slot: at the job limit, still a job
+        "capacity-again-at-job-limit",
         "Failed",
         "Failed",
-        "CapacityError: Unable to provision requested ML compute capacity. Please retry using a different "
-        "ML instance type.",
+        CAPACITY,
+        capacity_wait=15,
+        capacity_minutes=15,
+        at_job_limit=True,
         outcome="next_job",
         rule="Capacity",
+        wait_minutes=30,
+    ),
+    Case(
+        "capacity-long-shortage",
+        "Failed",
+        "Failed",
+        CAPACITY,
+        capacity_wait=120,
+        capacity_minutes=600,
+        outcome="next_job",
+        rule="Capacity",
+        wait_minutes=120,
+    ),
+    Case(
+        "capacity-budget-spent",
+        "Failed",
+        "Failed",
+        CAPACITY,
+        capacity_wait=120,
+        capacity_minutes=72 * 60 - 60,
+        outcome="failed",
+        rule="CapacityBudget",
+    ),
+    Case(  # a stop that raced a job's own failure keeps the failure's reason (and the run resumable)
+        "stop-but-fatal", "Failed", "Failed", FATAL, stop_requested=True, outcome="failed", rule="Fatal"
+    ),
+    Case(
+        "stop-but-crashed",
+        "Failed",
+        "Failed",
+        "AlgorithmError: x",
+        stop_requested=True,
+        outcome="stopped",
+        rule="StopRequested",
+    ),
+    Case("stalled", "Stopped", "Stopped", stalled=True, outcome="next_job", rule="Stalled"),
+    Case(
+        "stalled-again-crash-loop",
+        "Stopped",
+        "Stopped",
+        stalled=True,
+        crashes=MAX_CONSECUTIVE_CRASHES - 1,
+        outcome="failed",
+        rule="CrashLoop",
+    ),
+    Case(
+        "stalled-but-stop-requested",
+        "Stopped",
+        "Stopped",
+        stalled=True,
+        stop_requested=True,
+        outcome="stopped",
+        rule="StopRequested",
+    ),
+    Case(
+        "no-job-names", "Stopped", "MaxRuntimeExceeded", last_index=True, outcome="failed", rule="NoJobNames"
     ),
     Case(
         "internal-error",

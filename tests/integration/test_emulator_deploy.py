@@ -370,7 +370,7 @@ def test_a_crash_that_repeats_fails_the_run_and_a_resume_starts_counting_again(c
             job = f"{run}-{n + 1}"
     assert (decided["Outcome"], decided["Rule"]) == ("failed", CRASH_LOOP)
     listed = cloud.run_of("1b-bf16", run)
-    assert listed["state"] == "failed" and "in a row failed" in listed["why"] and crash in listed["why"]
+    assert listed["state"] == "failed" and "in a row crashed" in listed["why"] and crash in listed["why"]
     assert len(listed["jobs"]) == MAX_CONSECUTIVE_CRASHES  # no job after the loop was seen
 
     resumed = cloud.cli_json("resume", run, "--local")  # a person fixed the cause
@@ -385,7 +385,9 @@ def test_a_run_is_stopped_and_resumed_from_its_checkpoint(cloud: Cloud) -> None:
     run = "ts-platform-1b-bf16--pause-me"
     stopped = cloud.cli_json("stop", run, "--local")
     assert stopped == {"run": run, "job": first, "execution": None}
-    assert cloud.sagemaker.describe_training_job(TrainingJobName=first)["TrainingJobStatus"] == "Stopped"
+    # SageMaker passes through Stopping (SIGTERM, the trainer saves) before Stopped.
+    assert cloud.sagemaker.describe_training_job(TrainingJobName=first)["TrainingJobStatus"] == "Stopping"
+    emulator_events.wait_for_status(cloud.env, first, ("Stopped",))
     decided = cloud.deliver(first)  # the supervisor hears that the job stopped
     assert (decided["Outcome"], decided["Rule"]) == ("stopped", "StopRequested")
     assert cloud.run_of("1b-bf16", run)["state"] == "stopped"
@@ -430,3 +432,81 @@ def test_resume_of_an_unknown_run_and_stop_of_a_run_not_running_change_nothing(c
     assert "a run named ts-platform-1b-bf16--done-run exists (completed)" in taken
     after = len(cloud.sfn.list_executions(stateMachineArn=machine)["executions"])
     assert after == before + 1  # only the launch of done-run itself
+
+
+def put_checkpoint(cloud: Cloud, uri: str, step: int, complete: bool) -> None:
+    """A checkpoint of `step` as one rank lays it out (trainstack.protocol.checkpoint_format): its shard,
+    DCP metadata, rank file and manifest with their digests, and, when complete, the marker last."""
+    from trainstack.protocol import checkpoint_format as fmt
+
+    (s3,) = clients(cloud.env, "s3")
+    bucket, _, prefix = uri.removeprefix("s3://").partition("/")
+    folder = f"{prefix}{fmt.step_dir_name(step)}/"
+    files = {"__0_0.distcp": b"abc", fmt.DCP_METADATA: b"meta", fmt.extras_name(0): b"rank"}
+    for name, body in files.items():
+        s3.put_object(Bucket=bucket, Key=folder + name, Body=body)
+    records = {name: fmt.record_of(body) for name, body in files.items()}
+    manifest = fmt.manifest_document(step=step, rank=0, world_size=1, files=records)
+    s3.put_object(Bucket=bucket, Key=folder + fmt.manifest_name(0), Body=manifest)
+    if complete:
+        records[fmt.manifest_name(0)] = fmt.record_of(manifest)
+        marker = fmt.marker_document(
+            step=step, world_size=1, samples_consumed=0, data_source="synthetic", run=None, files=records
+        )
+        s3.put_object(Bucket=bucket, Key=folder + fmt.MARKER, Body=marker)
+
+
+def test_resume_changes_the_run_deliberately_and_from_a_checkpoint(cloud: Cloud) -> None:
+    """`resume --set` of a safe key and `--from-step` of a complete checkpoint: the next job carries
+    both, the record and `runs` the change; an unsafe key and an incomplete checkpoint are refused."""
+    cloud.deploy("1b-bf16")
+    first, _ = cloud.launch("1b-bf16", None, "--name", "changes")
+    run = "ts-platform-1b-bf16--changes"
+    cloud.cli_json("stop", run, "--local")
+    emulator_events.wait_for_status(cloud.env, first, ("Stopped",))
+    cloud.deliver(first)
+    uri = cloud.run_of("1b-bf16", run)["checkpoint_uri"]
+    put_checkpoint(cloud, uri, 40, complete=True)
+    put_checkpoint(cloud, uri, 50, complete=False)  # killed while saving
+    unsafe = one_line_error(cloud.cli("resume", run, "--local", "--set", "model.layers=2"))
+    assert "model.layers: cannot change in a running run" in unsafe
+    partial = one_line_error(cloud.cli("resume", run, "--local", "--from-step", "50", "--yes"))
+    assert "--from-step 50: no COMPLETE.json" in partial
+    missing = one_line_error(cloud.cli("resume", run, "--local", "--from-step", "60", "--yes"))
+    assert "no checkpoint of step 60" in missing
+    unconfirmed = cloud.cli("resume", run, "--local", "--from-step", "40")  # no terminal to say yes
+    assert unconfirmed.returncode == 1 and cloud.run_of("1b-bf16", run)["state"] == "stopped"
+
+    resumed = cloud.cli_json(
+        "resume", run, "--local", "--set", "training.lr=0.0001", "--from-step", "40", "--yes"
+    )
+    sent = cloud.sent(resumed["execution"])
+    assert sent["TrainingJobName"] == f"{run}-2"
+    assert sent["HyperParameters"]["training.lr"] == "0.0001"
+    assert sent["Environment"]["TRAINSTACK_RESUME_STEP"] == "40"
+    listed = cloud.run_of("1b-bf16", run)
+    assert listed["state"] == "running" and [h["what"] for h in listed["history"]][0].startswith("launch")
+    (change,) = listed["history"][1:]
+    launched_lr = json.dumps(resolve("1b-bf16").recipe.training.lr)
+    assert f"training.lr: {launched_lr} -> 0.0001" in change["what"] and "from step 40" in change["what"]
+    assert change["who"].startswith("arn:aws:")
+
+
+def test_stop_never_overwrites_an_end_and_releases_the_warm_pool(cloud: Cloud) -> None:
+    cloud.deploy("1b-bf16")
+    # A job that trains: stopped (Stopping, then Stopped) with its warm pool released.
+    job, _ = cloud.launch("1b-bf16", None, "--name", "warm-stop", "--max-steps", "5")  # a 1800 s warm pool
+    cloud.cli_json("stop", "ts-platform-1b-bf16--warm-stop", "--local")
+    described = emulator_events.wait_for_status(cloud.env, job, ("Stopped",))
+    assert described["ResourceConfig"]["KeepAlivePeriodInSeconds"] == 0
+    assert described["WarmPoolStatus"]["Status"] == "Terminated"
+    assert cloud.deliver(job)["Rule"] == "StopRequested"
+    # A job that completed before the stop, its event not yet delivered: its end is the supervisor's.
+    done, _ = cloud.launch("1b-bf16", None, "--name", "done-first")
+    run = "ts-platform-1b-bf16--done-first"
+    emulator_events.end_training_job(cloud.env, done, "Completed", "Completed")
+    said = cloud.cli("stop", run, "--local")
+    assert said.returncode == 0 and "has already ended Completed" in said.stdout
+    assert cloud.run_of("1b-bf16", run)["state"] == "running"  # nothing recorded over the end
+    assert cloud.deliver(done)["Rule"] == "Completed"
+    assert cloud.run_of("1b-bf16", run)["state"] == "completed"

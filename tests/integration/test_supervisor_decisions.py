@@ -16,6 +16,8 @@ from supervisor_cases import CASES, Case
 from stacks.retries import CAPACITY_ERRORS, TRANSIENT_ERRORS, integration_of
 from stacks.supervisor.asl import REGISTRY_ATTRIBUTES, constants_for
 from stacks.supervisor.job_ended import job_ended_definition, rule_condition
+from stacks.supervisor.reconcile import reconcile_definition
+from stacks.supervisor.stalled import stalled_definition
 from stacks.supervisor.start_job import start_job_definition
 from trainstack.aws import supervisor
 from trainstack.aws.request import Runtime, create_training_job_request
@@ -31,16 +33,21 @@ EVENTS_PER_TASK_ATTEMPT = 4  # scheduled, started, submitted, succeeded/failed (
 
 
 def run_record(case: Case, run: str = "ts-platform-1b-bf16--abc-r1") -> RunRecord:
-    job = 3
-    current = f"{run}-{job}"
+    job = naming.JOB_INDEX_MAX if case.last_index else 3
+    current = f"{run}-3"
     return RunRecord(
         run=run,
         state=case.run_state,
-        current_job=f"{run}-{job + 1}" if case.stale else current,
+        current_job=f"{run}-4" if case.stale else current,
         job=job,
-        last_job=job if case.at_job_limit else 20,
+        counted=20 if case.at_job_limit else 3,
+        max_jobs=20,
         stop_requested=case.stop_requested,
         crashes=case.crashes,
+        stalled_job=current if case.stalled else "",
+        capacity_minutes=case.capacity_minutes,
+        capacity_wait_minutes=case.capacity_wait,
+        capacity_budget_minutes=case.capacity_budget,
     )
 
 
@@ -51,23 +58,52 @@ def test_every_way_a_job_ends_gets_its_decision(case: Case) -> None:
     assert (action.outcome.value, action.rule) == (case.outcome, case.rule)
     if action.outcome is Outcome.NEXT_JOB:
         assert action.next_job == 4 and f"{run.run}-4 starts" in action.next_step
+        assert action.wait_minutes == case.wait_minutes
+        assert action.counted == run.counted + (0 if case.wait_minutes else 1)  # a retry takes no slot
     if case.reason and supervisor.REASON in supervisor.RULE_BY_ID.get(case.rule, supervisor.RULES[0]).why:
         assert case.reason in action.why  # the failure reason reaches the notification
 
 
-def test_a_capacity_failure_waits_before_the_next_job() -> None:
+def test_a_long_shortage_backs_off_spends_no_job_slot_and_ends_at_the_capacity_budget() -> None:
+    """A day of P6 shortage: every try is a job SageMaker fails with CapacityError. The waits double
+    up to two hours, no try spends a slot of compute.max_jobs (the run sits at its job limit throughout)
+    and the run fails only when its capacity budget (compute.capacity_wait_hours) is spent."""
     case = next(c for c in CASES if c.id == "capacity")
-    action = next_action(
-        run_record(case), EndedJob("ts-platform-1b-bf16--abc-r1-3", "Failed", "Failed", case.reason)
+    budget = 24 * 60
+    run = RunRecord(
+        "ts-p-r--x", "running", "ts-p-r--x-1", 1, counted=20, max_jobs=20, capacity_budget_minutes=budget
     )
-    assert action.wait_minutes == supervisor.CAPACITY_WAIT_MINUTES
-    assert f"in {supervisor.CAPACITY_WAIT_MINUTES} minutes" in action.next_step
+    waits = []
+    while True:
+        action = next_action(run, EndedJob(run.current_job, "Failed", "Failed", case.reason))
+        if action.outcome is not Outcome.NEXT_JOB:
+            break
+        waits.append(action.wait_minutes)
+        assert action.counted == 20 and f"after a {action.wait_minutes}-minute wait" in action.next_step
+        index = action.next_job
+        run = RunRecord(
+            run.run,
+            "running",
+            naming.job_of_run(run.run, index),
+            index,
+            counted=action.counted,
+            max_jobs=20,
+            capacity_minutes=action.capacity_minutes,
+            capacity_wait_minutes=action.wait_minutes,
+            capacity_budget_minutes=budget,
+        )
+    assert waits[:5] == [15, 30, 60, 120, 120] and sum(waits) <= budget < sum(waits) + 120
+    assert (action.outcome, action.rule) == (Outcome.FAILED, supervisor.CAPACITY_BUDGET)
+    assert len(waits) < 20  # about a day of shortage, about a dozen tries: names to spare (1035)
+    # Any other end resets the back-off: the next shortage waits 15 minutes again.
+    ran = next_action(run, EndedJob(run.current_job, "Stopped", "MaxRuntimeExceeded"))
+    assert ran.rule == supervisor.JOB_LIMIT  # that job did spend the last slot
 
 
 def test_the_trainers_fatal_exit_codes_end_the_run_and_its_other_failures_do_not() -> None:
     from trainstack.protocol.exit_codes import FATAL, failure_line
 
-    run = RunRecord("ts-p-r--x", "running", "ts-p-r--x-1", 1, 20)
+    run = RunRecord("ts-p-r--x", "running", "ts-p-r--x-1", 1)
     for code in (1, 2, 3, 4, 137):
         reason = f"AlgorithmError: {failure_line(code, 'boom')}"
         action = next_action(run, EndedJob("ts-p-r--x-1", "Failed", "Failed", reason))
@@ -110,8 +146,9 @@ def test_the_message_names_run_job_why_next_and_the_runs_checkpoints() -> None:
 
 
 @cache
-def definitions() -> dict[str, dict[str, Any]]:
-    recipe = resolve("1b-bf16").recipe
+def definitions(sets: tuple[str, ...] = ()) -> dict[str, dict[str, Any]]:
+    """The supervisor's definitions for 1b-bf16 (with `sets`: as a redeploy with them would build them)."""
+    recipe = resolve("1b-bf16", None, sets).recipe
     constants = constants_for(
         recipe,
         None,
@@ -133,11 +170,18 @@ def definitions() -> dict[str, dict[str, Any]]:
             "States.JsonMerge($.Recipe.HyperParameters, $.HyperParameterOverrides, false)"
         ),
         keep_alive_seconds=Runtime("$.KeepAlivePeriodInSeconds"),
+        region="us-east-1",
     )
-    kw = dict(request=request, hyperparameters=to_hyperparameters(recipe))
+    machines = "arn:aws:states:us-east-1:123456789012:stateMachine:"
     return {
-        "StartJob": start_job_definition(constants, **kw),
-        "JobEnded": job_ended_definition(constants, **kw),
+        "StartJob": start_job_definition(
+            constants, request=request, hyperparameters=to_hyperparameters(recipe)
+        ),
+        "JobEnded": job_ended_definition(constants),
+        "Reconcile": reconcile_definition(
+            table_name="runs", start_job_arn=f"{machines}StartJob", job_ended_arn=f"{machines}JobEnded"
+        ),
+        "StopStalled": stalled_definition(table_name="runs"),
     }
 
 
@@ -273,15 +317,17 @@ def test_a_crash_that_repeats_ends_the_run_and_any_other_end_resets_the_count() 
     crash = "AlgorithmError: ExecuteUserScriptError: IndexError: index out of range"
     ends = [("Failed", "Failed", crash), ("Stopped", "MaxRuntimeExceeded", None)]
     ends += [("Failed", "Failed", crash)] * supervisor.MAX_CONSECUTIVE_CRASHES
-    run, outcomes = RunRecord("ts-p-r--x", "running", "ts-p-r--x-1", 1, 20), []
+    run, outcomes = RunRecord("ts-p-r--x", "running", "ts-p-r--x-1", 1), []
     for status, secondary, reason in ends:
         action = next_action(run, EndedJob(run.current_job, status, secondary, reason))
         outcomes.append((action.rule, action.crashes))
         if action.outcome is Outcome.NEXT_JOB:  # as the registry records it with the next job
             index = action.next_job
-            run = RunRecord(run.run, "running", f"{run.run}-{index}", index, 20, crashes=action.crashes)
+            run = RunRecord(
+                run.run, "running", f"{run.run}-{index}", index, action.counted, crashes=action.crashes
+            )
     repeats = [("Crashed", n) for n in range(1, supervisor.MAX_CONSECUTIVE_CRASHES)]
     assert outcomes == [("Crashed", 1), ("MaxRuntime", 0), *repeats, (supervisor.CRASH_LOOP, 0)]
     assert action.outcome is Outcome.FAILED
-    assert action.why.startswith(f"{supervisor.MAX_CONSECUTIVE_CRASHES} jobs of the run in a row failed")
+    assert action.why.startswith(f"{supervisor.MAX_CONSECUTIVE_CRASHES} jobs of the run in a row crashed")
     assert crash in action.why and f"trainstack resume {run.run}" in action.next_step

@@ -4,168 +4,70 @@ the pure function gives, the registry and the next job follow it, the notificati
 history events of each kind of execution are counted.
 
 The definitions are the ones the RunSupervisor construct deploys, built by the same functions with
-literal values instead of CDK tokens (the deployed stack runs in test_emulator_deploy.py). One change
-for the emulator: the 15-minute wait after a capacity failure is 1 s (its Wait state's SecondsPath).
+literal values instead of CDK tokens (supervisor_cloud.py; the deployed stack runs in
+test_emulator_deploy.py). The faults a run meets are driven through the same machines in
+test_run_faults_emulator.py.
 """
 
 from __future__ import annotations
 
-import json
-import time
-import uuid
-
 import pytest
 from supervisor_cases import CASES, Case
+from supervisor_cloud import JOB_INDEX_MAX, job_ended, launch, set_up
 from test_supervisor_decisions import HISTORY_LIMIT, definitions, history_bound
 
 from trainstack.aws.registry import read_run
-from trainstack.aws.request import execution_input, last_job
 from trainstack.aws.supervisor import RUN_STATE, EndedJob, Outcome, RunRecord, next_action
 from trainstack.emulator import events as emulator_events
-from trainstack.emulator.endpoint import ACCOUNT, REGION, Emulator, clients
-from trainstack.recipes.loader import resolve
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("supervisor-emulator")]
-RECIPE = resolve("1b-bf16").recipe
-PREFIX = "ts-platform-1b-bf16--"
-
-
-class Cloud:
-    def __init__(self, emulator: Emulator) -> None:
-        self.env = emulator.env()
-        self.sfn, self.ddb, self.sagemaker, self.sns, self.sqs = clients(
-            self.env, "stepfunctions", "dynamodb", "sagemaker", "sns", "sqs"
-        )
-
-    def wait(self, arn: str, timeout_s: float = 120) -> dict:
-        deadline = time.monotonic() + timeout_s
-        while (described := self.sfn.describe_execution(executionArn=arn))["status"] == "RUNNING":
-            assert time.monotonic() < deadline, arn
-            time.sleep(0.2)
-        return described
-
-    def events(self, arn: str) -> list[dict]:
-        pages = self.sfn.get_paginator("get_execution_history").paginate(executionArn=arn)
-        return [e for page in pages for e in page["events"]]
-
-    def messages(self) -> list[str]:
-        found = []
-        while batch := self.sqs.receive_message(QueueUrl=self.queue, MaxNumberOfMessages=10).get("Messages"):
-            for m in batch:
-                found.append(json.loads(m["Body"])["Message"])
-                self.sqs.delete_message(QueueUrl=self.queue, ReceiptHandle=m["ReceiptHandle"])
-        return found
 
 
 @pytest.fixture(scope="module")
-def cloud(tmp_path_factory):
-    with Emulator(log_path=tmp_path_factory.mktemp("moto") / "moto.log").start(timeout_s=180) as emulator:
-        c = Cloud(emulator)
-        emulator_events.configure(c.env, jobs_run=True)
-        c.ddb.create_table(
-            TableName="runs",
-            KeySchema=[{"AttributeName": "run", "KeyType": "HASH"}],
-            AttributeDefinitions=[{"AttributeName": "run", "AttributeType": "S"}],
-            BillingMode="PAY_PER_REQUEST",
-        )
-        topic = c.sns.create_topic(Name="t")["TopicArn"]
-        assert topic == "arn:aws:sns:us-east-1:123456789012:t"  # the ARN definitions() was built with
-        c.queue = c.sqs.create_queue(QueueName="notifications")["QueueUrl"]
-        queue_arn = c.sqs.get_queue_attributes(QueueUrl=c.queue, AttributeNames=["QueueArn"])["Attributes"]
-        c.sns.subscribe(TopicArn=topic, Protocol="sqs", Endpoint=queue_arn["QueueArn"])
-        ended = json.loads(json.dumps(definitions()["JobEnded"]))
-        ended["States"]["WaitForCapacity"] = {"Type": "Wait", "Seconds": 1, "Next": "NextInput"}  # EMULATOR
-        role = f"arn:aws:iam::{ACCOUNT}:role/supervisor"
-        c.start_job = c.sfn.create_state_machine(
-            name="StartJob", definition=json.dumps(definitions()["StartJob"]), roleArn=role
-        )["stateMachineArn"]
-        c.job_ended = c.sfn.create_state_machine(name="JobEnded", definition=json.dumps(ended), roleArn=role)[
-            "stateMachineArn"
-        ]
-        yield c
+def cloud(supervisor_cloud):
+    return supervisor_cloud
 
 
-def launch(cloud: Cloud, run_id: str) -> tuple[str, str]:
-    run = f"{PREFIX}{run_id}"
-    payload = execution_input(
-        run, run_id, 1, last_job(1, RECIPE.compute.max_jobs), RECIPE.training.steps, {}, 0
-    )
-    arn = cloud.sfn.start_execution(
-        stateMachineArn=cloud.start_job, name=f"{run}-1", input=json.dumps(payload)
-    )["executionArn"]
-    assert cloud.wait(arn)["status"] == "SUCCEEDED"
-    return run, arn
+@pytest.fixture(scope="module")
+def decided(cloud) -> dict[str, tuple]:
+    """Every case of the table, each its own run: launched, its record made what the case says, its job
+    ended, its end decided by JobEnded. (One at a time: concurrent executions were slower here.)"""
+    found = {}
+    for index, case in enumerate(CASES):
+        run, _ = launch(cloud, f"case-{index}")
+        set_up(cloud, run, case)
+        before = read_run(cloud.ddb, "runs", run)
+        emulator_events.end_training_job(cloud.env, f"{run}-1", case.status, case.secondary, case.reason)
+        cloud.messages()
+        decision, _ = job_ended(cloud, f"{run}-1")
+        found[case.id] = (run, before, decision, read_run(cloud.ddb, "runs", run), cloud.messages())
+    return found
 
 
-def set_up(cloud: Cloud, run: str, case: Case) -> None:
-    """Make the run's record what the case says (as `trainstack stop`, a resume or a late event would)."""
-    sets, values = ["#stop = :stop"], {":stop": {"BOOL": case.stop_requested}}
-    names = {"#stop": "stop_requested"}
-    if case.at_job_limit:
-        sets.append("#last = :one")
-        values[":one"] = {"N": "1"}
-        names["#last"] = "last_job"
-    if case.stale:
-        sets.append("#current = :other")
-        values[":other"] = {"S": f"{run}-2"}
-        names["#current"] = "current_job"
-    if case.crashes:
-        sets.append("#crashes = :crashes")
-        values[":crashes"] = {"N": str(case.crashes)}
-        names["#crashes"] = "crashes"
-    if case.run_state != "running":
-        sets.append("#state = :state")
-        values[":state"] = {"S": case.run_state}
-        names["#state"] = "run_state"
-    cloud.ddb.update_item(
-        TableName="runs",
-        Key={"run": {"S": run}},
-        UpdateExpression="SET " + ", ".join(sets),
-        ExpressionAttributeNames=names,
-        ExpressionAttributeValues=values,
-    )
-
-
-def job_ended(cloud: Cloud, job: str) -> tuple[dict, str]:
-    """Start JobEnded with the event SageMaker sends for the job's current state; its decision."""
-    described = cloud.sagemaker.describe_training_job(TrainingJobName=job)
-    event = emulator_events.job_state_change_event(described, REGION, ACCOUNT)
-    arn = cloud.sfn.start_execution(
-        stateMachineArn=cloud.job_ended, name=uuid.uuid4().hex, input=json.dumps(event)
-    )["executionArn"]
-    done = cloud.wait(arn)
-    assert done["status"] == "SUCCEEDED", done
-    return json.loads(done["output"]), arn
-
-
-@pytest.mark.parametrize("index,case", list(enumerate(CASES)), ids=[c.id for c in CASES])
-def test_the_state_machine_decides_every_case_as_the_pure_function_does(
-    cloud, index: int, case: Case
-) -> None:
-    run, _ = launch(cloud, f"case-{index}")
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_the_state_machine_decides_every_case_as_the_pure_function_does(cloud, decided, case: Case) -> None:
+    run, before, decision, after, notes = decided[case.id]
     job = f"{run}-1"
-    set_up(cloud, run, case)
-    before = read_run(cloud.ddb, "runs", run)
-    emulator_events.end_training_job(cloud.env, job, case.status, case.secondary, case.reason)
-    cloud.messages()  # only this case's notification below
-    decision, _ = job_ended(cloud, job)
 
     record = RunRecord(
         run,
         before.state,
         before.current_job,
         before.job_index,
-        before.last_job,
+        before.counted,
+        before.max_jobs,
         before.stop_requested,
         before.crashes,
+        before.stalled,
+        before.capacity_minutes,
+        before.capacity_wait,
+        before.capacity_budget,
     )
     expected = next_action(record, EndedJob(job, case.status, case.secondary, case.reason))
     assert (decision["Outcome"], decision["Rule"]) == (expected.outcome.value, expected.rule)
     assert (decision["Outcome"], decision["Rule"]) == (case.outcome, case.rule)
     assert decision["Why"] == expected.why and decision["Next"] == expected.next_step
 
-    after = read_run(cloud.ddb, "runs", run)
-    notes = cloud.messages()
     if expected.outcome is Outcome.IGNORED:
         assert (after.state, after.current_job) == (before.state, before.current_job) and notes == []
         return
@@ -186,6 +88,15 @@ def test_the_state_machine_decides_every_case_as_the_pure_function_does(
         assert nxt["Environment"]["TRAINSTACK_RUN"] == run
         assert after.current_job == f"{run}-2" and after.job_index == 2
         assert after.crashes == expected.crashes  # counted by a crash, reset by any other end
+        assert (after.counted, after.capacity_minutes, after.capacity_wait) == (
+            expected.counted,
+            expected.capacity_minutes,
+            expected.wait_minutes,
+        )
+        # Built from the run's recorded request, whatever is deployed: the same request, its own name.
+        sent = {k: v for k, v in nxt.items() if k in before.request}
+        assert sent["HyperParameters"] == before.request["HyperParameters"]
+        assert sent["ResourceConfig"]["InstanceCount"] == before.request["ResourceConfig"]["InstanceCount"]
 
 
 def test_a_repeated_event_starts_no_second_job(cloud) -> None:
@@ -222,7 +133,6 @@ def test_history_events_per_execution_stay_far_below_the_limit(cloud, capsys) ->
 
 
 STATE_PAYLOAD_MAX = 262_144  # bytes of UTF-8: any state's input or output (Step Functions quotas)
-ITEM_MAX = 400 * 1024  # bytes: one DynamoDB item (DynamoDB developer guide, "Item sizes and formats")
 
 
 def payload_sizes(events: list[dict]) -> list[int]:
@@ -237,64 +147,38 @@ def payload_sizes(events: list[dict]) -> list[int]:
     ]
 
 
-def item_bytes(value: dict) -> int:
-    """A DynamoDB attribute value's size by the documented rule: strings and binaries their UTF-8
-    length, numbers about one byte per two digits plus one, booleans and nulls one byte, lists and
-    maps 3 bytes plus their elements (and each map key's length)."""
-    ((kind, raw),) = value.items()
-    if kind == "S":
-        return len(raw.encode())
-    if kind == "N":
-        return (len(raw.lstrip("-").replace(".", "")) + 1) // 2 + 1
-    if kind in ("BOOL", "NULL"):
-        return 1
-    if kind == "L":
-        return 3 + sum(1 + item_bytes(v) for v in raw)
-    assert kind == "M", kind
-    return 3 + sum(len(k.encode()) + 1 + item_bytes(v) for k, v in raw.items())
-
-
 def test_state_payloads_and_the_run_record_stay_within_what_aws_accepts(cloud, capsys) -> None:
     """The emulator accepts payloads and items of any size. Measured here on a run whose first job
-    crashed with a failure reason of SageMaker's full 1,024 characters; the record is then extrapolated
-    to a run's most jobs (naming.JOB_INDEX_MAX) and the largest overrides a request may carry."""
-    from botocore.session import get_session
-
+    crashed with a failure reason of SageMaker's full 1,024 characters; the record is then extrapolated,
+    by the growth measured per job, to a run's most jobs (naming.JOB_INDEX_MAX) and a full history
+    (test_aws_limits.py bounds the same record from the definitions, for every recipe)."""
+    from trainstack.aws.registry import HISTORY_MAX, ITEM_MAX, WHAT_MAX, WHO_MAX, item_bytes
     from trainstack.protocol.exit_codes import FAILURE_REASON_MAX
-    from trainstack.recipes.naming import JOB_INDEX_MAX
 
     run, start = launch(cloud, "limits")
-    one_job = item_size(cloud, run)
     reason = ("AlgorithmError: " + "x" * FAILURE_REASON_MAX)[:FAILURE_REASON_MAX]
     emulator_events.end_training_job(cloud.env, f"{run}-1", "Failed", "Failed", reason)
     _, next_job = job_ended(cloud, f"{run}-1")
-    two_jobs = item_size(cloud, run)
-    emulator_events.end_training_job(cloud.env, f"{run}-2", "Completed", "Completed")
-    _, completed = job_ended(cloud, f"{run}-2")
+    two_jobs = item_size(cloud, run, item_bytes)
+    emulator_events.end_training_job(cloud.env, f"{run}-2", "Failed", "Failed", reason)
+    job_ended(cloud, f"{run}-2")
+    per_job = item_size(cloud, run, item_bytes) - two_jobs
+    emulator_events.end_training_job(cloud.env, f"{run}-3", "Completed", "Completed")
+    _, completed = job_ended(cloud, f"{run}-3")
 
     payload = max(size for arn in (start, next_job, completed) for size in payload_sizes(cloud.events(arn)))
     assert payload < STATE_PAYLOAD_MAX / 4
-
-    # The record grows by one job's name and end per job (an over-estimate here: the growth measured
-    # also holds the 1,024-character `why`, which is replaced, not appended); `overrides` holds
-    # HyperParameterOverrides,
-    # which cannot exceed SageMaker's HyperParameters map (entries x (key + value) as JSON).
-    hyperparameters = (
-        get_session().get_service_model("sagemaker").operation_model("CreateTrainingJob").input_shape
-    ).members["HyperParameters"]
-    overrides_max = hyperparameters.metadata["max"] * (
-        hyperparameters.key.metadata["max"] + hyperparameters.value.metadata["max"] + 6
-    )
-    largest = two_jobs + (two_jobs - one_job) * (JOB_INDEX_MAX - 2) + overrides_max
-    assert largest < ITEM_MAX
+    history = HISTORY_MAX * (WHO_MAX + WHAT_MAX + 80)
+    largest = two_jobs + per_job * (JOB_INDEX_MAX - 2) + history
+    assert 0 < per_job < 300 and largest < ITEM_MAX * 0.9
     with capsys.disabled():
         print(
-            f"\nlargest state payload {payload:,} B (limit {STATE_PAYLOAD_MAX:,}); run record {one_job:,} B "
-            f"with 1 job, {two_jobs:,} B with 2, at most {largest:,} B with {JOB_INDEX_MAX} jobs and the "
-            f"largest overrides (limit {ITEM_MAX:,})"
+            f"\nlargest state payload {payload:,} B (limit {STATE_PAYLOAD_MAX:,}); run record {two_jobs:,} B "
+            f"with 2 jobs, {per_job} B more per job, at most {largest:,} B with {JOB_INDEX_MAX} jobs and a "
+            f"full history (limit {ITEM_MAX:,})"
         )
 
 
-def item_size(cloud: Cloud, run: str) -> int:
+def item_size(cloud, run: str, measure) -> int:
     item = cloud.ddb.get_item(TableName="runs", Key={"run": {"S": run}}, ConsistentRead=True)["Item"]
-    return sum(len(name.encode()) + item_bytes(value) for name, value in item.items())
+    return measure(item)

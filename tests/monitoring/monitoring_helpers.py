@@ -105,7 +105,13 @@ def synth(
 
 
 def topic_ref(s) -> dict:
-    (topic_id,) = s.resources("AWS::SNS::Topic")
+    """The deployment's notification topic (not the supervision topic, which has a key of its own)."""
+    (topic_id,) = [k for k in s.resources("AWS::SNS::Topic") if "SupervisionTopic" not in k]
+    return {"Ref": topic_id}
+
+
+def supervision_topic_ref(s) -> dict:
+    (topic_id,) = [k for k in s.resources("AWS::SNS::Topic") if "SupervisionTopic" in k]
     return {"Ref": topic_id}
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from monitoring_helpers import definition, manager, synth, tasks_of, topic_ref
+from monitoring_helpers import definition, manager, supervision_topic_ref, synth, tasks_of, topic_ref
 
 from stacks.monitoring import run_alarm_specs
 from trainstack.protocol.metrics import FIELD_BY_KEY
@@ -182,9 +182,10 @@ def test_deployment_alarms_notify_on_launcher_and_manager_failures(s):
         assert props["Namespace"] == "AWS/States" and props["MetricName"] == metric
         assert props["Dimensions"] == [{"Name": "StateMachineArn", "Value": {"Ref": launcher_id}}]
         assert props["Threshold"] == 0 and props["ComparisonOperator"] == "GreaterThanThreshold"
-        assert props["AlarmActions"] == [topic_ref(s)]
+        # Also on a topic with its own key: a failed publish to the first is one of the failures.
+        assert props["AlarmActions"] == [topic_ref(s), supervision_topic_ref(s)]
     manager_alarm = by_prefix(alarms, "AlarmManagerFailed")
-    assert manager_alarm["AlarmActions"] == [topic_ref(s)]
+    assert manager_alarm["AlarmActions"] == [topic_ref(s), supervision_topic_ref(s)]
     assert {
         m.get("MetricStat", {}).get("Metric", {}).get("MetricName") for m in manager_alarm["Metrics"]
     } >= {"ExecutionsFailed", "ExecutionsTimedOut"}

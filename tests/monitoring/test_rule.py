@@ -154,11 +154,19 @@ def test_ignores_other_event_types(s, matches):
     assert not matches(event)
 
 
-def test_topic_is_kms_encrypted_and_ssl_only(s):
-    ((_, topic),) = s.resources("AWS::SNS::Topic").items()
-    (key_id,) = s.resources("AWS::KMS::Key")
+@pytest.mark.parametrize("which", ["NotificationsTopic", "SupervisionTopic"])
+def test_topic_is_kms_encrypted_and_ssl_only(s, which):
+    """Both topics: the deployment's (its key), and the supervision alarms' (a key of its own, so a
+    disabled deployment key does not silence the alarm that reports failed notifications)."""
+    ((topic_id, topic),) = [(k, t) for k, t in s.resources("AWS::SNS::Topic").items() if which in k]
+    keys = [k for k in s.resources("AWS::KMS::Key") if ("Supervision" in k) == (which == "SupervisionTopic")]
+    (key_id,) = keys
     assert topic["Properties"]["KmsMasterKeyId"] == {"Fn::GetAtt": [key_id, "Arn"]}
-    (policy,) = s.resources("AWS::SNS::TopicPolicy").values()
+    (policy,) = [
+        p
+        for p in s.resources("AWS::SNS::TopicPolicy").values()
+        if p["Properties"]["Topics"] == [{"Ref": topic_id}]
+    ]
     statements = policy["Properties"]["PolicyDocument"]["Statement"]
     assert any(
         st["Effect"] == "Deny" and st["Condition"] == {"Bool": {"aws:SecureTransport": "false"}}
@@ -216,6 +224,9 @@ def test_service_principals_in_topic_policies_carry_a_source_and_eventbridge_key
 
 def test_email_subscription_comes_from_the_recipe():
     s = synth("30b-fp8", overrides=("monitoring.notification_email=oncall@example.com",))
-    (sub,) = s.resources("AWS::SNS::Subscription").values()
-    assert sub["Properties"]["Protocol"] == "email" and sub["Properties"]["Endpoint"] == "oncall@example.com"
+    subscriptions = s.resources("AWS::SNS::Subscription").values()
+    assert len(subscriptions) == 2  # the deployment's topic and the supervision topic
+    for sub in subscriptions:
+        assert sub["Properties"]["Protocol"] == "email"
+        assert sub["Properties"]["Endpoint"] == "oncall@example.com"
     assert synth("30b-fp8").resources("AWS::SNS::Subscription") == {}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime, timedelta
 
 from trainstack.aws.registry import run_from_item, view
@@ -20,7 +21,7 @@ def item(**changes) -> dict:
         "run_state": {"S": "running"},
         "current_job": {"S": f"{RUN}-2"},
         "job_index": {"N": "2"},
-        "last_job": {"N": "20"},
+        "counted": {"N": "2"},
         "jobs": {"L": [{"S": f"{RUN}-1"}, {"S": f"{RUN}-2"}]},
         "ended": {
             "M": {
@@ -41,6 +42,10 @@ def item(**changes) -> dict:
         "recipe_hash": {"S": "546079e0"},
         "max_jobs": {"N": "20"},
         "creator": {"S": "arn:aws:states:us-east-1:123456789012:execution:x:y"},
+        "request": {"S": '{"HyperParameters": {"training.lr": "0.0003"}}'},
+        "history": {
+            "S": '[{"at": "2026-11-01T00:00:00Z", "who": "arn:aws:iam::1:user/a", "what": "launch"}]'
+        },
         "created": {"S": T0.isoformat()},
         "updated": {"S": T0.isoformat()},
     }
@@ -77,12 +82,31 @@ def test_progress_and_cost_come_from_every_job_at_the_planned_price() -> None:
     assert d["jobs"][0] == {"name": f"{RUN}-1", "index": 1, "status": "Stopped", "secondary_status": ""}
 
 
-def test_a_running_run_whose_newest_job_ended_without_a_decision_is_unsupervised() -> None:
+def test_a_pending_decision_or_a_capacity_wait_is_never_advised_to_be_stopped_and_resumed() -> None:
+    """`stop` then `resume` of a run whose end is not decided yet would overwrite how its job ended (a
+    completed run made resumable, a NaN's reason lost); of a capacity wait, it would waste the wait.
+    Neither note advises an action: the supervisor (or the reconciler) decides, the wait ends itself."""
     run = run_from_item(item())
     described = {f"{RUN}-2": job(f"{RUN}-2", "Failed", 2.0)}
-    v = view(run, described, None, T0 + timedelta(hours=5))
-    assert v.unsupervised and f"trainstack stop {RUN}" in v.notes[0]
+    pending = view(run, described, None, T0 + timedelta(hours=5))
+    waiting = view(run, {f"{RUN}-1": job(f"{RUN}-1", "Failed", 1.0)}, None, T0 + timedelta(hours=5))
+    assert pending.unsupervised and "reconciler" in pending.notes[0]
+    assert waiting.waiting and not waiting.unsupervised and "not created yet" in waiting.notes[0]
+    for v in (pending, waiting):
+        assert not any("resume" in note for note in v.notes), v.notes
     assert not view(run_from_item(item(run_state={"S": "failed"})), described, None, T0).unsupervised
+
+
+def test_a_run_whose_deployment_changed_is_reported_with_its_history() -> None:
+    run = run_from_item(item())
+    same = view(run, {}, None, T0, deployed_hash="546079e0")
+    changed = view(run, {}, None, T0, deployed_hash="0badf00d")
+    assert not same.deployment_changed and changed.deployment_changed
+    assert any("keeps training its recorded recipe" in n for n in changed.notes)
+    d = changed.as_dict()
+    assert d["deployment_changed"] and d["deployed_recipe_hash"] == "0badf00d"
+    assert d["history"] == [{"at": "2026-11-01T00:00:00Z", "who": "arn:aws:iam::1:user/a", "what": "launch"}]
+    assert run.request["HyperParameters"]["training.lr"] == "0.0003"
 
 
 class _Stacks:
@@ -134,3 +158,14 @@ def test_registries_are_every_data_stack_with_a_run_table_or_the_one_asked_for()
         Registry("Trainstack-platform-1b-bf16-Data", "t2")
     ]
     assert registries(_Stacks(), "Trainstack-platform-64b-fp8") == []
+
+
+def test_a_resume_keeps_the_launch_and_the_newest_changes_of_a_bounded_history() -> None:
+    from trainstack.aws.registry import HISTORY_MAX, WHAT_MAX, history_with
+
+    run = run_from_item(item())
+    for n in range(HISTORY_MAX + 5):
+        entries = history_with(run, f"t{n}", "who", f"change {n} " + "x" * WHAT_MAX)
+        run = run_from_item(item(history={"S": json.dumps(entries)}))
+    assert len(run.history) == HISTORY_MAX and run.history[0].what == "launch"
+    assert run.history[-1].at == f"t{HISTORY_MAX + 4}" and len(run.history[-1].what) == WHAT_MAX

@@ -218,3 +218,14 @@ def test_the_installed_cli_exits_2_with_one_line_for_an_invalid_team(recipes_dir
         "error: --team: invalid team name 'nlp-8b': a team name is 1-16 lowercase letters and digits, "
         "starting with a letter, no hyphens"
     ]
+
+
+def test_job_suffixes_number_1035_jobs_uniquely_within_three_characters() -> None:
+    """Past job 99 the suffix is a letter and a base-36 digit: no suffix of one scheme is one of the
+    other, the index reads back, and the supervisor's lookup table lists them in order."""
+    suffixes = [naming.job_suffix(i) for i in range(1, naming.JOB_INDEX_MAX + 1)]
+    assert suffixes[:2] == ["1", "2"] and suffixes[98:101] == ["99", "a0", "a1"] and suffixes[-1] == "zz"
+    assert len(set(suffixes)) == naming.JOB_INDEX_MAX and max(map(len, suffixes)) == 2
+    assert [naming.job_index(s) for s in suffixes] == list(range(1, naming.JOB_INDEX_MAX + 1))
+    assert naming.JOB_SUFFIXES.split(",") == suffixes
+    assert naming.job_index("0") is None and naming.job_index("100") is None and naming.job_index("a") is None

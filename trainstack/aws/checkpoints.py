@@ -206,3 +206,16 @@ def verify(
 def resumable(views: list[CheckpointView]) -> CheckpointView | None:
     """The folder the trainer would resume from if its load finds every digest matching."""
     return next((v for v in views if v.state == COMPLETE), None)
+
+
+def step_problem(client: Any, uri: str, step: int) -> str | None:
+    """Why step `step` under the run's S3 prefix is not a checkpoint to resume from, or None when it is
+    (`resume --from-step`): the trainer's own cheap checks, which it repeats (with every digest) on load."""
+    location = S3Location(client, uri)
+    stored = location.listing(step)
+    if not stored:
+        return f"there is no checkpoint of step {step} under {location.where}"
+    found = inspect(
+        step, {name: f.size for name, f in stored.items()}, lambda name: location.read(step, name)
+    )
+    return None if found.usable else found.problem

@@ -15,7 +15,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from trainstack.aws.runs import TERMINAL_STATES, Job
-from trainstack.recipes.naming import RunName, parse_run_name
+from trainstack.aws.supervisor import RECONCILE_MINUTES
+from trainstack.recipes.naming import RunName, index_of_job, parse_run_name
 
 RUN_TABLE_OUTPUT = "RunTableName"
 DATA_STACK_SUFFIX = "-Data"
@@ -56,6 +57,15 @@ class JobRecord:
 
 
 @dataclass(frozen=True)
+class Change:
+    """One entry of a run's history: its launch, or a deliberate change (resume --set, --from-step)."""
+
+    at: str
+    who: str
+    what: str
+
+
+@dataclass(frozen=True)
 class Run:
     run: str
     run_id: str
@@ -64,7 +74,6 @@ class Run:
     state: str
     current_job: str
     job_index: int
-    last_job: int
     jobs: tuple[JobRecord, ...]
     checkpoint_uri: str
     steps: int
@@ -80,9 +89,14 @@ class Run:
     creator: str
     created: datetime
     updated: datetime
-    crashes: int = (
-        0  # jobs in a row that ended by a crash (trainstack.aws.supervisor.MAX_CONSECUTIVE_CRASHES)
-    )
+    crashes: int = 0  # jobs in a row that crashed or stalled (supervisor.MAX_CONSECUTIVE_CRASHES)
+    counted: int = 1  # jobs since launch or resume that spent a slot of max_jobs
+    request: dict[str, Any] = field(default_factory=dict)  # the run's CreateTrainingJob request
+    history: tuple[Change, ...] = ()
+    stalled: str = ""  # the job the supervisor stopped because it stalled
+    capacity_minutes: int = 0  # waited for capacity since launch or resume
+    capacity_wait: int = 0  # the last capacity wait, minutes (0: the last end was not a shortage)
+    capacity_budget: int = 0  # compute.capacity_wait_hours, minutes
     # Every export of the run, oldest first: {job, step (0: the newest), out_parent, reason, requested}
     # (the Export state machine appends them: stacks/export.py).
     exports: tuple[dict[str, Any], ...] = ()
@@ -98,6 +112,27 @@ def _time(text: str) -> datetime:
     return value if value.tzinfo else value.replace(tzinfo=UTC)
 
 
+def _history(raw: Any) -> list[dict[str, str]]:
+    if not raw:
+        return []
+    entries = json.loads(raw) if isinstance(raw, str) else raw
+    return [e for e in entries if isinstance(e, dict)]
+
+
+HISTORY_MAX = 50  # entries a record keeps: the launch and the newest changes (the item stays small)
+WHO_MAX, WHAT_MAX = 256, 512  # characters of an entry's fields
+
+
+def history_with(run: Run, at: str, who: str, what: str) -> list[dict[str, str]]:
+    """The run's history with one more change, as a resume records it: the launch kept, then the
+    newest, at most HISTORY_MAX entries of bounded size (a registry item holds at most 400 KB)."""
+    entries = [{"at": h.at, "who": h.who, "what": h.what} for h in run.history]
+    entries.append({"at": at, "who": who[:WHO_MAX], "what": what[:WHAT_MAX]})
+    if len(entries) > HISTORY_MAX:
+        entries = entries[:1] + entries[-(HISTORY_MAX - 1) :]
+    return entries
+
+
 def run_from_item(item: dict[str, Any]) -> Run:
     """A `Run` from a registry item as DynamoDB returns it (typed attribute values)."""
     a = {k: _plain(v) for k, v in item.items()}
@@ -109,7 +144,7 @@ def run_from_item(item: dict[str, Any]) -> Run:
             ended.get(name, {}).get("job_status", "InProgress"),
             ended.get(name, {}).get("secondary_status", ""),
         )
-        for index, name in ((int(n.rsplit("-", 1)[1]), n) for n in a.get("jobs", []))
+        for index, name in ((index_of_job(n) or 0, n) for n in a.get("jobs", []))
     )
     return Run(
         run=a["run"],
@@ -119,7 +154,6 @@ def run_from_item(item: dict[str, Any]) -> Run:
         state=a["run_state"],
         current_job=a["current_job"],
         job_index=int(a["job_index"]),
-        last_job=int(a["last_job"]),
         jobs=jobs,
         checkpoint_uri=a["checkpoint_uri"],
         steps=int(a["steps"]),
@@ -136,9 +170,43 @@ def run_from_item(item: dict[str, Any]) -> Run:
         created=_time(a["created"]),
         updated=_time(a["updated"]),
         crashes=int(a.get("crashes", 0)),
+        counted=int(a.get("counted", 1)),
+        request=json.loads(a.get("request") or "{}"),
+        history=tuple(
+            Change(h.get("at", ""), h.get("who", ""), h.get("what", "")) for h in _history(a.get("history"))
+        ),
+        stalled=a.get("stalled", ""),
+        capacity_minutes=int(a.get("capacity_minutes", 0)),
+        capacity_wait=int(a.get("capacity_wait", 0)),
+        capacity_budget=int(a.get("capacity_budget", 0)),
         exports=tuple(a.get("exports", [])),
         mlflow_run_id=a.get("mlflow_run_id", ""),
     )
+
+
+def attribute_bytes(value: dict[str, Any]) -> int:
+    """A DynamoDB attribute value's size by the documented rule (DynamoDB developer guide, "Item sizes
+    and formats"): strings their UTF-8 length, numbers about one byte per two digits plus one, booleans
+    and nulls one byte, lists and maps 3 bytes plus their elements (1 byte each) and each map key."""
+    ((kind, raw),) = value.items()
+    if kind == "S":
+        return len(raw.encode())
+    if kind == "N":
+        return (len(raw.lstrip("-").replace(".", "")) + 1) // 2 + 1
+    if kind in ("BOOL", "NULL"):
+        return 1
+    if kind == "L":
+        return 3 + sum(1 + attribute_bytes(v) for v in raw)
+    assert kind == "M", kind
+    return 3 + sum(len(k.encode()) + 1 + attribute_bytes(v) for k, v in raw.items())
+
+
+def item_bytes(item: dict[str, Any]) -> int:
+    """A registry item's size: every attribute's name and value (at most 400 KB a DynamoDB item)."""
+    return sum(len(name.encode()) + attribute_bytes(value) for name, value in item.items())
+
+
+ITEM_MAX = 400 * 1024
 
 
 # --- Progress and cost (pure) ---------------------------------------------------------------------
@@ -154,10 +222,19 @@ class RunView:
     cost_usd: float
     unsupervised: bool  # marked running, but its newest job has ended and no decision was recorded
     notes: tuple[str, ...] = field(default_factory=tuple)
+    waiting: bool = False  # its next job is registered and not created yet (a capacity wait, a creation)
+    deployed_hash: str | None = None  # the recipe hash deployed now, when known
 
     @property
     def tokens(self) -> int | None:
         return None if self.step is None else self.step * self.run.tokens_per_step
+
+    @property
+    def deployment_changed(self) -> bool:
+        """The deployed recipe is not the one the run was launched with (the run keeps its own)."""
+        return bool(
+            self.deployed_hash and self.run.recipe_hash and self.deployed_hash != self.run.recipe_hash
+        )
 
     def as_dict(self) -> dict[str, Any]:
         r = self.run
@@ -176,7 +253,10 @@ class RunView:
                 for j in self.jobs
             ],
             "current_job": r.current_job,
-            "job_limit": r.last_job,
+            "jobs_counted": r.counted,
+            "job_limit": r.max_jobs,
+            "capacity_minutes": r.capacity_minutes,
+            "capacity_budget_minutes": r.capacity_budget,
             "step": self.step,
             "steps": r.steps,
             "tokens": self.tokens,
@@ -187,13 +267,24 @@ class RunView:
             "created": r.created.isoformat(),
             "updated": r.updated.isoformat(),
             "unsupervised": self.unsupervised,
+            "waiting": self.waiting,
+            "recipe_hash": r.recipe_hash,
+            "deployed_recipe_hash": self.deployed_hash,
+            "deployment_changed": self.deployment_changed,
+            "history": [{"at": h.at, "who": h.who, "what": h.what} for h in r.history],
+            "notes": list(self.notes),
             "exports": list(r.exports),
             "mlflow_run_id": r.mlflow_run_id,
         }
 
 
-def view(run: Run, described: dict[str, Job], step: int | None, now: datetime) -> RunView:
-    """Combine the registry's run with the jobs SageMaker described (by name) and the newest step."""
+def view(
+    run: Run, described: dict[str, Job], step: int | None, now: datetime, deployed_hash: str | None = None
+) -> RunView:
+    """Combine the registry's run with the jobs SageMaker described (by name) and the newest step.
+
+    The notes never advise an action that would lose information: an end with no decision yet is the
+    supervisor's (or the reconciler's) to decide, and a job waiting to be created is waiting."""
     jobs = tuple(
         JobRecord(j.name, j.index, described[j.name].status, described[j.name].secondary_status)
         if j.name in described
@@ -202,17 +293,33 @@ def view(run: Run, described: dict[str, Job], step: int | None, now: datetime) -
     )
     hours = sum(described[j.name].elapsed_hours(now) for j in run.jobs if j.name in described)
     current = described.get(run.current_job)
-    unsupervised = run.state == "running" and current is not None and current.status in TERMINAL_STATES
-    notes = ()
+    running = run.state == "running"
+    unsupervised = running and current is not None and current.status in TERMINAL_STATES
+    waiting = running and current is None
+    notes: list[str] = []
     if unsupervised:
-        notes = (
-            f"job {run.current_job} ended {current.status} but the supervisor recorded no decision "
-            f"(still deciding, or its event was lost): `trainstack stop {run.run}` then `trainstack "
-            f"resume {run.run}`",
+        notes.append(
+            f"job {run.current_job} ended {current.status} and its decision is not recorded yet: the "
+            f"supervisor decides it, or the reconciler within {RECONCILE_MINUTES} minutes if its event was "
+            "lost; nothing to do"
+        )
+    elif waiting:
+        notes.append(
+            f"job {run.current_job} is registered and not created yet ({run.next_step or 'starting'}): the "
+            "supervisor creates it after any capacity wait; `trainstack stop` ends the wait"
+        )
+    if running and run.stop_requested:
+        notes.append("a stop was requested: the run stops when its current job has ended (the trainer saves)")
+    viewed = RunView(run, jobs, step, hours * run.usd_per_hour, unsupervised, (), waiting, deployed_hash)
+    if viewed.deployment_changed:
+        notes.append(
+            f"the deployed recipe ({deployed_hash}) is not the one this run was launched with "
+            f"({run.recipe_hash}): the run keeps training its recorded recipe; `trainstack resume {run.run} "
+            "--set key=value` changes it deliberately"
         )
     if step is not None and run.steps:
         step = min(step, run.steps)
-    return RunView(run, jobs, step, hours * run.usd_per_hour, unsupervised, notes)
+    return RunView(run, jobs, step, viewed.cost_usd, unsupervised, tuple(notes), waiting, deployed_hash)
 
 
 # --- AWS: where registries are, reading and writing runs ------------------------------------------
@@ -247,6 +354,16 @@ def registries(cloudformation: Any, stack_prefix: str | None = None) -> list[Reg
         if RUN_TABLE_OUTPUT in outputs and stack.get("StackStatus") != "DELETE_COMPLETE":
             found.append(Registry(stack["StackName"], outputs[RUN_TABLE_OUTPUT]))
     return sorted(found, key=lambda r: r.stack)
+
+
+def deployed_recipe_hash(cloudformation: Any, registry: Registry) -> str | None:
+    """The recipe hash the registry's launcher stack deploys now (None when it cannot be read)."""
+    launcher = registry.stack.removesuffix(DATA_STACK_SUFFIX) + "-Launcher"
+    try:
+        (stack,) = cloudformation.describe_stacks(StackName=launcher)["Stacks"]
+    except cloudformation.exceptions.ClientError:  # no launcher (deleted, never deployed)
+        return None
+    return {o["OutputKey"]: o["OutputValue"] for o in stack.get("Outputs", [])}.get("RecipeHash")
 
 
 def scan_runs(dynamodb: Any, table: str) -> list[Run]:
@@ -291,25 +408,34 @@ def request_stop(dynamodb: Any, table: str, run: str) -> Run:
 
 
 def record_stopped(dynamodb: Any, table: str, run: Run, why: str, next_step: str) -> bool:
-    """Mark `run` stopped when no job end will tell the supervisor (its newest job never started or has
-    already ended). False when the run changed meanwhile (another job, or no longer running)."""
+    """Mark `run` stopped when no job end will tell the supervisor: its newest job was never created
+    (and the execution creating it was stopped, or is gone). Conditional: the run is still running at
+    that job, registered by the same execution, and that job's end is not recorded, so no end the
+    supervisor recorded and no newer job is overwritten. False when the run changed meanwhile."""
     try:
         dynamodb.update_item(
             TableName=table,
             Key={"run": {"S": run.run}},
             UpdateExpression="SET #state = :stopped, #why = :why, #next = :next, #updated = :now",
-            ConditionExpression="#state = :running AND #current = :job",
+            ConditionExpression=(
+                "#state = :running AND #current = :job AND #creator = :creator "
+                "AND attribute_not_exists(#ended.#job)"
+            ),
             ExpressionAttributeNames={
                 "#state": "run_state",
                 "#why": "why",
                 "#next": "next_step",
                 "#updated": "updated",
                 "#current": "current_job",
+                "#creator": "creator",
+                "#ended": "ended",
+                "#job": run.current_job,
             },
             ExpressionAttributeValues={
                 ":stopped": {"S": "stopped"},
                 ":running": {"S": "running"},
                 ":job": {"S": run.current_job},
+                ":creator": {"S": run.creator},
                 ":why": {"S": why},
                 ":next": {"S": next_step},
                 ":now": {"S": _now()},

@@ -27,18 +27,27 @@ MAX_RUNTIME_S = 28 * 24 * 3600
 WARM_POOL_SECONDS = 1800
 
 # The "start job" state machine's execution input: what `trainstack launch` / `resume`, the
-# launch-on-deploy rule and the "job ended" state machine (the run's next job) send.
+# launch-on-deploy rule, the reconciler and the "job ended" state machine (the run's next job) send.
 INPUT_RUN = "Run"  # the run's name, ts-<team>-<recipe>--<run id> (trainstack.recipes.naming.run_name)
 INPUT_RUN_ID = "RunId"  # the run id: its checkpoint folder
 INPUT_JOB = "Job"  # the index of the job to start, 1-based
-INPUT_LAST_JOB = "LastJob"  # the highest index this launch or resume may reach (compute.max_jobs)
-INPUT_HYPERPARAMETER_OVERRIDES = "HyperParameterOverrides"  # {"training.steps": "50"}; {} for none
+INPUT_HYPERPARAMETER_OVERRIDES = "HyperParameterOverrides"  # launch: {"training.steps": "50"}; {} for none
 INPUT_KEEP_ALIVE = "KeepAlivePeriodInSeconds"
 INPUT_STEPS = "Steps"  # the run's training.steps (the registry keeps it for progress)
 INPUT_REASON = "Reason"  # why the job starts: one of START_REASONS
-INPUT_PREVIOUS_JOB_END = "PreviousJobEnd"  # why the run's previous job ended ("" at launch); for tracking
 INPUT_MLFLOW_RUN_ID = "MlflowRunId"  # the MLflow run `launch` created ("" when none); the registry records it
-START_REASONS = ("launch", "resume", "next")
+# resume and recreate: the run's CreateTrainingJob request as recorded (without TrainingJobName);
+# launch builds it from the deployed recipe instead.
+INPUT_REQUEST = "Request"
+INPUT_JOB_ENVIRONMENT = "JobEnvironment"  # this job only, never recorded: {"TRAINSTACK_RESUME_STEP": "1200"}
+INPUT_LIMITS = "Limits"  # resume: {"MaxJobs", "CapacityMinutes", "StopStalled"} of the run's recipe
+INPUT_CHANGE = "Change"  # launch: {"Who", "What"}, the first entry of the run's history
+INPUT_HISTORY = "History"  # resume: the run's whole history, the resume's own entry last
+INPUT_CREATOR = "Creator"  # recreate: the execution that registered the job and did not create it
+START_REASONS = ("launch", "resume", "next", "recreate")
+RESUME_STEP_ENV = "TRAINSTACK_RESUME_STEP"  # resume --from-step N: the trainer restores step N
+# Why the run's previous job ended, for the trainer's tracking tags (a JobEnvironment entry; aws.tracking)
+PREVIOUS_JOB_END_ENV = "TRAINSTACK_PREVIOUS_JOB_END"
 
 
 @dataclass(frozen=True)
@@ -48,41 +57,62 @@ class Runtime:
     expression: str
 
 
+def run_limits(recipe: Recipe) -> dict[str, Any]:
+    """The limits a launch or resume gives the run, from its recipe (the registry records them)."""
+    return {
+        "MaxJobs": recipe.compute.max_jobs,
+        "CapacityMinutes": round(recipe.compute.capacity_wait_hours * 60),
+        "StopStalled": recipe.monitoring.stop_stalled,
+    }
+
+
 def execution_input(
     run: str,
     run_id: str,
     job: int,
-    last_job: int,
     steps: int,
     overrides: Mapping[str, str] | None = None,
     keep_alive_seconds: int = 0,
     reason: str = "launch",
-    previous_job_end: str = "",
+    *,
     mlflow_run_id: str = "",
+    request: Mapping[str, Any] | None = None,
+    job_environment: Mapping[str, str] | None = None,
+    limits: Mapping[str, Any] | None = None,
+    change: Mapping[str, str] | None = None,
+    history: list[Mapping[str, str]] | None = None,
+    creator: str | None = None,
 ) -> dict:
     """The input that starts job `job` of `run` (overrides are hyperparameters, already encoded)."""
     if reason not in START_REASONS:
         raise ValueError(f"reason must be one of {START_REASONS}, got {reason!r}")
-    if not 1 <= job <= last_job <= naming.JOB_INDEX_MAX:
-        raise ValueError(f"need 1 <= job ({job}) <= last job ({last_job}) <= {naming.JOB_INDEX_MAX}")
-    return {
+    if not 1 <= job <= naming.JOB_INDEX_MAX:
+        raise ValueError(f"need 1 <= job ({job}) <= {naming.JOB_INDEX_MAX}")
+    if reason in ("resume", "recreate") and request is None:
+        raise ValueError(f"a {reason} carries the run's recorded request")
+    if reason == "launch" and request is not None:
+        raise ValueError("a launch builds its request from the deployed recipe")
+    found = {
         INPUT_RUN: run,
         INPUT_RUN_ID: run_id,
         INPUT_JOB: int(job),
-        INPUT_LAST_JOB: int(last_job),
         INPUT_HYPERPARAMETER_OVERRIDES: dict(overrides or {}),
         INPUT_KEEP_ALIVE: int(keep_alive_seconds),
         INPUT_STEPS: int(steps),
         INPUT_REASON: reason,
-        INPUT_PREVIOUS_JOB_END: previous_job_end,
+        INPUT_JOB_ENVIRONMENT: dict(job_environment or {}),
+        INPUT_CHANGE: dict(change or {"Who": "unknown", "What": reason}),
         INPUT_MLFLOW_RUN_ID: mlflow_run_id,
     }
-
-
-def last_job(first_job: int, max_jobs: int) -> int:
-    """The highest job index a launch or resume starting at `first_job` may reach: `compute.max_jobs`
-    jobs, and never past the two digits a job name has room for."""
-    return min(first_job + max_jobs - 1, naming.JOB_INDEX_MAX)
+    if request is not None:
+        found[INPUT_REQUEST] = dict(request)
+    if limits is not None:
+        found[INPUT_LIMITS] = dict(limits)
+    if creator is not None:
+        found[INPUT_CREATOR] = creator
+    if reason == "resume":
+        found[INPUT_HISTORY] = [dict(h) for h in history or []]
+    return found
 
 
 def job_name(recipe: Recipe, team: str | None, suffix: str) -> str:

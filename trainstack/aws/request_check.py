@@ -325,7 +325,7 @@ def requests_for(recipe: Recipe, team: str | None) -> Iterator[tuple[str, dict[s
         checkpoint_uri,
         create_training_job_request,
     )
-    from trainstack.aws.tracking import PREVIOUS_JOB_END_MAX, PREVIOUS_JOB_END_PATH
+    from trainstack.aws.tracking import PREVIOUS_JOB_END_MAX
     from trainstack.recipes.schema import to_hyperparameters
 
     name = longest_job_name(recipe, team)
@@ -347,7 +347,6 @@ def requests_for(recipe: Recipe, team: str | None) -> Iterator[tuple[str, dict[s
                 checkpoint_uri=Runtime("$.Names.CheckpointUri"),
                 hyperparameters=Runtime("$.HyperParameters"),
                 keep_alive_seconds=Runtime(f"$.{INPUT_KEEP_ALIVE}"),
-                previous_job_end=Runtime(PREVIOUS_JOB_END_PATH),
                 **deployment,
                 **network,
             ),

@@ -1,8 +1,9 @@
 """The run supervisor's one decision: a job of a run has ended; what happens to the run?
 
-`next_action(run, ended_job)` is a pure function. The "job ended" state machine (stacks/supervisor.py)
-makes the same decision with Choice states generated from the same table, `RULES`, and a test drives a
-table of cases through both (tests/integration/test_supervisor_emulator.py).
+`next_action(run, ended_job)` is a pure function. The "job ended" state machine
+(stacks/supervisor/job_ended.py) makes the same decision with Choice states generated from the same
+table, `RULES`, and a test drives a table of cases through both
+(tests/integration/test_supervisor_emulator.py).
 
 What a job's end says (SageMaker API reference: DescribeTrainingJob `TrainingJobStatus`,
 `SecondaryStatus`, `FailureReason`; the SecondaryStatus enum of the service model lists Starting,
@@ -16,13 +17,18 @@ MaxWaitTimeExceeded, ...):
 - `Interrupted` (managed spot) and `MaxWaitTimeExceeded`: spot capacity went away or never came back in
   time. The next job continues;
 - `Stopped` otherwise: someone called StopTrainingJob. Through `trainstack stop` the run's record says
-  so (a stop request); from the console or another script it does not, and the run stops all the same;
+  so (a stop request); through the stall handler it names the job as stalled (the run continues, on
+  fresh instances); from the console or another script it says neither, and the run stops all the same.
+  A stop request never hides an end that says more: a completed job, a fatal or a client error keep
+  theirs (those rules come first);
 - `Failed`: `FailureReason` says why. SageMaker copies the trainer's failure file into it
   (trainstack.protocol.exit_codes); a line with `trainstack-fatal` names a failure the next job would repeat
   (a mistake in the recipe or data, a diverged loss, no EFA). `ClientError: ...` is SageMaker refusing
   the job's own input (role, image, data channel). SageMaker Pipelines' retry policy documents
   `InternalServerError` and EC2 `InsufficientCapacityError` (`CapacityError: ...`) as worth a new job
-  (SageMaker developer guide, "Retry Policy for Pipeline Steps"); a capacity error waits first. Any
+  (SageMaker developer guide, "Retry Policy for Pipeline Steps"); a capacity error waits first, longer
+each time in a row (CAPACITY_BACKOFF_MINUTES), spends no slot of `compute.max_jobs`, and the run's
+waits are bounded by `compute.capacity_wait_hours`. Any
   other failure (a node or a collective lost, the trainer killed) is worth the next job, which resumes
   from the newest complete checkpoint on new instances. A crash that repeats is not a lost node: after
   MAX_CONSECUTIVE_CRASHES such jobs in a row the run fails and waits for a person (CRASH_LOOP), and
@@ -40,12 +46,22 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from trainstack.protocol.exit_codes import FATAL_MARKER
+from trainstack.recipes.naming import JOB_INDEX_MAX, job_of_run
 
-CAPACITY_WAIT_MINUTES = 15  # after a capacity failure, before the next job asks again
-# Jobs in a row that may end "Crashed" before the run stops for a person. A lost node or a collective
-# timeout is gone in the next job, which gets new instances; the same crash three times over is a bug
-# or bad data that more jobs would only pay for again (each one a cluster start-up and a restore).
+# After a capacity failure the next job waits before it asks again, longer each time in a row (minutes):
+# a shortage of P6 instances lasts hours to days, and every try is a cluster request. The waits of a run
+# since it was launched or resumed are summed and bounded by compute.capacity_wait_hours; capacity
+# failures spend no slot of compute.max_jobs.
+CAPACITY_BACKOFF_MINUTES = (15, 30, 60, 120)
+CAPACITY_WAIT_MINUTES = CAPACITY_BACKOFF_MINUTES[0]
+CAPACITY_WAIT_MAX_MINUTES = CAPACITY_BACKOFF_MINUTES[-1]
+# Jobs in a row that may end "Crashed" (or stalled) before the run stops for a person. A lost node or a
+# collective timeout is gone in the next job, which gets new instances; the same crash three times over is
+# a bug or bad data that more jobs would only pay for again (each one a cluster start-up and a restore).
 MAX_CONSECUTIVE_CRASHES = 3
+# The reconciler's period: how long a run whose event was lost, or whose decision failed half-way, can
+# wait for its next decision (stacks/supervisor/reconcile.py).
+RECONCILE_MINUTES = 10
 
 
 class Outcome(StrEnum):
@@ -78,9 +94,15 @@ class Rule:
     secondary: tuple[str, ...] = ()  # SecondaryStatus is one of these
     reason_pattern: str | None = None  # FailureReason StringMatches this glob
     stop_requested: bool | None = None  # the run's record asks to stop
-    wait_minutes: int = 0  # NEXT_JOB only: wait this long before starting it
+    stalled: bool | None = None  # the record names this job as the one the supervisor stopped as stalled
+    # NEXT_JOB only:
+    capacity: bool = False  # wait with the capacity back-off first; the next job takes this job's slot
+    crash: bool = False  # counts toward MAX_CONSECUTIVE_CRASHES (any other end resets the count)
+    # The ended job's instances are suspect: its warm pool is released (UpdateTrainingJob
+    # KeepAlivePeriodInSeconds=0) so that no later job of the run is placed on them.
+    fresh_instances: bool = False
 
-    def matches(self, job: EndedJob, stop_requested: bool) -> bool:
+    def matches(self, job: EndedJob, run: RunRecord) -> bool:
         if self.status and job.status not in self.status:
             return False
         if self.secondary and job.secondary_status not in self.secondary:
@@ -89,14 +111,17 @@ class Rule:
             job.failure_reason or "", self.reason_pattern
         ):
             return False
-        return self.stop_requested is None or self.stop_requested == stop_requested
+        if self.stalled is not None and (run.stalled_job == job.name) != self.stalled:
+            return False
+        return self.stop_requested is None or self.stop_requested == run.stop_requested
 
 
-# In order: the first rule that matches decides. Rules that read FailureReason name status Failed, the
-# only status with a reason.
+# In order: the first rule that matches decides. The job's own end comes first where it says more than
+# a stop request would: a job that completed, or failed in a way the next job would repeat, keeps that
+# end (and its reason) even when `trainstack stop` raced it. Rules that read FailureReason name status
+# Failed, the only status with a reason.
 RULES: tuple[Rule, ...] = (
     Rule("Completed", Outcome.COMPLETED, "the trainer finished the steps of the run", status=("Completed",)),
-    Rule("StopRequested", Outcome.STOPPED, "it was stopped by trainstack stop", stop_requested=True),
     Rule(
         "Fatal",
         Outcome.FAILED,
@@ -110,6 +135,17 @@ RULES: tuple[Rule, ...] = (
         f"SageMaker refused the input of the job (role, image, data or request): {REASON}",
         status=("Failed",),
         reason_pattern="ClientError*",
+    ),
+    Rule("StopRequested", Outcome.STOPPED, "it was stopped by trainstack stop", stop_requested=True),
+    Rule(
+        "Stalled",
+        Outcome.NEXT_JOB,
+        "it made no step progress for monitoring.stall_minutes, so the supervisor stopped it (the trainer "
+        "saved on SIGTERM)",
+        status=("Stopped",),
+        stalled=True,
+        crash=True,
+        fresh_instances=True,
     ),
     Rule(
         "MaxRuntime",
@@ -138,7 +174,7 @@ RULES: tuple[Rule, ...] = (
         f"SageMaker could not provision its instances: {REASON}",
         status=("Failed",),
         reason_pattern="*CapacityError*",
-        wait_minutes=CAPACITY_WAIT_MINUTES,
+        capacity=True,
     ),
     Rule(
         "InternalError",
@@ -146,29 +182,41 @@ RULES: tuple[Rule, ...] = (
         f"SageMaker had an internal error: {REASON}",
         status=("Failed",),
         reason_pattern="*InternalServerError*",
+        fresh_instances=True,
     ),
     Rule(
         "Crashed",
         Outcome.NEXT_JOB,
         f"it failed without a trainstack-fatal reason (a node, a collective or the process lost): {REASON}",
         status=("Failed",),
+        crash=True,
+        fresh_instances=True,
     ),
 )
 RULE_BY_ID = {rule.id: rule for rule in RULES}
 assert all(rule.id.isalpha() for rule in RULES) and len(RULE_BY_ID) == len(RULES)
 assert all(REASON not in r.why or r.status == ("Failed",) for r in RULES)  # only Failed has a reason
+assert all(r.outcome is Outcome.NEXT_JOB or not (r.capacity or r.crash) for r in RULES)
 
 JOB_LIMIT = "JobLimit"  # the id of the decision that ends a run at compute.max_jobs
 CRASH_LOOP = "CrashLoop"  # the id of the decision that ends a run after repeated crashes
+CAPACITY_BUDGET = "CapacityBudget"  # ... after waiting compute.capacity_wait_hours for capacity
+NO_JOB_NAMES = "NoJobNames"  # ... when naming.JOB_INDEX_MAX jobs have been named
 CRASH_LOOP_WHY = (
-    "{crashes} jobs of the run in a row failed without a trainstack-fatal reason, so the next would "
-    "most likely fail the same way"
+    "{crashes} jobs of the run in a row crashed or stalled without a trainstack-fatal reason, so the next "
+    "would most likely fail the same way"
 )
 JOB_LIMIT_WHY = (
-    "the run reached its job limit (job {job} of at most {last} since it was launched or resumed; "
-    "compute.max_jobs)"
+    "the run reached its job limit ({counted} jobs since it was launched or resumed, compute.max_jobs "
+    "{max_jobs}; capacity retries not counted)"
 )
+CAPACITY_BUDGET_WHY = (
+    "the run would wait {minutes} minutes for capacity since it was launched or resumed, more than its "
+    "compute.capacity_wait_hours allow ({budget} minutes)"
+)
+NO_JOB_NAMES_WHY = f"the run has named all {JOB_INDEX_MAX} jobs a run name has room for"
 IGNORED_WHY = "it is not the current job of the run, or the run is no longer running"
+WAIT_TEXT = " after a {minutes}-minute wait for capacity"
 NEXT = {
     Outcome.NEXT_JOB: "job {next_job} starts{when} and resumes from the newest checkpoint of the run",
     Outcome.COMPLETED: "nothing: the run is complete",
@@ -196,20 +244,28 @@ class RunRecord:
     state: str  # one of RUN_STATES
     current_job: str  # the name of its newest job
     job: int  # that job's index
-    last_job: int  # the highest index it may reach before a person must resume it
+    counted: int = 1  # jobs since launch or resume that spent a slot of max_jobs, the current one included
+    max_jobs: int = 20  # compute.max_jobs of the run's recipe
     stop_requested: bool = False
-    crashes: int = 0  # jobs in a row, up to the previous one, that ended by the Crashed rule
+    crashes: int = 0  # jobs in a row, up to the previous one, that crashed or stalled
+    stalled_job: str = ""  # the job the supervisor stopped because it stalled
+    capacity_minutes: int = 0  # minutes waited for capacity since launch or resume
+    capacity_wait_minutes: int = 0  # the last capacity wait, when the previous job also lacked capacity
+    capacity_budget_minutes: int = 72 * 60  # compute.capacity_wait_hours of the run's recipe
 
 
 @dataclass(frozen=True)
 class Action:
     outcome: Outcome
-    rule: str  # the id of the rule that decided (JOB_LIMIT, or "Ignored")
+    rule: str  # the id of the rule that decided (JOB_LIMIT, CRASH_LOOP, ..., or "Ignored")
     why: str  # why the job ended, in words
     next_step: str  # what happens next, in words
     next_job: int | None = None  # NEXT_JOB: the index of the job to start
     wait_minutes: int = 0
     crashes: int = 0  # NEXT_JOB: the crashes in a row, this job included, recorded with the next job
+    counted: int = 0  # NEXT_JOB: the slots of max_jobs spent, the next job included
+    capacity_minutes: int = 0  # NEXT_JOB: minutes waited for capacity, this wait included
+    fresh_instances: bool = False  # the ended job's warm pool is released
 
     @property
     def run_state(self) -> str | None:
@@ -222,36 +278,62 @@ def string_matches(value: str, pattern: str) -> bool:
     return re.fullmatch(regex, value, flags=re.DOTALL) is not None
 
 
+def capacity_wait(previous_minutes: int) -> int:
+    """The wait before the next try after a capacity failure: the back-off's first step after the
+    previous wait (0: the previous job did not lack capacity)."""
+    return next((m for m in CAPACITY_BACKOFF_MINUTES if m > previous_minutes), CAPACITY_WAIT_MAX_MINUTES)
+
+
 def next_job_text(run: str, index: int, wait_minutes: int) -> str:
-    when = f" in {wait_minutes} minutes" if wait_minutes else ""
-    return NEXT[Outcome.NEXT_JOB].format(next_job=f"{run}-{index}", when=when)
+    when = WAIT_TEXT.format(minutes=wait_minutes) if wait_minutes else ""
+    return NEXT[Outcome.NEXT_JOB].format(next_job=job_of_run(run, index), when=when)
+
+
+def _failed(rule: str, why: str, run: RunRecord, fresh: bool) -> Action:
+    return Action(Outcome.FAILED, rule, why, NEXT[Outcome.FAILED].format(run=run.run), fresh_instances=fresh)
 
 
 def next_action(run: RunRecord, job: EndedJob) -> Action:
     """What the supervisor does when `job` of `run` has ended (pure)."""
     if job.name != run.current_job or run.state != "running":
         return Action(Outcome.IGNORED, "Ignored", IGNORED_WHY, NEXT[Outcome.IGNORED])
-    rule = next(r for r in RULES if r.matches(job, run.stop_requested))  # Crashed or Stopped* catch all
+    rule = next(r for r in RULES if r.matches(job, run))  # Crashed or Stopped* catch all
     why = rule.why.replace(REASON, job.failure_reason or "")
-    if rule.outcome is Outcome.NEXT_JOB:
-        crashes = run.crashes + 1 if rule.id == "Crashed" else 0
-        if crashes >= MAX_CONSECUTIVE_CRASHES:
-            why = CRASH_LOOP_WHY.format(crashes=crashes) + f"; this job ended because {why}"
-            return Action(Outcome.FAILED, CRASH_LOOP, why, NEXT[Outcome.FAILED].format(run=run.run))
-        if run.job >= run.last_job:
-            why = JOB_LIMIT_WHY.format(job=run.job, last=run.last_job) + f"; this job ended because {why}"
-            return Action(Outcome.FAILED, JOB_LIMIT, why, NEXT[Outcome.FAILED].format(run=run.run))
-        index = run.job + 1
+    fresh = rule.fresh_instances
+    if rule.outcome is not Outcome.NEXT_JOB:
         return Action(
-            Outcome.NEXT_JOB,
-            rule.id,
-            why,
-            next_job_text(run.run, index, rule.wait_minutes),
-            next_job=index,
-            wait_minutes=rule.wait_minutes,
-            crashes=crashes,
+            rule.outcome, rule.id, why, NEXT[rule.outcome].format(run=run.run), fresh_instances=fresh
         )
-    return Action(rule.outcome, rule.id, why, NEXT[rule.outcome].format(run=run.run))
+    crashes = run.crashes + 1 if rule.crash else 0
+    if crashes >= MAX_CONSECUTIVE_CRASHES:
+        return _failed(
+            CRASH_LOOP, CRASH_LOOP_WHY.format(crashes=crashes) + f"; this job ended because {why}", run, fresh
+        )
+    wait, counted, spent = 0, run.counted + 1, run.capacity_minutes
+    if rule.capacity:
+        wait, counted = capacity_wait(run.capacity_wait_minutes), run.counted
+        spent = run.capacity_minutes + wait
+        if spent > run.capacity_budget_minutes:
+            text = CAPACITY_BUDGET_WHY.format(minutes=spent, budget=run.capacity_budget_minutes)
+            return _failed(CAPACITY_BUDGET, f"{text}; this job ended because {why}", run, fresh)
+    elif run.counted >= run.max_jobs:
+        text = JOB_LIMIT_WHY.format(counted=run.counted, max_jobs=run.max_jobs)
+        return _failed(JOB_LIMIT, f"{text}; this job ended because {why}", run, fresh)
+    if run.job >= JOB_INDEX_MAX:
+        return _failed(NO_JOB_NAMES, f"{NO_JOB_NAMES_WHY}; this job ended because {why}", run, fresh)
+    index = run.job + 1
+    return Action(
+        Outcome.NEXT_JOB,
+        rule.id,
+        why,
+        next_job_text(run.run, index, wait),
+        next_job=index,
+        wait_minutes=wait,
+        crashes=crashes,
+        counted=counted,
+        capacity_minutes=spent,
+        fresh_instances=fresh,
+    )
 
 
 # --- The notification -----------------------------------------------------------------------------

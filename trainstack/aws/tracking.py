@@ -31,7 +31,6 @@ from trainstack.recipes.schema import Recipe
 TRACKING_STACK_SUFFIX = "Tracking"
 MLFLOW_ARN_EXPORT = "MlflowAppArn"
 TENSORBOARD_LOCAL_PATH = "/opt/ml/output/tensorboard"  # TensorBoardOutputConfig.LocalPath's default
-PREVIOUS_JOB_END_PATH = "$.PreviousJobEnd"  # the StartJob input field (trainstack.aws.request)
 # CreateTrainingJob Environment values are at most 512 characters (botocore model, TrainingEnvironmentValue):
 # the supervisor passes its rule's id there, the CLI's resume at most this much of the run's `why`.
 PREVIOUS_JOB_END_MAX = 512

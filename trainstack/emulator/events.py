@@ -8,11 +8,22 @@ depends on all four, so in emulator mode only (`trainstack.emulator.server.serve
   `end_training_job` (a max-runtime stop, a spot interruption, a failure with its reason, completion)
   or StopTrainingJob ends them. Off by default: other tests rely on moto's instant completion;
 - CreateTrainingJob keeps the request's `Environment` (DescribeTrainingJob returns it on AWS);
-- StopTrainingJob ends an in-progress job `Stopped` / `Stopped` at once (AWS passes through
-  `Stopping`, sends SIGTERM and kills the container 120 s later);
+- StopTrainingJob moves an in-progress job to `Stopping` and, `stopping_seconds` later (default 1 s),
+  to `Stopped` / `Stopped`, as AWS does ("SageMaker changes the status of the job to Stopping. After
+  SageMaker stops the job, it sets the status to Stopped"; AWS allows the trainer 120 s after SIGTERM);
+- warm pools (SageMaker developer guide, "Managed warm pools"): a job created with
+  `ResourceConfig.KeepAlivePeriodInSeconds` > 0 (and no managed spot) keeps its cluster `Available`
+  once it ends; the next job with the same role, instance type, count and network is placed on it
+  (the pool becomes `Reused`, `ReusedByJob` names the job); UpdateTrainingJob with
+  KeepAlivePeriodInSeconds 0 ends it (`Terminated`). moto has neither warm pools nor UpdateTrainingJob;
+- Step Functions JSONata expressions (moto evaluates them in a JVM it does not ship) are evaluated by
+  `jsonata-python`, a port of the JSONata reference implementation, and states that call Step
+  Functions itself (startExecution, describeExecution) get the member names AWS uses;
 - `deliver_job_state_change(env, job)` does what EventBridge does on AWS when a job changes state:
   it builds the event from DescribeTrainingJob and starts every Step Functions target of every enabled
-  rule whose pattern matches (moto's own EventPattern matcher), with the input the target asks for.
+  rule whose pattern matches (moto's own EventPattern matcher), with the input the target asks for;
+  `deliver_alarm_state_change(env, alarm, job)` does the same for a CloudWatch alarm going to ALARM
+  (moto evaluates no alarm), with the event shape CloudWatch documents.
 
 Nothing here runs against real AWS: the client functions refuse an endpoint that is not local.
 """
@@ -30,7 +41,8 @@ from trainstack.errors import TrainstackError
 ROUTE = "/_trainstack/"
 JOB_STATE_CHANGE = "SageMaker Training Job State Change"
 TERMINAL = ("Completed", "Failed", "Stopped")
-_settings = {"jobs_run": False}
+_settings: dict[str, Any] = {"jobs_run": False, "stopping_seconds": 1.0}
+WARM_POOL_MATCH = ("RoleArn", "InstanceType", "InstanceCount", "VpcConfig")
 
 
 # --- Server side: patches applied inside the moto server process ---------------------------------
@@ -51,6 +63,9 @@ def _transition(job: Any, status: str, secondary: str, message: str) -> None:
     job.last_modified_time = now
     if status in TERMINAL:
         job.training_end_time = now
+        pool = getattr(job, "warm_pool_status", None)
+        if pool is not None and pool.get("Status") == "InUse":
+            pool["Status"] = "Available"
 
 
 def end_job(backend: Any, name: str, status: str, secondary: str, reason: str | None) -> dict[str, Any]:
@@ -66,12 +81,91 @@ def end_job(backend: Any, name: str, status: str, secondary: str, reason: str | 
     return {"TrainingJobName": name, "TrainingJobStatus": status, "SecondaryStatus": secondary}
 
 
+def _keep_alive(job: Any) -> int:
+    return int((job.resource_config or {}).get("KeepAlivePeriodInSeconds") or 0)
+
+
+def _pool_key(job: Any) -> tuple:
+    resources = job.resource_config or {}
+    return (
+        job.role_arn,
+        resources.get("InstanceType"),
+        resources.get("InstanceCount"),
+        json.dumps(getattr(job, "vpc_config", None), sort_keys=True),
+    )
+
+
+def _place_on_warm_pool(backend: Any, job: Any) -> None:
+    """A new job with a warm pool asked for: placed on a matching Available pool if there is one."""
+    if not _keep_alive(job) or getattr(job, "enable_managed_spot_training", False):
+        return
+    for other in backend.training_jobs.values():
+        pool = getattr(other, "warm_pool_status", None)
+        if other is not job and pool and pool["Status"] == "Available" and _pool_key(other) == _pool_key(job):
+            pool.update(Status="Reused", ReusedByJob=job.training_job_name)
+            break
+    job.warm_pool_status = {"Status": "InUse"}
+
+
+def _use_python_jsonata() -> None:
+    import jsonata
+    import moto.stepfunctions.parser.asl.jsonata.jsonata as moto_jsonata
+
+    # The interpreter composes `($states := {...}; <expression>)` and evaluates it without input.
+    moto_jsonata._eval_jsonata = lambda expression: jsonata.Jsonata(expression).evaluate(None)
+
+
+def _pascal_step_functions_calls() -> None:
+    """moto's interpreter passes Step Functions' own API the PascalCase members states use
+    (`StateMachineArn`, `Input`), and botocore's stepfunctions client wants them camelCase; answers come
+    back camelCase where a state reads PascalCase (`ExecutionArn`, `Status`). Both integrations, the
+    optimized startExecution and the aws-sdk describeExecution, are translated here, as AWS does."""
+    from moto.stepfunctions.parser.asl.component.state.exec.state_task.service import (
+        state_task_service_aws_sdk,
+        state_task_service_sfn,
+    )
+
+    def plain(value: Any) -> Any:
+        return value.isoformat() if isinstance(value, datetime) else value
+
+    for cls in (
+        state_task_service_sfn.StateTaskServiceSfn,
+        state_task_service_aws_sdk.StateTaskServiceAwsSdk,
+    ):
+        original = cls._eval_service_task
+
+        def translated(
+            self: Any,
+            env: Any,
+            resource_runtime_part: Any,
+            normalised_parameters: dict,
+            state_credentials: Any,
+            _original: Any = original,
+        ) -> Any:
+            service = getattr(self, "_get_boto_service_name", lambda: "")()
+            if service not in ("stepfunctions", "sfn"):
+                return _original(self, env, resource_runtime_part, normalised_parameters, state_credentials)
+            camel = {k[:1].lower() + k[1:]: v for k, v in normalised_parameters.items()}
+            normalised_parameters.clear()
+            normalised_parameters.update(camel)
+            result = _original(self, env, resource_runtime_part, normalised_parameters, state_credentials)
+            env.stack[-1] = {k[:1].upper() + k[1:]: plain(v) for k, v in env.stack[-1].items()}
+            return result
+
+        cls._eval_service_task = translated
+
+
 def install() -> None:
     """Patch moto's SageMaker responses and wrap the server's WSGI app (called by serve())."""
+    import threading
+
     from moto import server
+    from moto.core.responses import ActionResult, EmptyResult
     from moto.sagemaker.exceptions import ValidationError
     from moto.sagemaker.responses import SageMakerResponse
 
+    _use_python_jsonata()
+    _pascal_step_functions_calls()
     create = SageMakerResponse.create_training_job
 
     def create_training_job(self: Any) -> Any:
@@ -91,25 +185,48 @@ def install() -> None:
                     "StatusMessage": "Training image download completed",
                 },
             ]
+            _place_on_warm_pool(self.sagemaker_backend, job)
         return result
 
-    def stop_training_job(self: Any) -> Any:
-        from moto.core.responses import EmptyResult
-
+    def job_of(self: Any) -> Any:
         name = self._get_param("TrainingJobName")
         job = self.sagemaker_backend.training_jobs.get(name)
         if job is None:
             raise ValidationError(message=f"Requested resource not found: training job {name}")
+        return job
+
+    def stop_training_job(self: Any) -> Any:
+        job = job_of(self)
         if job.training_job_status in TERMINAL:
             raise ValidationError(
                 message="The request was rejected because the training job is in status "
                 f"{job.training_job_status}."
             )
-        _transition(job, "Stopped", "Stopped", "The job was stopped")
+        if job.training_job_status != "Stopping":
+            _transition(job, "Stopping", "Stopping", "Stopping the training job")
+
+            def stopped() -> None:
+                if job.training_job_status == "Stopping":
+                    _transition(job, "Stopped", "Stopped", "The job was stopped")
+
+            timer = threading.Timer(float(_settings["stopping_seconds"]), stopped)
+            timer.daemon = True
+            timer.start()
         return EmptyResult()
+
+    def update_training_job(self: Any) -> Any:
+        job = job_of(self)
+        keep = (self._get_param("ResourceConfig") or {}).get("KeepAlivePeriodInSeconds")
+        if keep is not None:
+            job.resource_config = {**(job.resource_config or {}), "KeepAlivePeriodInSeconds": int(keep)}
+            pool = getattr(job, "warm_pool_status", None)
+            if pool is not None and int(keep) == 0 and pool["Status"] in ("Available", "InUse"):
+                pool["Status"] = "Terminated"
+        return ActionResult({"TrainingJobArn": job.arn})
 
     SageMakerResponse.create_training_job = create_training_job
     SageMakerResponse.stop_training_job = stop_training_job
+    SageMakerResponse.update_training_job = update_training_job
 
     run_simple = server.run_simple
     server.run_simple = lambda host, port, app, *a, **k: run_simple(host, port, _routes(app), *a, **k)
@@ -129,6 +246,9 @@ def _routes(app: Any) -> Any:
 
             if path == f"{ROUTE}config":
                 _settings["jobs_run"] = bool(body.get("jobs_run", _settings["jobs_run"]))
+                _settings["stopping_seconds"] = float(
+                    body.get("stopping_seconds", _settings["stopping_seconds"])
+                )
                 answer: dict[str, Any] = dict(_settings)
             elif path == f"{ROUTE}end-training-job":
                 backend = _backend(body.get("account", ACCOUNT), body.get("region", REGION))
@@ -175,9 +295,30 @@ def _post(env: dict[str, str], what: str, body: dict[str, Any]) -> dict[str, Any
         ) from None
 
 
-def configure(env: dict[str, str], *, jobs_run: bool) -> None:
-    """With `jobs_run`, new training jobs stay InProgress / Training until ended (as on AWS)."""
-    _post(env, "config", {"jobs_run": jobs_run})
+def configure(env: dict[str, str], *, jobs_run: bool, stopping_seconds: float | None = None) -> None:
+    """With `jobs_run`, new training jobs stay InProgress / Training until ended (as on AWS);
+    `stopping_seconds`: how long a stopped job stays Stopping before it is Stopped."""
+    body: dict[str, Any] = {"jobs_run": jobs_run}
+    if stopping_seconds is not None:
+        body["stopping_seconds"] = stopping_seconds
+    _post(env, "config", body)
+
+
+def wait_for_status(
+    env: dict[str, str], job: str, statuses: tuple[str, ...] = TERMINAL, timeout_s: float = 30
+):
+    """Wait until job `job` is in one of `statuses` (e.g. Stopped after StopTrainingJob); its description."""
+    import time
+
+    (sagemaker,) = clients(env, "sagemaker")
+    deadline = time.monotonic() + timeout_s
+    while (described := sagemaker.describe_training_job(TrainingJobName=job))[
+        "TrainingJobStatus"
+    ] not in statuses:
+        if time.monotonic() > deadline:
+            raise TrainstackError(f"EMULATOR: job {job} is still {described['TrainingJobStatus']}")
+        time.sleep(0.1)
+    return described
 
 
 def end_training_job(
@@ -240,14 +381,60 @@ def _target_input(target: dict[str, Any], event: dict[str, Any]) -> str:
 def deliver_job_state_change(env: dict[str, str], job_name: str) -> list[str]:
     """Play EventBridge for job `job_name`'s current state: start the Step Functions targets of every
     enabled rule whose pattern matches. Returns the execution ARNs started."""
-    from moto.events.models import EventPattern
-
     from trainstack.emulator.endpoint import ACCOUNT
 
-    sagemaker, events, sfn = clients(env, "sagemaker", "events", "stepfunctions")
+    (sagemaker,) = clients(env, "sagemaker")
     event = job_state_change_event(
         sagemaker.describe_training_job(TrainingJobName=job_name), env["AWS_REGION"], ACCOUNT
     )
+    return deliver_event(env, event)
+
+
+def alarm_state_change_event(alarm: str, job: str, metric: str, region: str, account: str) -> dict[str, Any]:
+    """The EventBridge event CloudWatch sends when a single-metric alarm on a job's metric goes to
+    ALARM (CloudWatch user guide, "Alarm events and EventBridge": its documented shape)."""
+    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.000+0000")
+    return {
+        "version": "0",
+        "id": str(uuid.uuid4()),
+        "detail-type": "CloudWatch Alarm State Change",
+        "source": "aws.cloudwatch",
+        "account": account,
+        "time": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "region": region,
+        "resources": [f"arn:aws:cloudwatch:{region}:{account}:alarm:{alarm}"],
+        "detail": {
+            "alarmName": alarm,
+            "state": {"value": "ALARM", "reason": "Threshold Crossed", "timestamp": now},
+            "previousState": {"value": "OK", "reason": "Threshold not crossed", "timestamp": now},
+            "configuration": {
+                "description": f"{job} stalled",
+                "metrics": [
+                    {
+                        "id": str(uuid.uuid4()),
+                        "metricStat": {
+                            "metric": {
+                                "namespace": "/aws/sagemaker/TrainingJobs",
+                                "name": metric,
+                                "dimensions": {"TrainingJobName": job},
+                            },
+                            "period": 60,
+                            "stat": "SampleCount",
+                        },
+                        "returnData": True,
+                    }
+                ],
+            },
+        },
+    }
+
+
+def deliver_event(env: dict[str, str], event: dict[str, Any]) -> list[str]:
+    """Play EventBridge for one event: start the Step Functions targets of every enabled rule whose
+    pattern matches (moto's matcher). Returns the execution ARNs started."""
+    from moto.events.models import EventPattern
+
+    events, sfn = clients(env, "events", "stepfunctions")
     started = []
     for rule in events.list_rules()["Rules"]:
         if rule.get("State") != "ENABLED" or not rule.get("EventPattern"):
@@ -262,3 +449,10 @@ def deliver_job_state_change(env: dict[str, str], job_name: str) -> list[str]:
                 )
                 started.append(run["executionArn"])
     return started
+
+
+def deliver_alarm_state_change(env: dict[str, str], alarm: str, job: str, metric: str) -> list[str]:
+    """Play CloudWatch and EventBridge for alarm `alarm` (on `metric` of job `job`) going to ALARM."""
+    from trainstack.emulator.endpoint import ACCOUNT
+
+    return deliver_event(env, alarm_state_change_event(alarm, job, metric, env["AWS_REGION"], ACCOUNT))

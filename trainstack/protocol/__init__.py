@@ -2,8 +2,8 @@
 
 The trainer's metric line (`metrics`: printed by the trainer, parsed by SageMaker's MetricDefinitions,
 drawn by the dashboard) and how a job says why it ended (`exit_codes`: exit codes and the fatal marker
-the supervisor reads in FailureReason), and the checkpoint folder's format (`checkpoint_format`: file
+the supervisor reads in FailureReason), the checkpoint folder's format (`checkpoint_format`: file
 names, marker and manifest schema, digests; written by the trainer, read by it and by `trainstack
-checkpoints`). Standard library only (the training image imports them); may import nothing else from
-trainstack.
+checkpoints` and `resume --from-step`). Standard library only (the training image imports them); may
+import nothing else from trainstack.
 """

@@ -50,6 +50,7 @@ SAFE_MID_RUN = (
     "compute.training_plan_arn",
     "compute.keep_alive_seconds",
     "compute.max_retry_attempts",
+    "compute.capacity_wait_hours",
     "image.*",
     "monitoring.*",
     "tracking.*",

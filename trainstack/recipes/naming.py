@@ -7,7 +7,8 @@ A **run** is one recipe's token budget trained to the end by as many training jo
 named `<job-name prefix><run id>` (`ts-<team>-<recipe>--<run id>`): the run id is the `--name` a user
 gives, or `<recipe hash>-<suffix>`. Its jobs are `<run>-1`, `<run>-2`, ... (every job of a run gets the
 next index, a capacity retry included) and all of them checkpoint under one prefix,
-`checkpoints/<team>/<recipe>/<run id>/`, so each resumes from the newest checkpoint of the run.
+`checkpoints/<team>/<recipe>/<run id>/`, so each resumes from the newest checkpoint of the run. Past
+job 99 the suffix is two base-36 characters (`job_suffix`), so even the longest run name has 1035 jobs.
 
 Names join the team and the recipe with hyphens, and both rules in trainstack.recipes.schema keep that
 unambiguous: a team name has no hyphen (so `Trainstack-<team>-<recipe>` splits at the first hyphen
@@ -40,11 +41,15 @@ RUN_SUFFIX_MAX = 7
 RUN_ID_MAX = HASH_LEN + len("-") + RUN_SUFFIX_MAX  # 16: a default id, or a --name of up to 16 characters
 RUN_ID = re.compile(rf"^(?=.{{1,{RUN_ID_MAX}}}$)[a-z0-9]+(-[a-z0-9]+)*$")
 RUN_ID_RULE = f"1-{RUN_ID_MAX} characters: words of lowercase letters and digits joined by single hyphens"
-JOB_INDEX_MAX = 99  # `-<index>`: at most two digits, so a run has at most 99 jobs, resumes included
-JOB_SUFFIX_MAX = len(f"-{JOB_INDEX_MAX}")
-# What followed a run's id in a job name before runs (a capacity retry's `-c<n>`) is now the job index:
-# the same 3 characters, kept under the old name for code that builds the longest job name from it.
-ATTEMPT_SUFFIX_MAX = JOB_SUFFIX_MAX
+# A job's name is `<run>-<suffix>`, and the longest run name leaves room for 2 characters after the
+# hyphen (RUN_NAME_MAX + 3 = SageMaker's 63). Jobs 1-99 are numbered in decimal; from job 100 the suffix is
+# a letter and a base-36 digit (`a0` is job 100, `zz` job 1035), so no suffix of one scheme is one of the
+# other and every name still fits. A capacity retry takes an index too (each try is a job SageMaker
+# names), but not a slot of `compute.max_jobs` (trainstack.aws.supervisor).
+DECIMAL_JOBS = 99
+_BASE36 = "0123456789abcdefghijklmnopqrstuvwxyz"
+JOB_INDEX_MAX = DECIMAL_JOBS + 26 * 36  # 1035
+JOB_SUFFIX_MAX = len("-") + 2
 JOB_PREFIX_MAX = len("ts-") + TEAM_NAME_MAX + len("-") + RECIPE_NAME_MAX + len("--")  # 44
 RUN_NAME_MAX = JOB_PREFIX_MAX + RUN_ID_MAX  # 60
 # The longest team, recipe and run id still leave room for the job index: no truncation, which would
@@ -86,8 +91,8 @@ def job_name_prefix(recipe: Recipe, team: str | None) -> str:
     `8b-fp8-128k`'s jobs (`ts-nlp-8b-fp8-128k--...`), and team `nlp` with recipe `8b-fp8` cannot meet a
     team `nlp8b` with recipe `fp8`. IAM resources, EventBridge rules and alarm names filter on
     `<prefix>*` and so on exactly this recipe's jobs. At most JOB_PREFIX_MAX (44) characters, never
-    truncated: with a run id of up to RUN_ID_MAX (16) characters and `-<index>` (at most `-99`), a job
-    name fits SageMaker's 63.
+    truncated: with a run id of up to RUN_ID_MAX (16) characters and `-<suffix>` (at most 3 characters,
+    `job_suffix`), a job name fits SageMaker's 63.
     """
     return f"ts-{_slug(team, recipe)}--"
 
@@ -123,13 +128,56 @@ def run_name(recipe: Recipe, team: str | None, run_id: str) -> str:
     return f"{job_name_prefix(recipe, team)}{run_id}"
 
 
-def job_of_run(run: str, index: int) -> str:
-    """The name of the run's `index`th job (1-based): `<run>-<index>`."""
+def job_suffix(index: int) -> str:
+    """What follows `<run>-` in the name of the run's `index`th job (1-based): `7`, `99`, then `a0`..`zz`."""
     if not 1 <= index <= JOB_INDEX_MAX:
         raise ValueError(f"job index must be 1-{JOB_INDEX_MAX}, got {index}")
-    name = f"{run}-{index}"
+    if index <= DECIMAL_JOBS:
+        return str(index)
+    letter, digit = divmod(index - DECIMAL_JOBS - 1, 36)
+    return _BASE36[10 + letter] + _BASE36[digit]
+
+
+def job_index(suffix: str) -> int | None:
+    """The index a job suffix names (the inverse of `job_suffix`), or None when it names none."""
+    if suffix.isdigit() and not suffix.startswith("0"):
+        return int(suffix) if int(suffix) <= DECIMAL_JOBS else None
+    if len(suffix) == 2 and suffix[0] in _BASE36[10:] and suffix[1] in _BASE36:
+        return DECIMAL_JOBS + 1 + (_BASE36.index(suffix[0]) - 10) * 36 + _BASE36.index(suffix[1])
+    return None
+
+
+# Every suffix in index order, comma-separated: the supervisor's state machines look a job's name up in
+# this list (States.ArrayGetItem over States.StringSplit), as they have no base-36 arithmetic.
+JOB_SUFFIXES = ",".join(job_suffix(i) for i in range(1, JOB_INDEX_MAX + 1))
+
+
+def job_of_run(run: str, index: int) -> str:
+    """The name of the run's `index`th job (1-based): `<run>-<job_suffix(index)>`."""
+    name = f"{run}-{job_suffix(index)}"
     assert len(name) <= JOB_NAME_MAX, name
     return name
+
+
+EXECUTION_NAME_MAX = 80  # Step Functions execution names
+ATTEMPT_TOKEN_LEN = 12
+
+
+def execution_name(job: str, token: str) -> str:
+    """The name of one attempt to start `job`: `<job>-<token>`, unique per attempt. Step Functions keeps
+    a closed execution's name for 90 days, so a name per job would let one failed attempt block every
+    later `launch --name` or `resume` of it; whether the job may start is the run registry's
+    conditional write, not the name."""
+    if not token.isalnum() or len(token) != ATTEMPT_TOKEN_LEN:
+        raise ValueError(f"attempt token must be {ATTEMPT_TOKEN_LEN} letters or digits, got {token!r}")
+    name = f"{job}-{token}"
+    assert len(name) <= EXECUTION_NAME_MAX, name
+    return name
+
+
+def index_of_job(name: str) -> int | None:
+    """The index of a job from its name `<run>-<suffix>` (None when the name has no job suffix)."""
+    return job_index(name.rpartition("-")[2])
 
 
 def run_checkpoint_prefix(recipe: Recipe, team: str | None, run_id: str) -> str:

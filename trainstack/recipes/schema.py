@@ -328,7 +328,7 @@ class Compute(Section):
     ) = None
     # How many jobs one run may take (max-runtime stops, spot interruptions, capacity and
     # infrastructure failures each end a job; the run's next job resumes from its checkpoint).
-    max_jobs: Annotated[PosInt, Max(99, "the launcher's job counter")] = 20
+    max_jobs: Annotated[PosInt, Max(99, "99 counted jobs: a run restarting that often is not training")] = 20
     # Price per instance-hour when the catalogue's on-demand estimate is not what the team pays (a
     # negotiated rate or a training plan); None: trainstack.recipes.hardware's figure.
     usd_per_instance_hour: (
@@ -352,6 +352,11 @@ class Compute(Section):
     # warm pool between short tuning runs
     keep_alive_seconds: Annotated[NonNegInt, Max(3600, "SageMaker's KeepAlivePeriodInSeconds ceiling")] = 0
     max_retry_attempts: Annotated[PosInt, Max(30, "SageMaker's RetryStrategy ceiling")] = 3
+    # How long a run may wait for instances in all, over every capacity failure since it was launched or
+    # resumed (the supervisor retries with a back-off, docs/runs.md); then it fails for a person.
+    capacity_wait_hours: Annotated[PosFloat, Max(MAX_RUNTIME_HOURS, "28 days, one job's longest runtime")] = (
+        72.0
+    )
 
     @model_validator(mode="after")
     def _known_instance(self) -> Compute:
@@ -526,6 +531,9 @@ class Monitoring(Section):
     slow_fraction: Fraction = 0.7  # alarm when tokens/s falls below this fraction of the plan
     slow_minutes: Annotated[PosInt, ALARM_MINUTES] = 20
     stall_minutes: Annotated[PosInt, ALARM_MINUTES] = 20
+    # A job with no step for stall_minutes is stopped by the supervisor (the trainer saves) and the run
+    # continues with its next job on fresh instances; false: only the Stalled alarm tells a person.
+    stop_stalled: bool = True
     disk_high_pct: Percent = 85.0
     # One rank's step compute time this fraction above the median for straggler_minutes: a bad GPU or link.
     straggler_skew: Annotated[PosFloat, Max(10.0, "one rank 11x slower than the median")] = 0.25

@@ -19,7 +19,7 @@ from typing import Annotated, Any
 import typer
 
 from trainstack.cli.commands.plan_options import RecipeArg, RecipesDirOpt, TeamOpt
-from trainstack.cli.commands.run_access import JsonOpt, answer, deploy_hint, deployed
+from trainstack.cli.commands.run_access import JsonOpt, answer, caller, deploy_hint, deployed, execution_name
 from trainstack.cli.commands.status import LocalOpt
 from trainstack.errors import RecipeError, TrainstackError
 
@@ -156,20 +156,24 @@ def launch(
                 f"a run named {run} exists ({existing.state}): `trainstack resume {run}` continues it, "
                 "or pick another --name"
             )
+        what = f"launch of recipe {local_hash}" + (
+            f" with {', '.join(f'{k}={v}' for k, v in sorted(overrides.items()))}" if overrides else ""
+        )
         mlflow_run = _mlflow_run(aws, deployed_recipe, team, run, hint)
         execution_input = request.execution_input(
             run,
             run_id,
             1,
-            request.last_job(1, deployed_recipe.compute.max_jobs),
             run_recipe.training.steps,
             overrides,
             keep,
             "launch",
+            change={"Who": caller(aws), "What": what},
             mlflow_run_id=mlflow_run.run_id if mlflow_run is not None else "",
         )
+        # A name per attempt: the registry's conditional write decides whether the run starts.
         started = aws.client("stepfunctions").start_execution(
-            stateMachineArn=stacks.start_job, name=job, input=json.dumps(execution_input)
+            stateMachineArn=stacks.start_job, name=execution_name(job), input=json.dumps(execution_input)
         )
     except (ClientError, BotoCoreError) as exc:
         raise TrainstackError(f"could not start run {run} in {aws.where}: {explain(exc)}") from None
@@ -323,7 +327,7 @@ def _deployed_image(aws, state_machine_arn: str) -> str:
     definition = json.loads(
         aws.client("stepfunctions").describe_state_machine(stateMachineArn=state_machine_arn)["definition"]
     )
-    return definition["States"]["CreateTrainingJob"]["Parameters"]["AlgorithmSpecification"]["TrainingImage"]
+    return definition["States"]["BuildRequest"]["Parameters"]["AlgorithmSpecification"]["TrainingImage"]
 
 
 class _StillCreating(TrainstackError):

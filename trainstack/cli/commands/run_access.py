@@ -91,3 +91,23 @@ def answer(as_json: bool, *, run: str, job: str | None, execution: str | None, l
     else:
         for line in lines:
             typer.echo(line)
+
+
+def execution_name(job: str) -> str:
+    """A new execution name for one attempt at starting `job` (naming.execution_name)."""
+    import uuid
+
+    from trainstack.recipes.naming import ATTEMPT_TOKEN_LEN
+    from trainstack.recipes.naming import execution_name as name
+
+    return name(job, uuid.uuid4().hex[:ATTEMPT_TOKEN_LEN])
+
+
+def caller(aws: Any) -> str:
+    """Who is asking, for the run's history: the caller's ARN (STS GetCallerIdentity)."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    try:
+        return aws.client("sts").get_caller_identity()["Arn"]
+    except (ClientError, BotoCoreError):
+        return "unknown caller"

@@ -50,9 +50,12 @@ def runs(
     """List runs across recipes and teams, newest first: state, step of steps, tokens, jobs, cost so far
     and the run's checkpoint URI.
 
-    Without RECIPE, every deployed recipe's runs (of --team only, when given). --json prints a list of
-    {run, recipe, team, state, why, next, jobs: [{name, status, ...}], step, steps, tokens, cost_usd,
-    checkpoint_uri, ...}. Exit status 0, or 2 when the recipe is invalid or AWS cannot be read.
+    Without RECIPE, every deployed recipe's runs (of --team only, when given), each with its history
+    (launch and every deliberate change: when, who, what) and notes (a decision still pending, a job
+    waiting to be created, a deployment changed since launch: the run keeps its own recipe). --json
+    prints a list of {run, recipe, team, state, why, next, jobs: [{name, status, ...}], step, steps,
+    tokens, cost_usd, checkpoint_uri, history, deployment_changed, notes, ...}. Exit status 0, or 2 when
+    the recipe is invalid or AWS cannot be read.
 
     Examples:
 
@@ -119,16 +122,20 @@ def collect(clients: Any, stack_prefix: str | None, team: str | None) -> list[Ru
     """Every run of the registries found, with SageMaker's job states and the newest step, newest first."""
     from botocore.exceptions import ClientError
 
-    from trainstack.aws.registry import registries, scan_runs, view
+    from trainstack.aws.registry import deployed_recipe_hash, registries, scan_runs, view
     from trainstack.aws.runs import job_from_description, latest_metrics
 
     now = datetime.now(UTC)
     dynamodb = clients.aws.client("dynamodb")
-    found = []
-    for registry in registries(clients.aws.client("cloudformation"), stack_prefix):
+    cloudformation = clients.aws.client("cloudformation")
+    found, deployed = [], {}
+    for registry in registries(cloudformation, stack_prefix):
         if team is not None and not registry.stack.startswith(f"Trainstack-{team}-"):
             continue
-        found.extend(scan_runs(dynamodb, registry.table))
+        runs_here = scan_runs(dynamodb, registry.table)
+        found.extend(runs_here)
+        deployed_hash = deployed_recipe_hash(cloudformation, registry)
+        deployed.update({r.run: deployed_hash for r in runs_here})
     views = []
     for run in sorted(found, key=lambda r: r.created, reverse=True):
         described = {}
@@ -150,7 +157,7 @@ def collect(clients: Any, stack_prefix: str | None, team: str | None) -> list[Ru
                 if "step" in metrics:
                     step = int(metrics["step"].value)
                     break
-        views.append(view(run, described, step, now))
+        views.append(view(run, described, step, now, deployed.get(run.run)))
     return views
 
 
@@ -189,10 +196,14 @@ def render(views: list[RunView], where: str, recipe: str | None, team: str | Non
     for v in views:
         r = v.run
         state = Text(r.state, style=STATE_STYLE.get(r.state, ""))
-        if v.unsupervised:
-            state.append(" (unsupervised)", style="bold red")
-        elif r.stop_requested and r.state == "running":
+        if r.stop_requested and r.state == "running":
             state.append(" (stopping)", style="yellow")
+        elif v.unsupervised:
+            state.append(" (deciding)", style="yellow")
+        elif v.waiting:
+            state.append(" (starting next job)", style="cyan")
+        if v.deployment_changed:
+            state.append(" (deployment changed)", style="magenta")
         step = f"{v.step:,}" if v.step is not None else "-"
         jobs = ", ".join(f"{j.index}:{j.status}" for j in v.jobs)
         table.add_row(
@@ -214,4 +225,6 @@ def render(views: list[RunView], where: str, recipe: str | None, team: str | Non
             line = f"  export {export['job']} ({step}, {export['reason']}) -> {export['out_parent']}step-N/"
             console.print(Text(line, style="dim"), soft_wrap=True)
         for note in v.notes:
-            console.print(Text(f"  ! {note}", style="bold red"))
+            console.print(Text(f"  note: {note}", style="yellow"), soft_wrap=True)
+        for change in v.run.history:
+            console.print(Text(f"  {change.at}  {change.who}: {change.what}", style="dim"), soft_wrap=True)

@@ -1,25 +1,35 @@
-"""`trainstack stop RUN` and `trainstack resume RUN`: end a run's supervision, continue a run.
+"""`trainstack stop RUN` and `trainstack resume RUN [--set key=value ...] [--from-step N]`.
 
-stop: the run's record asks the supervisor to end the run, and the current job is stopped (SageMaker
-sends SIGTERM; the trainer saves its checkpoint; the supervisor records the run stopped when the job
-ends). A job still being created is not created: its execution is stopped and the run marked stopped.
+stop: safe at any moment. The run's record asks the supervisor to end the run (a conditional write:
+only a running run); then, by what SageMaker says of the current job:
+- training: StopTrainingJob (SIGTERM, the trainer saves) and its warm pool released; the supervisor
+  records the run stopped when the job has ended;
+- already ended, its end not decided yet: nothing is overwritten; the supervisor decides that end
+  (a job that completed or failed on its own keeps that end; any other stops the run);
+- not created yet (a capacity wait, a creation in flight): the execution creating it is stopped, and
+  the run is marked stopped by a write conditional on nothing having moved on; a job created at the
+  last moment is stopped by its creator's own stop check, or by the reconciler.
 
-resume: job n+1 of a stopped or failed run starts from the run's newest checkpoint, through the same
-supervisor, with the run's own overrides and a fresh allowance of compute.max_jobs jobs.
+resume: job n+1 of a stopped or failed run, from the request the run recorded at launch (never the one
+deployed since), with a fresh allowance of compute.max_jobs jobs and of capacity wait. `--set` changes
+what trainstack.recipes.changes lets change mid-run (refused otherwise, before AWS is asked anything);
+`--from-step N` restarts from the complete checkpoint of step N. Both go into the run's history.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any
+from datetime import UTC, datetime
+from typing import Annotated, Any
 
 import typer
 
-from trainstack.cli.commands.run_access import JsonOpt, RunArg, answer, find_run
+from trainstack.cli.commands.run_access import JsonOpt, RunArg, answer, caller, execution_name, find_run
 from trainstack.cli.commands.status import LocalOpt
 from trainstack.errors import TrainstackError
 
 RUNNING_JOB = ("InProgress", "Stopping")
+ENDED_JOB = ("Completed", "Failed", "Stopped")
 
 
 def register(app: typer.Typer) -> None:
@@ -38,8 +48,43 @@ def _job(sagemaker: Any, name: str) -> dict[str, Any] | None:
         raise
 
 
+def release_warm_pool(sagemaker: Any, described: dict[str, Any]) -> bool:
+    """End the job's warm pool (UpdateTrainingJob ResourceConfig.KeepAlivePeriodInSeconds=0, SageMaker
+    API reference) so a stopped run pays for no idle instances. False when it has none to end."""
+    from botocore.exceptions import ClientError
+
+    if not described.get("ResourceConfig", {}).get("KeepAlivePeriodInSeconds"):
+        return False
+    if described.get("WarmPoolStatus", {}).get("Status") in ("Terminated", "Reused"):
+        return False
+    try:
+        sagemaker.update_training_job(
+            TrainingJobName=described["TrainingJobName"], ResourceConfig={"KeepAlivePeriodInSeconds": 0}
+        )
+    except ClientError as error:
+        if error.response.get("Error", {}).get("Code") in ("ValidationException", "ResourceNotFound"):
+            return False
+        raise
+    return True
+
+
+def _stop_job(sagemaker: Any, described: dict[str, Any]) -> list[str]:
+    """Stop a job that still trains and release its warm pool; what was done, in words."""
+    done = []
+    if described["TrainingJobStatus"] == "InProgress" and described.get("SecondaryStatus") != "Stopping":
+        sagemaker.stop_training_job(TrainingJobName=described["TrainingJobName"])
+        done.append("stopping (SIGTERM, then the trainer saves its checkpoint)")
+    else:
+        done.append("already stopping")
+    if release_warm_pool(sagemaker, described):
+        done.append("its warm pool released")
+    return done
+
+
 def stop(run: RunArg, local: LocalOpt = False, as_json: JsonOpt = False) -> None:
-    """Stop RUN: stop its current job (SageMaker sends SIGTERM, the trainer saves) and end its supervision.
+    """Stop RUN at any moment: its current job is stopped (SageMaker sends SIGTERM, the trainer saves)
+    and its warm pool released; an end already recorded, or a job that has already ended, is never
+    overwritten; a job still being created is not created.
 
     The run can be continued later with `trainstack resume RUN`. --json prints {run, job, execution}
     (execution: the supervisor execution stopped before it created the job, else null).
@@ -60,6 +105,7 @@ def stop(run: RunArg, local: LocalOpt = False, as_json: JsonOpt = False) -> None
     aws = Aws(local=local)
     record, where = find_run(aws, run)
     dynamodb, sagemaker = aws.client("dynamodb"), aws.client("sagemaker")
+    stopped_execution = None
     try:
         try:
             record = request_stop(dynamodb, where.table, run)
@@ -69,35 +115,50 @@ def stop(run: RunArg, local: LocalOpt = False, as_json: JsonOpt = False) -> None
             ) from None
         job = record.current_job
         described = _job(sagemaker, job)
-        stopped_execution = None
         if described is None and record.creator:
             # Not created yet (the supervisor may be waiting for capacity): end the execution creating it.
-            execution = aws.client("stepfunctions").describe_execution(executionArn=record.creator)
+            sfn = aws.client("stepfunctions")
+            try:
+                execution = sfn.describe_execution(executionArn=record.creator)
+            except ClientError:
+                execution = {"status": "GONE"}
             if execution["status"] == "RUNNING":
-                aws.client("stepfunctions").stop_execution(
+                sfn.stop_execution(
                     executionArn=record.creator, error="StoppedByUser", cause=f"trainstack stop {run}"
                 )
                 stopped_execution = record.creator
             described = _job(sagemaker, job)  # it may have been created meanwhile
         if described is not None and described["TrainingJobStatus"] in RUNNING_JOB:
-            if described["TrainingJobStatus"] == "InProgress":
-                sagemaker.stop_training_job(TrainingJobName=job)
             lines = [
-                f"stopping run {run}: job {job} is stopping (SIGTERM, then the trainer saves its "
-                "checkpoint); the supervisor records the run stopped when the job has ended",
+                f"stopping run {run}: job {job} is {', '.join(_stop_job(sagemaker, described))}; the "
+                "supervisor records the run stopped when the job has ended",
                 f"continue it later with `trainstack resume {run}`",
             ]
+        elif described is not None:
+            # Ended, its end not decided yet: the supervisor decides it (never overwritten here).
+            released = release_warm_pool(sagemaker, described)
+            status = f"{described['TrainingJobStatus']} ({described.get('SecondaryStatus', '')})"
+            lines = [
+                f"stop requested for run {run}: job {job} has already ended {status}; the supervisor "
+                "records that end (a job that completed, or failed in a way the next job would repeat, "
+                "keeps it; any other end stops the run)" + ("; its warm pool released" if released else ""),
+                f"see `trainstack runs {record.recipe}`; resume a stopped run with `trainstack resume {run}`",
+            ]
         else:
-            status = described["TrainingJobStatus"] if described else "not created"
-            record_stopped(
+            recorded = record_stopped(
                 dynamodb,
                 where.table,
                 record,
-                f"it was stopped by trainstack stop (job {job}: {status})",
+                f"it was stopped by trainstack stop before job {job} was created",
                 f"nothing until it is resumed: trainstack resume {run}",
             )
+            late = _job(sagemaker, job)  # created at the very last moment: nobody would watch it
+            if late is not None and late["TrainingJobStatus"] in RUNNING_JOB:
+                _stop_job(sagemaker, late)
             lines = [
-                f"stopped run {run} (job {job}: {status})",
+                f"stopped run {run} (job {job} was not created)"
+                if recorded
+                else f"stop requested for run {run}: it changed meanwhile (see `trainstack runs`)",
                 f"continue it with `trainstack resume {run}`",
             ]
     except (ClientError, BotoCoreError) as error:
@@ -105,27 +166,61 @@ def stop(run: RunArg, local: LocalOpt = False, as_json: JsonOpt = False) -> None
     answer(as_json, run=run, job=job, execution=stopped_execution, lines=lines)
 
 
-def resume(run: RunArg, local: LocalOpt = False, as_json: JsonOpt = False) -> None:
-    """Continue a stopped or failed RUN with its next job, from the run's newest checkpoint.
+def resume(
+    run: RunArg,
+    sets: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--set",
+            help="Change the run's recipe on resume: key.path=value, repeatable; only what may change "
+            "between two jobs of a run (learning rate and schedule, clipping, checkpoint interval and keep, "
+            "instance count where the shard group allows, ...). Recorded in the run's history.",
+        ),
+    ] = None,
+    from_step: Annotated[
+        int | None,
+        typer.Option(
+            "--from-step",
+            min=0,
+            help="Restart from the complete checkpoint of this step (e.g. the one before a NaN), with the "
+            "data position it recorded; checkpoints after it are discarded.",
+        ),
+    ] = None,
+    yes: Annotated[
+        bool, typer.Option("--yes", "-y", help="Do not ask before discarding checkpoints.")
+    ] = False,
+    local: LocalOpt = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Continue a stopped or failed RUN with its next job, from the run's newest checkpoint (or from
+    --from-step N), with the recipe the run recorded at launch and the changes given with --set.
 
-    The job is `<RUN>-<n+1>`, created by the deployed supervisor with the run's own overrides and warm
-    pool; the run gets compute.max_jobs more jobs. The deployed recipe must still be the one the run was
-    launched with. --json prints {run, job, execution}.
+    The job is `<RUN>-<n+1>`, created by the deployed supervisor from the run's recorded request (never
+    from a recipe deployed since); the run gets compute.max_jobs more jobs and its capacity wait budget
+    again. --json prints {run, job, execution}.
 
-    Exit status 0 when the next job was started, 2 when RUN is unknown, running or completed, its recipe
-    was redeployed changed, or AWS refuses.
+    Exit status 0 when the next job was started, 1 when a --from-step was not confirmed, 2 when RUN is
+    unknown, running or completed, a --set key may not change mid-run or its value is invalid, the
+    checkpoint of --from-step is not complete, or AWS refuses.
 
     Examples:
 
       trainstack resume ts-nlp-8b-fp8--lr-sweep-1
 
-      trainstack resume ts-platform-30b-fp8--7eca0ce4-rtpb8y7 --local --json
+      trainstack resume ts-nlp-8b-fp8--main --set training.lr=1e-4 --from-step 1200
     """
     from botocore.exceptions import BotoCoreError, ClientError
 
-    from trainstack.aws import request
+    from trainstack.aws import request, run_request
+    from trainstack.aws.checkpoints import step_problem
+    from trainstack.aws.registry import history_with
     from trainstack.aws.session import Aws, explain
+    from trainstack.recipes import changes as recipe_changes
     from trainstack.recipes import naming
+
+    assignments = list(sets or [])
+    run_request.safe_set_keys(assignments)  # one line, exit 2, before any AWS call
+    job_environment = run_request.resume_step_environment(from_step)
 
     aws = Aws(local=local)
     record, where = find_run(aws, run)
@@ -134,46 +229,73 @@ def resume(run: RunArg, local: LocalOpt = False, as_json: JsonOpt = False) -> No
         raise TrainstackError(
             f"run {run} is {record.state}{hint}: only a stopped or failed run can be resumed"
         )
-    deployed_hash = where.launcher.get("RecipeHash")
-    if record.recipe_hash and deployed_hash != record.recipe_hash:
+    if not record.request:
         raise TrainstackError(
-            f"run {run} was launched with recipe {record.recipe} at hash {record.recipe_hash}, but the "
-            f"deployed one is {deployed_hash}: resuming would train a different recipe on its checkpoints "
-            "(deploy that recipe again, or launch a new run)"
+            f"run {run} has no recorded request (it was launched before runs recorded theirs): launch a "
+            "new run of its recipe"
         )
+    before = run_request.recipe_of(record.request)
+    after = run_request.apply_sets(before, assignments) if assignments else before
+    found = recipe_changes.changes(before, after)
+    changed = (
+        run_request.changed_request(record.request, before, after, record.team) if found else record.request
+    )
     index = record.job_index + 1
     if index > naming.JOB_INDEX_MAX:
-        raise TrainstackError(
-            f"run {run} has used all {naming.JOB_INDEX_MAX} job names: launch a new run (--name) instead"
-        )
+        raise TrainstackError(f"run {run} has named all {naming.JOB_INDEX_MAX} jobs a run has room for")
     job = naming.job_of_run(run, index)
+    if from_step is not None:
+        try:
+            problem = step_problem(aws.client("s3"), record.checkpoint_uri, from_step)
+        except (ClientError, BotoCoreError) as error:
+            raise TrainstackError(f"could not read the checkpoints of {run}: {explain(error)}") from None
+        if problem is not None:
+            raise TrainstackError(f"--from-step {from_step}: {problem}")
+        warning = (
+            f"resuming {run} from step {from_step}: its checkpoints after step {from_step} are discarded "
+            "when the job starts, and the steps after it are trained again"
+        )
+        if not yes and not typer.confirm(warning + ". Continue?", err=True):
+            raise typer.Exit(1)
+    what = ["resume"]
+    if found:
+        what.append("changed " + run_request.describe_changes(found))
+    if from_step is not None:
+        what.append(f"from step {from_step} (later checkpoints discarded)")
     execution_input = request.execution_input(
         run,
         record.run_id,
         index,
-        request.last_job(index, record.max_jobs),
-        record.steps,
+        after.training.steps,
         record.overrides,
-        record.keep_alive,
+        int(changed.get("ResourceConfig", {}).get("KeepAlivePeriodInSeconds", record.keep_alive)),
         "resume",
-        # What the trainer tags the MLflow run with (trainstack.aws.tracking: Environment values <= 512).
-        previous_job_end=f"resumed after the run {record.state}: {record.why}"[:512],
-        mlflow_run_id=record.mlflow_run_id,
+        request=changed,
+        job_environment={
+            **job_environment,
+            # What the trainer tags the MLflow run with (trainstack.aws.tracking: Environment values <= 512).
+            request.PREVIOUS_JOB_END_ENV: f"resumed after the run {record.state}: {record.why}"[:512],
+        },
+        limits=request.run_limits(after),
+        history=history_with(record, datetime.now(UTC).isoformat(), caller(aws), "; ".join(what)),
     )
     try:
         started = aws.client("stepfunctions").start_execution(
-            stateMachineArn=where.start_job, name=job, input=json.dumps(execution_input)
+            stateMachineArn=where.start_job, name=execution_name(job), input=json.dumps(execution_input)
         )
     except (ClientError, BotoCoreError) as error:
         raise TrainstackError(f"could not resume run {run} in {aws.where}: {explain(error)}") from None
-    answer(
-        as_json,
-        run=run,
-        job=job,
-        execution=started["executionArn"],
-        lines=[
-            f"resuming run {run} ({record.state}: {record.why}): job {job} resumes from "
-            f"{record.checkpoint_uri}",
-            f"execution: {started['executionArn']}",
-        ],
-    )
+    deployed_hash = where.launcher.get("RecipeHash")
+    lines = [
+        f"resuming run {run} ({record.state}: {record.why}): job {job} resumes from "
+        f"{record.checkpoint_uri}" + (f" at step {from_step}" if from_step is not None else ""),
+        f"execution: {started['executionArn']}",
+    ]
+    if found:
+        lines.append("changes: " + run_request.describe_changes(found))
+    if record.recipe_hash and deployed_hash and deployed_hash != record.recipe_hash:
+        lines.append(
+            f"note: the deployed recipe ({deployed_hash}) differs from the one this run was launched with "
+            f"({record.recipe_hash}); the run keeps its own"
+        )
+    answer(as_json, run=run, job=job, execution=started["executionArn"], lines=lines)

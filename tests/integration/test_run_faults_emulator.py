@@ -1,0 +1,246 @@
+"""A run meets the world: redeploys, lost events, a decision cut off half-way, a notifier that fails, a
+stop racing a creation, a hung job, warm pools, job 100. Each driven through the supervisor's state
+machines in the emulator (supervisor_cloud.py), as docs/runs.md's fault table lists them.
+
+Where AWS differs from moto, the emulator follows AWS's documented behaviour (trainstack.emulator.events:
+StopTrainingJob's Stopping phase, warm pools, alarm events); the capacity errors themselves are
+FailureReasons of a job SageMaker ends Failed, driven in supervisor_cases.py.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+
+import pytest
+from supervisor_cloud import PREFIX, TABLE, job_ended, launch, reconcile, start_job_ended, update
+from test_supervisor_decisions import definitions
+
+from stacks.monitoring.patterns import NOTIFY_STATES
+from stacks.supervisor.stalled import STALLED_ALARM
+from trainstack.aws import run_request
+from trainstack.aws.registry import history_with, read_run, request_stop
+from trainstack.aws.request import RESUME_STEP_ENV, execution_input, run_limits
+from trainstack.emulator import events as emulator_events
+from trainstack.protocol.metrics import FIELD_BY_KEY
+from trainstack.recipes import naming
+
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("supervisor-emulator")]
+CAPACITY = "CapacityError: Unable to provision requested ML compute capacity."
+
+
+@pytest.fixture(scope="module")
+def cloud(supervisor_cloud):
+    return supervisor_cloud
+
+
+def job(cloud, name: str) -> dict:
+    return cloud.sagemaker.describe_training_job(TrainingJobName=name)
+
+
+def job_exists(cloud, name: str) -> bool:
+    return bool(cloud.sagemaker.list_training_jobs(NameContains=name)["TrainingJobSummaries"])
+
+
+def registered(cloud, run: str, job_name: str, timeout_s: float = 60) -> None:
+    """Wait until the run's record names `job_name` its current job (a decision was recorded)."""
+    deadline = time.monotonic() + timeout_s
+    while read_run(cloud.ddb, TABLE, run).current_job != job_name:
+        assert time.monotonic() < deadline, f"{run}: {job_name} never registered"
+        time.sleep(0.2)
+
+
+def test_a_run_trains_its_recorded_request_whatever_was_deployed_since(cloud) -> None:
+    """A redeploy with another learning rate and node count changes no running run: its next job is its
+    recorded request with the next name. A run launched after the redeploy trains the new recipe."""
+    run, _ = launch(cloud, "pinned")
+    first = job(cloud, f"{run}-1")
+    redeploy = ("training.lr=0.0009", "compute.instance_count=2")
+    try:
+        for name in ("StartJob", "JobEnded"):
+            changed = json.loads(json.dumps(definitions(redeploy)[name]))
+            if name == "JobEnded":
+                changed["States"]["WaitForCapacity"] = {"Type": "Wait", "Seconds": 1, "Next": "NextInput"}
+            cloud.sfn.update_state_machine(
+                stateMachineArn=getattr(cloud, "start_job" if name == "StartJob" else "job_ended"),
+                definition=json.dumps(changed),
+            )
+        emulator_events.end_training_job(cloud.env, f"{run}-1", "Stopped", "MaxRuntimeExceeded")
+        decision, _ = job_ended(cloud, f"{run}-1")
+        assert decision["Rule"] == "MaxRuntime"
+        second = job(cloud, f"{run}-2")
+        assert second["HyperParameters"] == first["HyperParameters"]
+        assert second["HyperParameters"]["training.lr"] != "0.0009"
+        assert second["ResourceConfig"]["InstanceCount"] == first["ResourceConfig"]["InstanceCount"] == 1
+        assert second["Environment"] == first["Environment"]
+        newer, _ = launch(cloud, "after-redeploy")
+        third = job(cloud, f"{newer}-1")
+        assert third["HyperParameters"]["training.lr"] == "0.0009"
+        assert third["ResourceConfig"]["InstanceCount"] == 2
+    finally:
+        for name in ("StartJob", "JobEnded"):
+            original = json.loads(json.dumps(definitions()[name]))
+            if name == "JobEnded":
+                original["States"]["WaitForCapacity"] = {"Type": "Wait", "Seconds": 1, "Next": "NextInput"}
+            cloud.sfn.update_state_machine(
+                stateMachineArn=getattr(cloud, "start_job" if name == "StartJob" else "job_ended"),
+                definition=json.dumps(original),
+            )
+
+
+def test_a_lost_event_is_decided_by_the_reconciler_once(cloud) -> None:
+    run, _ = launch(cloud, "lost-event")
+    emulator_events.end_training_job(cloud.env, f"{run}-1", "Stopped", "MaxRuntimeExceeded")  # no event
+    actions, _ = reconcile(cloud)
+    assert {"Run": run, "Action": "decide"} in actions
+    record = read_run(cloud.ddb, TABLE, run)
+    assert record.current_job == f"{run}-2" and record.state == "running"
+    assert job(cloud, f"{run}-2")["TrainingJobStatus"] == "InProgress"
+    again, _ = reconcile(cloud)  # idempotent: nothing left to drive
+    assert {"Run": run, "Action": "none"} in again
+    assert [j.name for j in read_run(cloud.ddb, TABLE, run).jobs] == [f"{run}-1", f"{run}-2"]
+
+
+def test_a_decision_cut_off_half_way_is_finished_by_the_reconciler(cloud) -> None:
+    """JobEnded records the end and registers job 2 in one write, then waits for capacity; cut off
+    there (an execution aborted, timed out or failed), job 2 is registered and never created. The
+    reconciler creates it, exactly once."""
+    run, _ = launch(cloud, "half-way")
+    emulator_events.end_training_job(cloud.env, f"{run}-1", "Failed", "Failed", CAPACITY)
+    decision = start_job_ended(cloud, f"{run}-1", machine=cloud.job_ended_slow)
+    registered(cloud, run, f"{run}-2")
+    cloud.sfn.stop_execution(executionArn=decision, error="Test", cause="cut off during the capacity wait")
+    assert not job_exists(cloud, f"{run}-2")
+    actions, started = reconcile(cloud)
+    assert {"Run": run, "Action": "recreate"} in actions
+    assert job(cloud, f"{run}-2")["TrainingJobStatus"] == "InProgress"
+    assert read_run(cloud.ddb, TABLE, run).creator in started  # claimed by the recreation
+    again, _ = reconcile(cloud)
+    assert {"Run": run, "Action": "none"} in again
+
+
+def test_a_failed_notification_strands_no_run_and_fails_its_execution(cloud) -> None:
+    """With the topic gone, the decision is recorded, the next job created, and only then does the
+    publish fail: the execution ends failed (NotificationFailed), which the ExecutionFailed alarm
+    reports on a topic of its own (test_cdk_supervisor.py)."""
+    run, _ = launch(cloud, "mute")
+    emulator_events.end_training_job(cloud.env, f"{run}-1", "Stopped", "MaxRuntimeExceeded")
+    cloud.sns.delete_topic(TopicArn="arn:aws:sns:us-east-1:123456789012:t")
+    try:
+        done = cloud.wait(start_job_ended(cloud, f"{run}-1"))
+    finally:
+        cloud.subscribe()
+    assert (done["status"], done.get("error")) == ("FAILED", "NotificationFailed")
+    assert read_run(cloud.ddb, TABLE, run).current_job == f"{run}-2"
+    assert job(cloud, f"{run}-2")["TrainingJobStatus"] == "InProgress"
+
+
+def test_a_stop_during_a_creation_stops_the_job_it_could_not_see(cloud) -> None:
+    """`trainstack stop` asks while job 2 is registered and not yet created (here: a capacity wait that
+    the stop did not end). The creation's own stop check stops job 2 at once; SageMaker passes through
+    Stopping before Stopped ("When it receives a StopTrainingJob request, SageMaker changes the status
+    of the job to Stopping. After SageMaker stops the job, it sets the status to Stopped": SageMaker API
+    reference, StopTrainingJob; the emulator does the same); only its Stopped end stops the run."""
+    run, _ = launch(cloud, "stop-race")
+    emulator_events.end_training_job(cloud.env, f"{run}-1", "Failed", "Failed", CAPACITY)
+    decision = start_job_ended(cloud, f"{run}-1", machine=cloud.job_ended_slow)
+    registered(cloud, run, f"{run}-2")
+    request_stop(cloud.ddb, TABLE, run)  # the stop's conditional write, as the CLI makes it
+    assert cloud.wait(decision)["status"] == "SUCCEEDED"
+    assert job(cloud, f"{run}-2")["TrainingJobStatus"] in ("Stopping", "Stopped")
+    emulator_events.wait_for_status(cloud.env, f"{run}-2", ("Stopped",))
+    assert "Stopping" not in NOTIFY_STATES  # the supervisor hears the job only once it has stopped
+    decided, _ = job_ended(cloud, f"{run}-2")
+    assert (decided["Rule"], read_run(cloud.ddb, TABLE, run).state) == ("StopRequested", "stopped")
+
+
+def test_a_stalled_job_is_stopped_and_its_run_continues_on_fresh_instances(cloud) -> None:
+    """The Stalled alarm going to ALARM (CloudWatch's documented event, delivered to the stall rule)
+    stops the job; the trainer saves on SIGTERM; the Stalled rule starts job 2, after releasing job 1's
+    warm pool so that job 2 is not placed on the hung cluster."""
+    run, _ = launch(cloud, "stalls", keep_alive=1800)
+    step_metric = FIELD_BY_KEY["step"].metric_name
+    alarm = f"{run}-1-{STALLED_ALARM}"
+    (handled,) = emulator_events.deliver_alarm_state_change(cloud.env, alarm, f"{run}-1", step_metric)
+    assert cloud.wait(handled)["status"] == "SUCCEEDED"
+    assert read_run(cloud.ddb, TABLE, run).stalled == f"{run}-1"
+    emulator_events.wait_for_status(cloud.env, f"{run}-1", ("Stopped",))
+    decision, _ = job_ended(cloud, f"{run}-1")
+    assert (decision["Outcome"], decision["Rule"]) == ("next_job", "Stalled")
+    assert job(cloud, f"{run}-1")["WarmPoolStatus"]["Status"] == "Terminated"
+    assert job(cloud, f"{run}-2")["TrainingJobStatus"] == "InProgress"
+    assert read_run(cloud.ddb, TABLE, run).crashes == 1  # a stall counts toward the crash loop
+
+    kept, _ = launch(cloud, "stalls-kept")  # monitoring.stop_stalled: false keeps only the alarm
+    update(cloud, kept, {"stop_stalled": {"BOOL": False}})
+    (left,) = emulator_events.deliver_alarm_state_change(
+        cloud.env, f"{kept}-1-{STALLED_ALARM}", f"{kept}-1", step_metric
+    )
+    assert cloud.wait(left)["status"] == "SUCCEEDED"
+    assert job(cloud, f"{kept}-1")["TrainingJobStatus"] == "InProgress"
+    other = "ts-nlp-1b-bf16--x-1"  # another deployment's alarm starts nothing here
+    assert emulator_events.deliver_alarm_state_change(cloud.env, f"{other}-Stalled", other, step_metric) == []
+
+
+def test_a_healthy_end_leaves_its_warm_pool_to_the_next_job_and_a_crash_does_not(cloud) -> None:
+    """SageMaker places a job on a matching warm pool ("If the warm pool identifies a second training
+    job with matching specifications such as instance count or instance type, then the warm pool moves
+    from the first training job to the second": developer guide, "SageMaker AI Managed Warm Pools"):
+    after a max-runtime stop that is a faster restart; after a crash it would be the suspect cluster
+    again, so JobEnded ends it first (UpdateTrainingJob KeepAlivePeriodInSeconds=0)."""
+    run, _ = launch(cloud, "warm", keep_alive=1800)
+    emulator_events.end_training_job(cloud.env, f"{run}-1", "Stopped", "MaxRuntimeExceeded")
+    job_ended(cloud, f"{run}-1")
+    assert job(cloud, f"{run}-1")["WarmPoolStatus"] == {"Status": "Reused", "ReusedByJob": f"{run}-2"}
+    emulator_events.end_training_job(cloud.env, f"{run}-2", "Failed", "Failed", "AlgorithmError: exit 1")
+    decision, _ = job_ended(cloud, f"{run}-2")
+    assert decision["Rule"] == "Crashed"
+    assert job(cloud, f"{run}-2")["WarmPoolStatus"]["Status"] == "Terminated"
+    assert job(cloud, f"{run}-3")["WarmPoolStatus"]["Status"] == "InUse"  # a new cluster
+
+
+def test_resume_with_changes_records_them_and_job_101_is_named_past_two_digits(cloud) -> None:
+    """A resume carries the run's request changed by `--set` (recorded) and `--from-step` (this job's
+    environment only); the run's history gains the change; job 101 is `<run>-a1` (naming.job_suffix)."""
+    run, _ = launch(cloud, "resumed")
+    emulator_events.end_training_job(cloud.env, f"{run}-1", "Failed", "Failed", "AlgorithmError: " + "x")
+    update(cloud, run, {"crashes": {"N": "2"}})  # the third crash in a row fails the run
+    assert job_ended(cloud, f"{run}-1")[0]["Rule"] == "CrashLoop"
+    update(cloud, run, {"job_index": {"N": "100"}})  # as if it had run 100 jobs
+    record = read_run(cloud.ddb, TABLE, run)
+    before = run_request.recipe_of(record.request)
+    after = run_request.apply_sets(before, ["training.lr=0.0001"])
+    changed = run_request.changed_request(record.request, before, after, record.team)
+    payload = execution_input(
+        run,
+        record.run_id,
+        101,
+        after.training.steps,
+        record.overrides,
+        0,
+        "resume",
+        request=changed,
+        job_environment=run_request.resume_step_environment(40),
+        limits=run_limits(after),
+        history=history_with(record, "2026-12-01T00:00:00+00:00", "tester", "resume; training.lr changed"),
+    )
+    name = naming.job_of_run(run, 101)
+    assert name == f"{run}-a1"
+    started = cloud.sfn.start_execution(
+        stateMachineArn=cloud.start_job, name=f"{name}-{uuid.uuid4().hex[:12]}", input=json.dumps(payload)
+    )["executionArn"]
+    assert cloud.wait(started)["status"] == "SUCCEEDED"
+    resumed = job(cloud, name)
+    assert resumed["HyperParameters"]["training.lr"] == "0.0001"
+    assert resumed["Environment"][RESUME_STEP_ENV] == "40"
+    record = read_run(cloud.ddb, TABLE, run)
+    assert record.state == "running" and record.current_job == name and record.crashes == 0
+    assert record.request["HyperParameters"]["training.lr"] == "0.0001"
+    assert RESUME_STEP_ENV not in record.request["Environment"]  # --from-step is the resumed job's only
+    assert [h.what for h in record.history] == ["launch", "resume; training.lr changed"]
+    emulator_events.end_training_job(cloud.env, name, "Stopped", "MaxRuntimeExceeded")
+    assert job_ended(cloud, name)[0]["NextJob"] == f"{run}-a2"
+    later = job(cloud, f"{run}-a2")
+    assert later["HyperParameters"]["training.lr"] == "0.0001" and RESUME_STEP_ENV not in later["Environment"]
+    assert PREFIX in later["TrainingJobName"]
