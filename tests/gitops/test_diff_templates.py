@@ -72,12 +72,12 @@ def test_only_stack_sets_whose_templates_change_deploy(project, h, tmp_path, mon
     3b-bf16 stack set only. One diff against the base, two syntheses."""
     app_py = project / "stacks" / "app.py"
     text = app_py.read_text()
-    assert "def stack_names(" in text and "        for stack in (data, launcher):\n" in text
+    assert "def stack_names(" in text and "        stacks += [data, launcher]\n" in text
     app_py.write_text(text.replace("stack_names(", "stack_names_of(") + "\n# refactored\n")
     cli_py = project / "trainstack" / "cli" / "main.py"
     cli_py.write_text(cli_py.read_text() + "\n# a CLI refactor: the image is not rebuilt\n")
     h.git(project, "commit", "--quiet", "-am", "refactor")
-    anchor = "        for stack in (data, launcher):\n"
+    anchor = "        stacks += [data, launcher]\n"
     tagged = (
         '        if deployment.recipe.name == "3b-bf16":  # reaches one stack set only\n'
         '            Tags.of(data).add("trainstack:test", "changed")\n'

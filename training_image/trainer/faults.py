@@ -8,6 +8,9 @@ else; no launcher, recipe or image sets it. Unset, every hook below is one compa
     sigterm-no-time                  a SIGTERM counts as arriving with no time left to save
     sigterm-at-start                 the trainer signals itself SIGTERM as soon as its handler is set
                                      (a stop that lands while the job is still starting)
+    nan-gradients@<step>             the gradients of optimizer step <step> become NaN before clipping,
+                                     as a diverging run's do (recipe bounds keep an lr that diverges on
+                                     purpose out of reach)
 
 Phases, in the order a save passes them (trainer.checkpoint): before-shards (rank-N.pt written, no
 shard yet), mid-shards (the first bytes of a shard written, the shard not finished), after-shards
@@ -28,6 +31,7 @@ from trainstack.errors import TrainstackError
 ENV = "TRAINSTACK_FAULT_INJECT"
 PHASES = ("before-shards", "mid-shards", "after-shards", "after-manifests", "before-marker", "after-marker")
 ACTIONS = ("sigterm-no-time", "sigterm-at-start")
+_NAN = re.compile(r"^nan-gradients@(?P<step>\d+)$")
 _KILL = re.compile(r"^kill:(?P<phase>[a-z-]+)(?:@(?P<step>\d+))?(?:#(?P<rank>\d+))?$")
 
 
@@ -43,11 +47,13 @@ def parse(text: str) -> Fault:
     """One fault from TRAINSTACK_FAULT_INJECT's text; a TrainstackError naming it when it is wrong."""
     if text in ACTIONS:
         return Fault(text)
+    if nan := _NAN.match(text):
+        return Fault("nan-gradients", step=int(nan["step"]))
     match = _KILL.match(text)
     if not match or match["phase"] not in PHASES:
         raise TrainstackError(
             f"{ENV}={text!r}: expected kill:<phase>[@<step>][#<rank>] with a phase of {', '.join(PHASES)}, "
-            f"or one of {', '.join(ACTIONS)} (test-only)"
+            f"nan-gradients@<step>, or one of {', '.join(ACTIONS)} (test-only)"
         )
     step, rank = match["step"], match["rank"]
     return Fault("kill", match["phase"], int(step) if step else None, int(rank) if rank else None)
@@ -88,3 +94,8 @@ def sigterm_no_time() -> bool:
 def sigterm_at_start() -> bool:
     fault = active()
     return fault is not None and fault.action == "sigterm-at-start"
+
+
+def nan_gradients_at(step: int) -> bool:
+    fault = active()
+    return fault is not None and fault.action == "nan-gradients" and fault.step == step

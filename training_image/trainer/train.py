@@ -30,7 +30,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 from torch.optim.lr_scheduler import LRScheduler
 
-from trainer import blend
+from trainer import blend, faults
 from trainer.activation_checkpointing import (
     apply_activation_checkpointing,
     is_op_level,
@@ -429,6 +429,8 @@ def _loop(ctx: LoopContext, state: TrainerState, max_steps: int, stop: StopReque
                 stopping = True
                 break
             checkpoints.wait_for_staging()  # the optimizer step changes what an in-flight save copies
+            if faults.nan_gradients_at(step + 1):  # test-only (trainer.faults): a diverged step
+                next(model.parameters()).grad.mul_(float("nan"))
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), tr.grad_clip)
             if hasattr(grad_norm, "full_tensor"):
                 grad_norm = grad_norm.full_tensor()
