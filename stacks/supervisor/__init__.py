@@ -59,9 +59,6 @@ EXECUTION_TIMEOUT = Duration.seconds(
 RECONCILE_TIMEOUT = Duration.minutes(RECONCILE_MINUTES)
 
 
-ON_COMPLETE = "OnComplete"  # JobEnded's completed-run hook (stacks/export.py: export.on_complete)
-
-
 class RunSupervisor(Construct):
     """StartJob, JobEnded, the reconciler, the stall handler, and what starts them, with least-privilege
     roles."""
@@ -91,12 +88,9 @@ class RunSupervisor(Construct):
             key,
             f"start jobs of {self.prefix}* runs",
         )
-        ended = job_ended_definition(constants, completed_hook=ON_COMPLETE if on_complete else None)
-        if on_complete:
-            ended["States"][ON_COMPLETE] = {**on_complete, "Next": "Notify"}
         self.job_ended = self._machine(
             "JobEnded",
-            ended,
+            job_ended_definition(constants, on_complete=on_complete),
             key,
             f"decide what {self.prefix}* runs do when a job ends",
         )

@@ -5,7 +5,7 @@ what it needs first (FreshInstances: a suspect cluster's warm pool released), th
 a next job into a failed run (crash loop, capacity budget, job slots, job names), the one write that
 records the end and registers job n+1 (RecordNextJob) or ends the run (RecordEnd), the next job's
 creation, and last the notification. Hooks for other steps of a decision go between the record and
-Notify (e.g. an export when a run completes, in `completed_hook`).
+Notify (e.g. an export when a run completes: `on_complete`).
 """
 
 from __future__ import annotations
@@ -146,13 +146,18 @@ def next_job_state(*, decimal: bool) -> dict[str, Any]:
     }
 
 
-def job_ended_definition(c: SupervisorConstants, *, completed_hook: str | None = None) -> dict[str, Any]:
+ON_COMPLETE = "OnComplete"  # the completed-run hook's state
+
+
+def job_ended_definition(
+    c: SupervisorConstants, *, on_complete: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """The "job ended" state machine: read the job and its run's record, decide, record, start the next
     job when the decision says so, notify.
 
     No request is deployed here: the next job is the run's recorded request (NextInput).
-    `completed_hook`: the name of a state to run between recording a completed run and notifying it
-    (its definition added by its owner; it must go on to Notify)."""
+    `on_complete`: a state (its owner's definition, stacks/export.py) run between recording a completed
+    run and notifying it, as `OnComplete`; it goes on to Notify whatever it does."""
     describe = {"TrainingJobName.$": "$.detail.TrainingJobName"}
     key = {"run": {"S.$": "$.Numbers.Run"}}
     recorded = {
@@ -565,7 +570,7 @@ def job_ended_definition(c: SupervisorConstants, *, completed_hook: str | None =
             },
             ResultPath=None,
             Catch=changed_meanwhile,
-            Next="Ended" if completed_hook else "Notify",
+            Next="Ended" if on_complete else "Notify",
         ),
         "Notify": {
             **notify(
@@ -581,14 +586,15 @@ def job_ended_definition(c: SupervisorConstants, *, completed_hook: str | None =
         "NotificationFailed": notification_failed("the run's record, and its next job if any"),
         "Decided": {"Type": "Succeed", "OutputPath": "$.Decision"},
     }
-    if completed_hook:
+    if on_complete:
+        states[ON_COMPLETE] = {**on_complete, "Next": "Notify"}
         states["Ended"] = {
             "Type": "Choice",
             "Choices": [
                 {
                     "Variable": "$.Decision.Outcome",
                     "StringEquals": supervisor.Outcome.COMPLETED.value,
-                    "Next": completed_hook,
+                    "Next": ON_COMPLETE,
                 }
             ],
             "Default": "Notify",

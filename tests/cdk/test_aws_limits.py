@@ -185,6 +185,7 @@ def test_the_largest_run_record_fits_one_dynamodb_item() -> None:
         "capacity_minutes": {"N": "40320"},
         "capacity_wait": {"N": "120"},
         "capacity_budget": {"N": "40320"},
+        "mlflow_run_id": text(32),  # MLflow run ids are 32 hex digits
         "created": text(32),
         "updated": text(32),
     }

@@ -82,19 +82,20 @@ def test_on_complete_adds_one_state_after_a_completed_run_and_nothing_else():
     c = constants_for(
         recipe, None, plan(recipe), table_name="runs", topic_arn="arn:aws:sns:us-west-2:1:t", bucket_name="b"
     )
-    args = dict(request={"TrainingJobName.$": "$.Names.JobName"}, hyperparameters={})
-    plain = job_ended_definition(c, **args)
+    plain = job_ended_definition(c)
     hooked = job_ended_definition(
-        c, **args, on_complete=export_on_complete_state("arn:aws:states:us-west-2:1:stateMachine:Export")
+        c, on_complete=export_on_complete_state("arn:aws:states:us-west-2:1:stateMachine:Export")
     )
     added = set(hooked["States"]) - set(plain["States"])
-    assert added == {"OnComplete"}
+    assert added == {"OnComplete", "Ended"}  # the export, and the choice that runs it for completed runs
     state = hooked["States"]["OnComplete"]
-    assert state["Resource"] == "arn:aws:states:::states:startExecution" and state["Next"] == "Decided"
+    assert state["Resource"] == "arn:aws:states:::states:startExecution" and state["Next"] == "Notify"
     assert state["Parameters"]["Input"]["Reason"] == "on_complete"
-    (choice,) = [ch for ch in hooked["States"]["Continue"]["Choices"] if ch["Next"] == "OnComplete"]
+    assert state["Catch"][0]["Next"] == "Notify"  # a failed start still notifies the run's end
+    (choice,) = hooked["States"]["Ended"]["Choices"]
     assert choice == {"Variable": "$.Decision.Outcome", "StringEquals": "completed", "Next": "OnComplete"}
+    assert hooked["States"]["Ended"]["Default"] == "Notify"
     unhooked = copy.deepcopy(hooked)
-    del unhooked["States"]["OnComplete"]
-    unhooked["States"]["Continue"]["Choices"].remove(choice)
+    del unhooked["States"]["OnComplete"], unhooked["States"]["Ended"]
+    unhooked["States"]["RecordEnd"]["Next"] = "Notify"
     assert unhooked == plain

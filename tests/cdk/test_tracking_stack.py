@@ -72,9 +72,11 @@ def test_every_job_gets_mlflow_config_and_tensorboard_output(vpc_tracking_templa
         "TensorBoardOutputConfig",
         "/opt/ml/output/tensorboard",
         "MLFLOW_TRACKING_URI",
-        "TRAINSTACK_PREVIOUS_JOB_END.$",
     ):
         assert expected in text, expected
+    # Why the previous job ended is the next job's own environment, set where JobEnded decides it.
+    ended = json.dumps(launcher_state_machine(vpc_tracking_templates[LAUNCHER], "JobEnded")["Properties"])
+    assert "TRAINSTACK_PREVIOUS_JOB_END.$" in ended
 
 
 def test_cfn_lint_reports_nothing_on_the_tracking_stack(vpc_tracking_outdir: Path):

@@ -73,7 +73,8 @@ def test_a_run_trains_its_recorded_request_whatever_was_deployed_since(cloud) ->
         assert second["HyperParameters"] == first["HyperParameters"]
         assert second["HyperParameters"]["training.lr"] != "0.0009"
         assert second["ResourceConfig"]["InstanceCount"] == first["ResourceConfig"]["InstanceCount"] == 1
-        assert second["Environment"] == first["Environment"]
+        # the recorded environment, and the one value that is the job's own: why its predecessor ended
+        assert second["Environment"] == {**first["Environment"], "TRAINSTACK_PREVIOUS_JOB_END": "MaxRuntime"}
         newer, _ = launch(cloud, "after-redeploy")
         third = job(cloud, f"{newer}-1")
         assert third["HyperParameters"]["training.lr"] == "0.0009"

@@ -185,7 +185,7 @@ def test_runs_mlflow_finds_the_run_and_writes_the_registrys_final_word(server, t
     )
     record = Run(
         run=RUN, run_id="mlflow1", recipe="tiny-cpu", team="platform", state="stopped",
-        current_job=f"{RUN}-2", job_index=2, last_job=20, jobs=jobs, checkpoint_uri="s3://b/c/", steps=60,
+        current_job=f"{RUN}-2", job_index=2, jobs=jobs, checkpoint_uri="s3://b/c/", steps=60,
         tokens_per_step=512,
         usd_per_hour=1.0, overrides={}, keep_alive=0, stop_requested=True, why="trainstack stop was asked",
         next_step="trainstack resume", recipe_hash="0", max_jobs=20, creator="", created=now, updated=now,

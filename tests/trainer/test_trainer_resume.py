@@ -374,5 +374,12 @@ def test_the_trainer_saves_and_exits_0_before_the_capacity_block_is_reclaimed(tm
     assert result.code == 0, result.stderr[-3000:]
     assert "training plan: capacity block ends" in result.stderr
     assert "until SageMaker reclaims the instances; stopping to save" in result.stderr
-    saved = int(re.search(r"SIGTERM: saved step (\d+) and stopping", result.stderr).group(1))
+    # The stop saves the step it ends on, or (when a save of a recent step is complete or in flight and
+    # the window is short, as on a loaded machine) leaves the run to resume from that one: either way the
+    # next job's step is the newest complete checkpoint.
+    found = re.search(r"SIGTERM: saved step (\d+) and stopping", result.stderr) or re.search(
+        r"SIGTERM: stopping without a final save; the next job resumes from \S*step-(\d+)", result.stderr
+    )
+    assert found, result.stderr[-3000:]
+    saved = int(found.group(1))
     assert saved < 100000 and complete_steps(open_storage(tmp_path / "ck"))[0] == saved
