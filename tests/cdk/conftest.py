@@ -1,5 +1,8 @@
 """One in-process synthesis of `-c recipe=all` (every base recipe, and every team's recipes), shared by
-the template gates. Synthesis itself is the cdk-nag gate: any unacknowledged finding fails it."""
+the template gates. Synthesis itself is the cdk-nag gate: any unacknowledged finding fails it.
+
+Each synthesis here is made once per test session, not once per xdist worker: the first worker to need
+it synthesizes into the session's shared temporary root under a file lock, the other reads it."""
 
 from __future__ import annotations
 
@@ -7,11 +10,26 @@ from pathlib import Path
 
 import pytest
 from cdk_helpers import synth, templates
+from filelock import FileLock
+
+
+def shared_synth(tmp_path_factory: pytest.TempPathFactory, name: str, context: dict[str, str]) -> Path:
+    """The assembly of `context`, synthesized by whichever worker asks first (all workers of one session
+    share the parent of their base temporary directories)."""
+    root = tmp_path_factory.getbasetemp()
+    if root.name.startswith("popen-gw"):  # an xdist worker: its siblings' root
+        root = root.parent
+    outdir, done = root / name, root / f"{name}.done"
+    with FileLock(str(root / f"{name}.lock")):
+        if not done.exists():  # a synthesis that failed leaves no mark: the next asker fails the same way
+            synth(context, outdir)
+            done.touch()
+    return outdir
 
 
 @pytest.fixture(scope="session")
 def all_outdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return synth({"recipe": "all"}, tmp_path_factory.mktemp("cdk-all"))
+    return shared_synth(tmp_path_factory, "cdk-all", {"recipe": "all"})
 
 
 @pytest.fixture(scope="session")
@@ -31,7 +49,7 @@ VPC_TRACKING_CONTEXT = {
 
 @pytest.fixture(scope="session")
 def vpc_tracking_outdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return synth(VPC_TRACKING_CONTEXT, tmp_path_factory.mktemp("cdk-vpc-tracking"))
+    return shared_synth(tmp_path_factory, "cdk-vpc-tracking", VPC_TRACKING_CONTEXT)
 
 
 @pytest.fixture(scope="session")

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "trainer"))
-from trainer_helpers import TINY, metric_lines, torchrun  # noqa: E402
+from trainer_helpers import TINY, metric_lines, trainer_ranks  # noqa: E402
 
 from trainstack.aws import tracking  # noqa: E402
 from trainstack.emulator.mlflow_server import MlflowServer  # noqa: E402
@@ -48,7 +48,7 @@ def two_jobs(server, tmp_path_factory):
             "TRAINSTACK_PREVIOUS_JOB_END": "MaxRuntime" if index > 1 else "",
             "TRAINSTACK_TENSORBOARD_DIR": str(work / "tensorboard"),
         }
-        done = torchrun(
+        done = trainer_ranks(
             2,
             "--recipe",
             str(TINY),

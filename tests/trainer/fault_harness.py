@@ -148,12 +148,16 @@ class Forked:
         self.context = multiprocessing.get_context("forkserver")
         self.context.set_forkserver_preload(PRELOAD)
 
-    def start(self, argv: list[str], env: dict[str, str], log: Path, world: int = 1) -> Job:
+    def start(
+        self, argv: list[str], env: dict[str, str], log: Path, world: int = 1, always_ranked: bool = False
+    ) -> Job:
+        """`world` ranks of main(argv); a world of one runs without torchrun's variables unless
+        `always_ranked` (as torchrun's one worker has them)."""
         port = str(free_port())
         processes, logs = [], []
         for rank in range(world):
             rank_env = dict(env)
-            if world > 1:  # what torchrun gives each worker
+            if world > 1 or always_ranked:  # what torchrun gives each worker
                 rank_env.update(
                     RANK=str(rank),
                     LOCAL_RANK=str(rank),

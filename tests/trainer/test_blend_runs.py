@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 from blend_helpers import write_dataset
-from trainer_helpers import REPO, TINY, metric_lines, torchrun, trainer_env
+from trainer_helpers import REPO, TINY, metric_lines, trainer_env, trainer_ranks
 
 from trainstack.aws.request import create_training_job_request
 from trainstack.recipes.loader import resolve
@@ -71,7 +71,7 @@ def data(tmp_path_factory) -> Path:
 def straight(data, tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
     """8 steps on 2 ranks; checkpoints at 4 and 8; validation at 4 and 8."""
     root = tmp_path_factory.mktemp("blend")
-    result = torchrun(
+    result = trainer_ranks(
         2, *RECIPE, "--data-dir", str(data), "--max-steps", "8",
         "--checkpoint-dir", str(root / "ck"), "--trace-dir", str(root / "trace"),
     )  # fmt: skip

@@ -30,7 +30,7 @@ from trainer.hf import load_base, pieces
 from trainer.model import build_model, pytorch_backend
 from trainer.optim import build_optimizer, build_scheduler
 from trainer.parallel import build_mesh, shard_model
-from trainer_helpers import REPO, TINY, torchrun, trainer_env
+from trainer_helpers import REPO, TINY, trainer_env, trainer_ranks
 
 from trainstack.errors import TrainstackError
 from trainstack.recipes.hf_config import read_hf_config, recipe_model_block, shape_from_hf_config
@@ -276,7 +276,7 @@ def test_round_trip_through_the_trainer_reproduces_the_base(bases, tmp_path):
     recipe_path = tmp_path / "recipe.json"
     recipe_path.write_text(recipe.model_dump_json())
     args = ("--recipe", str(recipe_path), "--checkpoint-dir", str(tmp_path / "ck"), "--synthetic")
-    done = torchrun(2, *args, "--max-steps", "1")
+    done = trainer_ranks(2, *args, "--max-steps", "1")
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"loaded base model {folder}" in done.stderr
     export(recipe, str(tmp_path / "ck"), str(tmp_path / "hf"), dtype="fp32")

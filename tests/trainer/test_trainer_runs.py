@@ -1,5 +1,8 @@
-"""End-to-end CPU runs of the real trainer under torchrun (gloo): FSDP, HSDP, exact resume, skipped
-half-written checkpoints, SIGTERM, NaN, and the stack's metric regexes against the real output."""
+"""End-to-end CPU runs of the real multi-process trainer (gloo): FSDP, HSDP, exact resume, skipped
+half-written checkpoints, SIGTERM, NaN, and the stack's metric regexes against the real output. The
+reference run and the SIGTERM test go through torchrun (and the image's entrypoint) themselves; the
+others start their ranks as torchrun would, forked from a server that imported the trainer once
+(trainer_helpers.trainer_ranks), since a torch import per process costs seconds here."""
 
 from __future__ import annotations
 
@@ -16,7 +19,7 @@ from pathlib import Path
 import pytest
 from trainer.checkpoint import MARKER, completeness_problem
 from trainer.entrypoint import child_pids
-from trainer_helpers import REPO, TINY, metric_lines, torchrun, trainer_env, two_nodes
+from trainer_helpers import REPO, TINY, metric_lines, torchrun, trainer_env, trainer_ranks, two_nodes
 
 from trainstack.aws.request import create_training_job_request
 from trainstack.protocol.metrics import FIELDS, metric_definitions, parse_line
@@ -70,7 +73,7 @@ def straight(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
 def first_20(tmp_path_factory) -> Path:
     """The first 20 steps of the same run, stopped there (checkpoints at 10 and 20)."""
     root = tmp_path_factory.mktemp("first20")
-    result = torchrun(
+    result = trainer_ranks(
         2,
         "--recipe",
         str(TINY),
@@ -97,7 +100,7 @@ def test_fsdp_loss_falls_on_the_synthetic_set(straight):
 def test_resume_is_exact_and_the_data_position_continues(straight, first_20, tmp_path):
     run = tmp_path / "resumed"
     shutil.copytree(first_20, run)
-    result = torchrun(
+    result = trainer_ranks(
         2,
         "--recipe",
         str(TINY),
@@ -128,7 +131,7 @@ def test_truncated_checkpoint_is_skipped_for_the_previous_complete_one(straight,
     with shard.open("r+b") as f:  # killed mid-write / half-synced from S3
         f.truncate(shard.stat().st_size // 2)
     assert "truncated" in completeness_problem(newest)
-    result = torchrun(
+    result = trainer_ranks(
         2,
         "--recipe",
         str(TINY),
@@ -150,14 +153,14 @@ def test_checkpoint_without_marker_is_skipped(first_20, tmp_path):
     run = tmp_path / "unmarked"
     shutil.copytree(first_20, run)
     (run / "ck" / "step-000000020" / MARKER).unlink()
-    result = torchrun(2, "--recipe", str(TINY), "--max-steps", "21", "--checkpoint-dir", str(run / "ck"))
+    result = trainer_ranks(2, "--recipe", str(TINY), "--max-steps", "21", "--checkpoint-dir", str(run / "ck"))
     assert result.returncode == 0, result.stderr[-3000:]
     assert "interrupted while writing" in result.stderr and "step 10, data position 160" in result.stderr
 
 
 def test_hsdp_2x2_mesh_trains_like_fsdp(straight, tmp_path):
     # shard_group 2 on 4 ranks: 2 replicas x 2-way shard; global batch and samples per step unchanged.
-    result = torchrun(
+    result = trainer_ranks(
         4,
         "--recipe",
         str(TINY),
@@ -304,7 +307,7 @@ def test_sigterm_to_the_entrypoint_and_torchrun_exits_zero_and_resumes_exactly(s
     assert completeness_problem(newest) is None
     assert json.loads((newest / MARKER).read_text())["samples_consumed"] == stopped_at * GLOBAL_BATCH
 
-    resumed = torchrun(
+    resumed = trainer_ranks(
         2,
         "--recipe",
         str(TINY),
@@ -328,7 +331,7 @@ def test_sigterm_to_the_entrypoint_and_torchrun_exits_zero_and_resumes_exactly(s
 def test_nan_loss_exits_non_zero_and_saves_nothing_after_it(tmp_path):
     # Step 5's gradients become NaN, as a diverging run's do (a learning rate high enough to diverge on
     # purpose is past the recipe's bounds): the optimizer takes them, so the weights are NaN from there.
-    result = torchrun(
+    result = trainer_ranks(
         2,
         "--recipe",
         str(TINY),
@@ -374,7 +377,7 @@ def test_trains_from_token_shards_written_by_make_shards(tmp_path):
         text=True,
     )
     assert made.returncode == 0, made.stderr
-    result = torchrun(
+    result = trainer_ranks(
         2,
         "--recipe",
         str(TINY),
@@ -436,13 +439,17 @@ def test_checkpoints_go_straight_to_the_emulators_s3_and_resume_exactly(straight
             "TRAINSTACK_RUN": "run-1",
         }
         trace = tmp_path / "trace"
-        first = torchrun(2, "--recipe", str(TINY), "--max-steps", "20", "--trace-dir", str(trace), env=env)
+        first = trainer_ranks(
+            2, "--recipe", str(TINY), "--max-steps", "20", "--trace-dir", str(trace), env=env
+        )
         assert first.returncode == 0, first.stderr[-3000:]
         listed = s3.list_objects_v2(Bucket="trainstack-ck", Prefix="checkpoints/")["Contents"]
         names = {o["Key"].split("/", 4)[4] for o in listed}
         assert {"step-000000010/COMPLETE.json", "step-000000020/COMPLETE.json"} <= names
         assert {"step-000000020/manifest-rank00000.json", "step-000000020/manifest-rank00001.json"} <= names
-        second = torchrun(2, "--recipe", str(TINY), "--max-steps", "30", "--trace-dir", str(trace), env=env)
+        second = trainer_ranks(
+            2, "--recipe", str(TINY), "--max-steps", "30", "--trace-dir", str(trace), env=env
+        )
         assert second.returncode == 0, second.stderr[-3000:]
     uri = "s3://trainstack-ck/checkpoints/platform/tiny-cpu/run-1/"
     assert f"resumed from {uri}step-000000020" in second.stderr

@@ -96,3 +96,32 @@ def two_nodes(
     for p, out in zip(processes, outputs, strict=True):
         assert p.returncode == 0, out[-3000:]
     return outputs
+
+
+_FORKED = None
+
+
+def trainer_ranks(
+    nproc: int, *trainer_args: str, timeout: float = 240, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    """`python -m trainer ...` on `nproc` gloo ranks, each rank a process of its own with the environment
+    torchrun gives its workers (RANK, WORLD_SIZE, MASTER_*), forked from a server that imported the
+    trainer once (fault_harness.Forked): the same multi-process trainer as under torchrun, without
+    paying a torch import per process. `torchrun` above runs the launcher itself, for what depends on
+    it. stdout and stderr both hold every rank's output, rank 0's first; the exit status is the first
+    non-zero one of the ranks, as torchrun's."""
+    import tempfile
+
+    from fault_harness import Forked
+
+    global _FORKED
+    if _FORKED is None:
+        _FORKED = Forked()
+    argv = ["--device", "cpu", *trainer_args]
+    extra = {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
+    with tempfile.TemporaryDirectory(prefix="trainer-ranks-") as logs:
+        job = _FORKED.start(argv, extra, Path(logs) / "log", world=nproc, always_ranked=True)
+        codes = job.wait(timeout=timeout)
+        output = "".join(job.log(rank) for rank in range(nproc))
+    code = next((c for c in codes if c != 0), 0)
+    return subprocess.CompletedProcess(["trainer", *argv], code, output, output)

@@ -4,6 +4,8 @@ emulator does not enforce)."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import yaml
 
@@ -100,3 +102,13 @@ def test_a_team_sets_it_once_for_all_of_its_recipes(tmp_path):
         tracking = resolve(name, "nlp", recipes_dir=recipes).recipe.tracking
         assert (tracking.mlflow, tracking.tensorboard) == ("managed", True)
     assert resolve("8b-fp8", None, recipes_dir=recipes).recipe.tracking.mlflow == "off"  # other teams
+
+
+def test_an_mlflow_client_leaves_the_process_tracking_uri_alone(monkeypatch):
+    # mlflow.set_tracking_uri exports MLFLOW_TRACKING_URI; left behind, it switched tracking on (against
+    # a server long gone) for every trainer run later in the same process.
+    from trainstack.aws import tracking as aws_tracking
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    aws_tracking.client("http://127.0.0.1:9")
+    assert "MLFLOW_TRACKING_URI" not in os.environ

@@ -147,13 +147,16 @@ def run_url(tracking_uri: str, experiment_id: str, run_id: str) -> str:
 
 def client(tracking_uri: str) -> Any:
     """An MLflow client for `tracking_uri`. The sagemaker-mlflow plugin reads the process's tracking URI
-    (not the client's) for its routing header, so it is set too."""
+    (not the client's) for its routing header, so for an ARN that is set too. Only then:
+    `mlflow.set_tracking_uri` also exports MLFLOW_TRACKING_URI to os.environ, where it would outlive
+    this call and switch tracking on for whatever runs next in the process."""
     import mlflow
     from mlflow.tracking import MlflowClient
 
-    if not tracking_uri.startswith("arn:"):  # the plugin's header provider understands ARNs only
+    if tracking_uri.startswith("arn:"):
+        mlflow.set_tracking_uri(tracking_uri)
+    else:  # the plugin's header provider understands ARNs only
         logging.getLogger("mlflow.tracking.request_header.registry").setLevel(logging.ERROR)
-    mlflow.set_tracking_uri(tracking_uri)
     return MlflowClient(tracking_uri=tracking_uri)
 
 
