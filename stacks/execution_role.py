@@ -17,6 +17,7 @@ from constructs import Construct, IValidation
 
 from stacks import nag
 from stacks.network import TrainingNetwork
+from stacks.roles import service_role
 from trainstack.aws.deployment import Deployment
 from trainstack.aws.export_job import exports_prefix
 from trainstack.aws.request import output_prefix
@@ -46,17 +47,13 @@ class ExecutionRole(Construct):
             resource="training-job",
             resource_name=f"{naming.job_name_prefix(recipe, team)}*",
         )
-        self.role = iam.Role(
+        self.role = service_role(
             self,
             "Role",
-            assumed_by=iam.ServicePrincipal(
-                "sagemaker.amazonaws.com",
-                conditions={
-                    "StringEquals": {"aws:SourceAccount": stack.account},
-                    "ArnLike": {"aws:SourceArn": jobs},
-                },
-            ),
-            description=f"SageMaker training jobs of {deployment.stack_prefix}",
+            "sagemaker.amazonaws.com",
+            f"SageMaker training jobs of {deployment.stack_prefix}",
+            source_arn=jobs,
+            account=stack.account,
         )
         # The run's checkpoints, SageMaker's output, and the Hugging Face folders exports write.
         prefixes = [

@@ -16,7 +16,7 @@ from aws_cdk import aws_events_targets as targets
 from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
-from stacks.state_machine import service_role
+from stacks.roles import service_role
 
 DEPLOY_SUFFIX = "deploy"
 STACK_STATUS_CHANGE = "CloudFormation Stack Status Change"

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from aws_cdk import RemovalPolicy, Stack
 from aws_cdk import aws_ec2 as ec2
-from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_logs as logs
 from constructs import Construct
 
 from stacks import nag
+from stacks.roles import service_role
 
 INTERFACE_ENDPOINTS = {
     "EcrApi": ec2.InterfaceVpcEndpointAwsService.ECR,
@@ -39,21 +39,13 @@ class TrainingNetwork(Construct):
         )
         # Only this account's flow logs may assume the delivery role (VPC user guide, IAM role for flow
         # logs: aws:SourceAccount and aws:SourceArn against the confused deputy).
-        flow_logs_role = iam.Role(
+        flow_logs_role = service_role(
             self,
             "FlowLogsRole",
-            assumed_by=iam.ServicePrincipal(
-                "vpc-flow-logs.amazonaws.com",
-                conditions={
-                    "StringEquals": {"aws:SourceAccount": stack.account},
-                    "ArnLike": {
-                        "aws:SourceArn": stack.format_arn(
-                            service="ec2", resource="vpc-flow-log", resource_name="*"
-                        )
-                    },
-                },
-            ),
-            description="VPC flow logs of the training network to its log group",
+            "vpc-flow-logs.amazonaws.com",
+            "VPC flow logs of the training network to its log group",
+            source_arn=stack.format_arn(service="ec2", resource="vpc-flow-log", resource_name="*"),
+            account=stack.account,
         )
         self.vpc = ec2.Vpc(
             self,

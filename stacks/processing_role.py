@@ -17,6 +17,7 @@ from aws_cdk import aws_kms as kms
 from constructs import Construct
 
 from stacks import nag
+from stacks.roles import service_role
 from trainstack.aws.deployment import Deployment
 from trainstack.aws.processing import job_name_prefix
 
@@ -47,17 +48,13 @@ class ProcessingRole(Construct):
             resource="processing-job",
             resource_name=f"{job_name_prefix(team, recipe.name)}*",
         )
-        self.role = iam.Role(
+        self.role = service_role(
             self,
             "Role",
-            assumed_by=iam.ServicePrincipal(
-                "sagemaker.amazonaws.com",
-                conditions={
-                    "StringEquals": {"aws:SourceAccount": stack.account},
-                    "ArnLike": {"aws:SourceArn": jobs},
-                },
-            ),
-            description=f"SageMaker Processing jobs of {deployment.stack_prefix} (trainstack data prepare)",
+            "sagemaker.amazonaws.com",
+            f"SageMaker Processing jobs of {deployment.stack_prefix} (trainstack data prepare)",
+            source_arn=jobs,
+            account=stack.account,
         )
         statements: list[iam.PolicyStatement] = []
         findings: list[str] = []

@@ -10,26 +10,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from aws_cdk import Aws, Duration, RemovalPolicy, Stack
-from aws_cdk import aws_iam as iam
+from aws_cdk import Duration, RemovalPolicy, Stack
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_logs as logs
 from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
-
-def service_role(scope: Construct, id: str, service: str, description: str) -> iam.Role:
-    """A role only `service` acting for this account may assume (aws:SourceAccount: the confused-deputy
-    guard the IAM user guide recommends for service principals; an aws:SourceArn naming the resource
-    that assumes the role would make the role and that resource depend on each other)."""
-    return iam.Role(
-        scope,
-        id,
-        description=description,
-        assumed_by=iam.ServicePrincipal(
-            service, conditions={"StringEquals": {"aws:SourceAccount": Aws.ACCOUNT_ID}}
-        ),
-    )
+from stacks.roles import service_role
 
 
 def logged_state_machine(

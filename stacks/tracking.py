@@ -32,6 +32,7 @@ from aws_cdk import aws_sagemaker as sagemaker
 from constructs import Construct
 
 from stacks import nag
+from stacks.roles import service_role
 from stacks.storage import EncryptionKey, add_logged_kms_bucket
 from trainstack.aws.tracking import mlflow_arn_export
 
@@ -84,17 +85,13 @@ class TeamMlflow(Construct):
             access_logs_acknowledgment="AwsSolutions-S1:mlflow-access-logs",
         )
         apps = stack.format_arn(service="sagemaker", resource="mlflow-app", resource_name="*")
-        self.role = iam.Role(
+        self.role = service_role(
             self,
             "Role",
-            assumed_by=iam.ServicePrincipal(
-                "sagemaker.amazonaws.com",
-                conditions={
-                    "StringEquals": {"aws:SourceAccount": stack.account},
-                    "ArnLike": {"aws:SourceArn": apps},
-                },
-            ),
-            description=f"SageMaker MLflow App of team {team}: its artifact store only",
+            "sagemaker.amazonaws.com",
+            f"SageMaker MLflow App of team {team}: its artifact store only",
+            source_arn=apps,
+            account=stack.account,
         )
         objects = self.bucket.arn_for_objects(f"{ARTIFACT_PREFIX}/*")
         policy = iam.Policy(

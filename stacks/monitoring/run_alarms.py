@@ -19,7 +19,8 @@ from constructs import Construct
 from stacks import nag
 from stacks.monitoring.patterns import as_event_pattern, run_state_pattern
 from stacks.retries import TRANSIENT, TRANSIENT_ERRORS
-from stacks.state_machine import logged_state_machine, service_role
+from stacks.roles import service_role
+from stacks.state_machine import logged_state_machine
 from trainstack.aws.runs import HOST_DIMENSION, JOB_DIMENSION, NAMESPACE
 from trainstack.protocol.metrics import FIELD_BY_KEY
 from trainstack.recipes.naming import job_name_prefix

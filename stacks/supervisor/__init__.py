@@ -38,7 +38,8 @@ from constructs import Construct
 from stacks import nag
 from stacks.monitoring.patterns import as_event_pattern, job_state_pattern
 from stacks.retries import CAPACITY_RETRY, TRANSIENT
-from stacks.state_machine import logged_state_machine, service_role
+from stacks.roles import service_role
+from stacks.state_machine import logged_state_machine
 from stacks.supervisor.asl import SupervisorConstants
 from stacks.supervisor.job_ended import job_ended_definition
 from stacks.supervisor.reconcile import reconcile_definition
