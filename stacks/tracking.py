@@ -34,7 +34,7 @@ from constructs import Construct
 from stacks import nag
 from stacks.roles import service_role
 from stacks.storage import EncryptionKey, add_logged_kms_bucket
-from trainstack.aws.tracking import mlflow_arn_export
+from trainstack.aws.tracking import mlflow_app_name, mlflow_arn_export
 
 ARTIFACT_PREFIX = "artifacts"
 INCOMPLETE_UPLOAD_DAYS = 7
@@ -119,7 +119,7 @@ class TeamMlflow(Construct):
         self.app = sagemaker.CfnMlflowApp(
             self,
             "App",
-            name=f"trainstack-{team}",
+            name=mlflow_app_name(team),
             artifact_store_uri=f"s3://{self.bucket.bucket_name}/{ARTIFACT_PREFIX}/",
             role_arn=self.role.role_arn,
             # Exports are registered by trainstack (trainstack.aws.tracking.register_export), not copied

@@ -20,8 +20,10 @@ from trainstack.aws.request_check import (
     check_against_model,
     longest_job_name,
 )
+from trainstack.aws.tracking import mlflow_app_name
 from trainstack.planner import plan
 from trainstack.recipes.loader import base_recipe_names, resolve, team_names, team_recipe_names
+from trainstack.recipes.schema import TEAM_NAME_MAX
 
 ALL = [(n, None) for n in base_recipe_names()] + [(n, t) for t in team_names() for n in team_recipe_names(t)]
 # SNS topic names have at most 256 characters (SNS CreateTopic).
@@ -193,3 +195,46 @@ def test_the_largest_run_record_fits_one_dynamodb_item() -> None:
     size = item_bytes(item)
     print(f"largest run record {size:,} B of {ITEM_MAX:,} (request {len(item['request']['S']):,} B)")
     assert size < ITEM_MAX * 0.9
+
+
+# CloudFormation references in the resources below, at their longest documented form.
+ROLE_ARN_LONGEST = f"arn:aws:iam::123456789012:role/{'r' * 64}"  # IAM role names: at most 64 characters
+STATE_MACHINE_ARN_LONGEST = f"arn:aws:states:us-west-2:123456789012:stateMachine:{'m' * 80}"
+BUCKET_NAME_LONGEST = "b" * 63  # S3 bucket names: at most 63 characters
+
+
+def test_every_reconcile_schedule_is_one_eventbridge_scheduler_accepts(
+    all_templates: dict[str, dict],
+) -> None:
+    """The reconciler's schedules against botocore's model of CreateSchedule (a name CloudFormation
+    generates: at its longest, 64 characters; the retry policy's age and attempts are ranged there)."""
+    schedules = [
+        (name, logical, r["Properties"])
+        for name, template in all_templates.items()
+        for logical, r in resources(template, "AWS::Scheduler::Schedule").items()
+    ]
+    assert schedules, "no reconcile schedule in the synthesized templates"
+    for name, logical, properties in schedules:
+        target = {**properties["Target"], "Arn": STATE_MACHINE_ARN_LONGEST, "RoleArn": ROLE_ARN_LONGEST}
+        request = {**properties, "Name": "n" * 64, "Target": target}
+        assert check_against_model("scheduler", "CreateSchedule", request) == [], (name, logical)
+
+
+def test_every_teams_mlflow_app_is_one_sagemaker_accepts(vpc_tracking_templates: dict[str, dict]) -> None:
+    """The team's MLflow App against botocore's model of CreateMlflowApp, and its name at the longest
+    team name (the App's name allows letters, digits and hyphens only)."""
+    apps = [
+        r["Properties"]
+        for template in vpc_tracking_templates.values()
+        for r in resources(template, "AWS::SageMaker::MlflowApp").values()
+    ]
+    assert len(apps) == 1
+    request = {
+        **apps[0],
+        "ArtifactStoreUri": f"s3://{BUCKET_NAME_LONGEST}/artifacts/",
+        "RoleArn": ROLE_ARN_LONGEST,
+    }
+    assert check_against_model("sagemaker", "CreateMlflowApp", request) == []
+    longest = {**request, "Name": mlflow_app_name("t" * TEAM_NAME_MAX)}
+    assert check_against_model("sagemaker", "CreateMlflowApp", longest) == []
+    assert check_against_model("sagemaker", "CreateMlflowApp", {**request, "Name": "team_1"}) != []

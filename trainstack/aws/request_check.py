@@ -100,7 +100,12 @@ def check_against_model(service: str, operation: str, params: Mapping[str, Any])
     return _param_validator(params, shape, operation) + _constraints(params, shape, "", owner)
 
 
-SERVICE_NAMES = {"sagemaker": "SageMaker", "cloudwatch": "CloudWatch", "stepfunctions": "Step Functions"}
+SERVICE_NAMES = {
+    "sagemaker": "SageMaker",
+    "cloudwatch": "CloudWatch",
+    "stepfunctions": "Step Functions",
+    "scheduler": "EventBridge Scheduler",
+}
 
 
 @lru_cache(maxsize=8)

@@ -46,6 +46,11 @@ def tracking_stack_name(team: str) -> str:
     return f"{STACK_PROJECT}-{team}-{TRACKING_STACK_SUFFIX}"
 
 
+def mlflow_app_name(team: str) -> str:
+    """The team's SageMaker MLflow App (CreateMlflowApp: 1-256 letters, digits and hyphens)."""
+    return f"trainstack-{team}"
+
+
 def mlflow_arn_export(team: str) -> str:
     """The export the team's tracking stack gives its MLflow App ARN under."""
     return f"{STACK_PROJECT}-{team}-{MLFLOW_ARN_EXPORT}"
