@@ -39,6 +39,7 @@ from typing import Any
 from trainer.delivery import Delivery
 from trainstack.protocol import exit_codes
 from trainstack.protocol.metrics import parse_line
+from trainstack.protocol.tracking import RUN_TAG, default_experiment, run_filter
 from trainstack.recipes.schema import Recipe, to_hyperparameters
 
 log = logging.getLogger("trainer.tracking")
@@ -92,7 +93,9 @@ class JobContext:
             tracking_uri=get("MLFLOW_TRACKING_URI"),
             run=run,
             run_id=get("MLFLOW_RUN_ID"),
-            experiment=get("MLFLOW_EXPERIMENT_NAME") or recipe.tracking.experiment or f"{team}/{recipe.name}",
+            experiment=get("MLFLOW_EXPERIMENT_NAME")
+            or recipe.tracking.experiment
+            or default_experiment(team, recipe.name),
             run_name=get("MLFLOW_RUN_NAME") or run or recipe.name,
             team=team,
             job_index=int(index) if index and index.isdigit() else None,
@@ -173,7 +176,7 @@ def job_tags(recipe: Recipe, job: JobContext) -> dict[str, str]:
         "trainstack.state": "running",
     }
     if job.run:
-        tags["trainstack.run"] = job.run
+        tags[RUN_TAG] = job.run
     if job.job_index is not None:
         tags["trainstack.job"] = str(job.job_index)
         if job.job_name:
@@ -263,7 +266,7 @@ class MlflowSink:
         if self.job.run:
             found = self.client.search_runs(
                 [experiment],
-                filter_string=f"tags.`trainstack.run` = '{self.job.run}'",
+                filter_string=run_filter(self.job.run),
                 max_results=1,
                 order_by=["attributes.start_time ASC"],
             )

@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from trainstack.protocol.tracking import RUN_TAG, default_experiment, run_filter
 from trainstack.recipes.schema import Recipe
 
 TRACKING_STACK_SUFFIX = "Tracking"
@@ -34,7 +35,6 @@ TENSORBOARD_LOCAL_PATH = "/opt/ml/output/tensorboard"  # TensorBoardOutputConfig
 # CreateTrainingJob Environment values are at most 512 characters (botocore model, TrainingEnvironmentValue):
 # the supervisor passes its rule's id there, the CLI's resume at most this much of the run's `why`.
 PREVIOUS_JOB_END_MAX = 512
-RUN_TAG = "trainstack.run"
 STACK_PROJECT = "Trainstack"  # as trainstack.recipes.naming.stack_prefix begins
 
 
@@ -57,7 +57,7 @@ def mlflow_arn_export(team: str) -> str:
 
 
 def experiment_name(recipe: Recipe, team: str | None) -> str:
-    return recipe.tracking.experiment or f"{team_of(recipe, team)}/{recipe.name}"
+    return recipe.tracking.experiment or default_experiment(team_of(recipe, team), recipe.name)
 
 
 def tracks_mlflow(recipe: Recipe) -> bool:
@@ -183,7 +183,7 @@ def find_run(tracking_uri: str, experiment: str, run: str, run_id: str = "") -> 
             return None
         hits = mlflow_client.search_runs(
             [experiment_id],
-            filter_string=f"tags.`{RUN_TAG}` = '{run}'",
+            filter_string=run_filter(run),
             max_results=1,
             order_by=["attributes.start_time ASC"],
         )
