@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from trainstack.protocol.tracking import RUN_TAG, default_experiment, run_filter
+from trainstack.recipes.naming import STACK_PROJECT
 from trainstack.recipes.schema import Recipe
 
 TRACKING_STACK_SUFFIX = "Tracking"
@@ -35,7 +36,6 @@ TENSORBOARD_LOCAL_PATH = "/opt/ml/output/tensorboard"  # TensorBoardOutputConfig
 # CreateTrainingJob Environment values are at most 512 characters (botocore model, TrainingEnvironmentValue):
 # the supervisor passes its rule's id there, the CLI's resume at most this much of the run's `why`.
 PREVIOUS_JOB_END_MAX = 512
-STACK_PROJECT = "Trainstack"  # as trainstack.recipes.naming.stack_prefix begins
 
 
 def team_of(recipe: Recipe, team: str | None) -> str:

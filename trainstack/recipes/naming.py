@@ -66,9 +66,12 @@ def _slug(team: str | None, recipe: Recipe) -> str:
     return f"{team}-{recipe.name}"
 
 
+STACK_PROJECT = "Trainstack"  # every stack name begins with it
+
+
 def stack_prefix(recipe: Recipe, team: str | None) -> str:
     """`Trainstack-<team>-<recipe>`; the stateful and launcher stacks append their role."""
-    return f"Trainstack-{_slug(team, recipe)}"
+    return f"{STACK_PROJECT}-{_slug(team, recipe)}"
 
 
 # Where a run may go and what it may cost (recipe `budget`, `deploy`) is policy, not what it trains: a team
@@ -195,7 +198,7 @@ class RunName:
 
     @property
     def stack_prefix(self) -> str:
-        return f"Trainstack-{self.team}-{self.recipe}"
+        return f"{STACK_PROJECT}-{self.team}-{self.recipe}"
 
     @property
     def job_name_prefix(self) -> str:
