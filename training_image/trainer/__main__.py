@@ -7,8 +7,8 @@ import os
 import sys
 from pathlib import Path
 
-from trainer.checkpoint import CheckpointError
-from trainer.health import EXIT_NON_FINITE, NonFiniteLoss
+from trainer.checkpoint.manager import CheckpointError
+from trainer.runtime.health import EXIT_NON_FINITE, NonFiniteLoss
 from trainer.train import RunOptions, run
 from trainstack.errors import TrainstackError
 from trainstack.protocol import exit_codes
