@@ -45,11 +45,23 @@ BAD_FILES = [
         "divisible",
     ),
     (
-        "context parallelism, which the trainer does not implement",
+        "tensor parallelism, which the trainer does not implement",
         "bad.yaml",
-        variant("shard_group: 8", "shard_group: 2, cp: 2"),
+        variant("shard_group: 8", "shard_group: 4, tp: 2"),
+        "parallelism.tp",
+        "the trainer does not implement tensor parallelism",
+    ),
+    (
+        "a sequence that context parallelism cannot cut into 2 x cp equal chunks",
+        "bad.yaml",
+        variant(
+            "seq_len: 32, micro_batch: 1, global_batch: 8, steps: 10}\nprecision: {dtype: bf16}\n"
+            "activation_checkpointing: {mode: none}\nparallelism: {shard_group: 8}",
+            "seq_len: 36, micro_batch: 1, global_batch: 8, steps: 10}\nprecision: {dtype: bf16}\n"
+            "activation_checkpointing: {mode: none}\nparallelism: {shard_group: 1, cp: 8}",
+        ),
         "parallelism.cp",
-        "the trainer does not implement context parallelism",
+        "not divisible by 2 x cp = 16",
     ),
     (
         "gpus not divisible by shard_group x tp x cp",

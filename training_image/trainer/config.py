@@ -7,8 +7,10 @@ encoding the launcher writes.
 
 Layout: the recipe plans for instance_count x 8 GPUs. The trainer lays out the ranks torchrun
 actually started (they match on SageMaker; a 2-process CPU test runs a recipe planned for 8 GPUs):
-data-parallel degree = world size, gradient accumulation = global_batch / (micro_batch x world), and
-the FSDP shard group is the recipe's shard_group, or the whole world when shard_group is larger.
+data-parallel degree = world size / cp (the recipe's parallelism.cp ranks of one sequence read the
+same samples; trainer.context_parallel), gradient accumulation = global_batch / (micro_batch x
+data-parallel degree), and the FSDP shard group is the recipe's shard_group (x cp: FSDP shards over
+the CP ranks too), or all the data-parallel ranks when shard_group is larger.
 Anything that does not divide is an error naming the recipe field, never a silent change of batch.
 """
 
@@ -75,29 +77,41 @@ def load_recipe(recipe: str | None, overrides: tuple[str, ...] = ()) -> tuple[Re
 @dataclass(frozen=True)
 class Layout:
     world: int
-    shard: int  # FSDP shard group; replicas = world // shard (HSDP when > 1)
+    shard: int  # data-parallel ranks per FSDP shard group (x cp); replicas = data_ranks // shard
     micro_batch: int
     grad_accum: int
     global_batch: int
+    cp: int = 1  # context-parallel ranks per sequence
+
+    @property
+    def data_ranks(self) -> int:
+        """Ranks that read different samples."""
+        return self.world // self.cp
 
     @property
     def replicas(self) -> int:
-        return self.world // self.shard
+        return self.data_ranks // self.shard
 
 
 def resolve_layout(recipe: Recipe, world: int, source: str) -> Layout:
     par, tr = recipe.parallelism, recipe.training
-    shard = min(par.shard_group, world)
-    if world % shard:
+    if world % par.cp:
+        raise RecipeError(source, "parallelism.cp", f"{par.cp} does not divide the {world} ranks running")
+    data_ranks = world // par.cp
+    shard = min(par.shard_group, data_ranks)
+    if data_ranks % shard:
         raise RecipeError(
-            source, "parallelism.shard_group", f"{par.shard_group} does not divide the {world} ranks running"
+            source,
+            "parallelism.shard_group",
+            f"{par.shard_group} does not divide the {data_ranks} data-parallel ranks running "
+            f"({world} ranks / cp {par.cp})",
         )
-    per_micro_step = tr.micro_batch * world
+    per_micro_step = tr.micro_batch * data_ranks
     if tr.global_batch % per_micro_step:
         raise RecipeError(
             source,
             "training.global_batch",
-            f"{tr.global_batch} is not a multiple of micro_batch x ranks = "
-            f"{tr.micro_batch} x {world} = {per_micro_step}",
+            f"{tr.global_batch} is not a multiple of micro_batch x data-parallel ranks = "
+            f"{tr.micro_batch} x {data_ranks} = {per_micro_step}",
         )
-    return Layout(world, shard, tr.micro_batch, tr.global_batch // per_micro_step, tr.global_batch)
+    return Layout(world, shard, tr.micro_batch, tr.global_batch // per_micro_step, tr.global_batch, par.cp)

@@ -33,6 +33,7 @@ from torch.optim.lr_scheduler import LRScheduler
 from trainer.checkpoint.manager import CheckpointManager, TrainerState
 from trainer.checkpoint.resume import apply_changes, recipe_record, resume_checkpoint
 from trainer.config import Layout, load_recipe, resolve_layout
+from trainer.context_parallel import ContextParallel, apply_context_parallel, build_meshes
 from trainer.data import blend
 from trainer.data.loader import (
     Prefetcher,
@@ -44,7 +45,6 @@ from trainer.data.loader import (
 )
 from trainer.distributed.comms import check_efa
 from trainer.distributed.parallel import (
-    build_mesh,
     init_distributed,
     mesh_description,
     set_gradient_sync,
@@ -178,8 +178,13 @@ def _train(
         token_source: TokenSource = blend.open_blend(recipe, options.data_dir, open_dataset)
     else:
         token_source = open_dataset(data_dir, recipe.data.train_s3_uri)
+    # The (replicate, shard, cp) mesh and this rank's CP group (trainer.context_parallel); at cp 1 the
+    # FSDP (or HSDP) mesh alone.
+    meshes = build_meshes(device.type, world, layout.shard, layout.cp, recipe.training.seq_len)
+    cp = meshes.cp
+    split = cp.split if cp.enabled else None
     validator = build_validator(
-        recipe, layout, rank, device, options.data_dir, options.synthetic, token_source, open_dataset
+        recipe, layout, rank, device, options.data_dir, options.synthetic, token_source, open_dataset, split
     )
     storage = open_storage(options.checkpoint_location)  # a bad URI or missing region: exit 2 before building
     # MLflow / TensorBoard from rank 0, on a background thread (trainer.metrics.tracking); never raises.
@@ -189,11 +194,12 @@ def _train(
 
     torch.manual_seed(recipe.training.seed)
     model = build_model(recipe.model, recipe.training.seq_len, backend, recipe.training.loss_chunk_tokens)
+    apply_context_parallel(model, cp, device)  # before compile: the blocks trace the CP attention
     recomputed = apply_activation_checkpointing(model, ac)
     compiled, compile_note = compile_decision(recipe.training.compile, device.type, backend.name)
     if compiled:  # per block, after checkpointing and before sharding, as torchtitan orders it
         compile_blocks(model)
-    mesh = build_mesh(device.type, world, layout.shard)
+    mesh = meshes.fsdp
     shard_model(model, mesh)
     model.to_empty(device=device)
     model.init_weights()
@@ -213,10 +219,11 @@ def _train(
         compile_note,
     )
     log.info(
-        "layout: %s; micro_batch %d x %d ranks x %d accumulation = global_batch %d; data %s",
+        "layout: %s%s; micro_batch %d x %d ranks x %d accumulation = global_batch %d; data %s",
         mesh_description(mesh),
+        f", context parallel {cp.size} (FSDP over shard x cp)" if cp.enabled else "",
         layout.micro_batch,
-        world,
+        layout.data_ranks,
         layout.grad_accum,
         layout.global_batch,
         token_source.name,
@@ -279,6 +286,7 @@ def _train(
         world=world,
         device=device,
         mesh=mesh,
+        cp=cp,
         model=model,
         optimizer=optimizer,
         scheduler=scheduler,
@@ -313,6 +321,7 @@ class LoopContext:
     world: int
     device: torch.device
     mesh: DeviceMesh
+    cp: ContextParallel  # this rank's CP group (size 1: none)
     model: Transformer
     optimizer: torch.optim.Optimizer
     scheduler: LRScheduler
@@ -321,6 +330,12 @@ class LoopContext:
     control: dist.ProcessGroup  # gloo, host-side: stop votes, straggler times, agreements
     timer: BlockComputeTimer
     validator: Validator | None = None  # the recipe's validation section (trainer.validation)
+
+    @property
+    def data_rank(self) -> int:
+        """This rank among the ranks that read different samples (CP ranks of a group share one)."""
+        return self.rank // self.cp.size
+
     tracking: Tracking = field(default_factory=Tracking.off)  # rank 0's trackers; off elsewhere
 
 
@@ -347,7 +362,9 @@ def _forward_backward(
     used: list[int] = []
     for micro_step in range(layout.grad_accum):
         last = micro_step == layout.grad_accum - 1
-        indices = micro_batch_indices(position, micro_step, ctx.rank, ctx.world, layout.micro_batch)
+        indices = micro_batch_indices(
+            position, micro_step, ctx.data_rank, layout.data_ranks, layout.micro_batch
+        )
         batch = batches.next(indices)
         used.extend(batch.sample_indices)
         set_gradient_sync(ctx.model, ctx.mesh, last_micro_step=last)
@@ -402,9 +419,15 @@ def _loop(ctx: LoopContext, state: TrainerState, max_steps: int, stop: StopReque
     batches = Prefetcher(
         ctx.token_source,
         micro_batch_plan(
-            position, layout.grad_accum, layout.global_batch, ctx.rank, ctx.world, layout.micro_batch
+            position,
+            layout.grad_accum,
+            layout.global_batch,
+            ctx.data_rank,
+            layout.data_ranks,
+            layout.micro_batch,
         ),
         device,
+        split=ctx.cp.split if ctx.cp.enabled else None,
     )
     vote = StopVote(ctx.control, stop)
     # Python's cyclic GC at a moment of its choosing stalls one rank and so every rank: run it on a
@@ -518,7 +541,10 @@ def _metric_line(
     times = [0.0] * ctx.world
     dist.all_gather_object(times, ctx.timer.collect(), group=ctx.control)
     slowest = slowest_rank(times, hosts)
-    tokens_per_sec = ctx.layout.micro_batch * ctx.layout.grad_accum * tr.seq_len * steps / elapsed
+    # Tokens this GPU computed: its 1 / cp of each sequence under context parallelism.
+    tokens_per_sec = (
+        ctx.layout.micro_batch * ctx.layout.grad_accum * tr.seq_len / ctx.cp.size * steps / elapsed
+    )
     tflops = tokens_per_sec * flops_per_token(ctx.recipe.model, tr.seq_len) / 1e12
     return format_line(
         ctx.recipe.data.source_names,

@@ -16,7 +16,9 @@ How: on every rank, the same number of forward passes (FSDP's all-gathers pair u
 `torch.inference_mode()`: inference tensors cannot later take part in autograd, and FSDP2 keeps
 and reuses its unsharded parameter storage between forward passes. The loss of each micro-batch is
 its mean over micro_batch x seq_len tokens; all micro-batches hold the same number of tokens, so the
-mean of the micro-batch means, all-reduced, is the mean over every validation token.
+mean of the micro-batch means, all-reduced, is the mean over every validation token. Under context
+parallelism every rank evaluates its chunks of its group's samples (S / cp tokens each, the same
+count on every rank), so the same all-reduced mean over all ranks is still the mean over every token.
 """
 
 from __future__ import annotations
@@ -98,13 +100,18 @@ class Validator:
         layout: Layout,
         rank: int,
         device: torch.device,
+        split: Callable[[torch.Tensor], torch.Tensor] | None = None,
     ):
         if not sets:
             raise ValueError("a validator needs at least one validation set")
         self.sets, self.settings, self.layout, self.device = tuple(sets), settings, layout, device
-        # This rank's micro-batches: the same list at every evaluation.
+        self.split = split  # context parallelism: this rank's chunks, as in training
+        # This rank's micro-batches: the same list at every evaluation. The CP ranks of one group read
+        # the same samples (rank // cp among world // cp), as in training.
         self.plan = [
-            micro_batch_indices(b * layout.global_batch, m, rank, layout.world, layout.micro_batch)
+            micro_batch_indices(
+                b * layout.global_batch, m, rank // layout.cp, layout.data_ranks, layout.micro_batch
+            )
             for b in range(settings.batches)
             for m in range(layout.grad_accum)
         ]
@@ -131,7 +138,7 @@ class Validator:
         try:
             with torch.no_grad():
                 for k, vs in enumerate(self.sets):
-                    batches = Prefetcher(vs.source, iter(self.plan), self.device)
+                    batches = Prefetcher(vs.source, iter(self.plan), self.device, split=self.split)
                     try:
                         for indices in self.plan:
                             batch = batches.next(indices)
@@ -175,12 +182,13 @@ def build_validator(
     synthetic: bool,
     train_source: TokenSource,
     open_source: Callable[[Path], TokenSource],
+    split: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> Validator | None:
     """The recipe's validator, or None when the recipe has no `validation` section."""
     if recipe.validation is None:
         return None
     sets = validation_sets(recipe, data_dir, synthetic, train_source, open_source)
-    validator = Validator(sets, recipe.validation, layout, rank, device)
+    validator = Validator(sets, recipe.validation, layout, rank, device, split)
     log.info(
         "validation every %d steps: %d batches x %d samples of %s",
         recipe.validation.every_steps,

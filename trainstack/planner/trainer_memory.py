@@ -116,6 +116,25 @@ def block_saved_bytes(m: ModelShape, mode: str) -> int:
     return {"none": block_activation_bytes, "full": full_checkpoint_bytes, "op": op_selective_bytes}[mode](m)
 
 
+# --- context parallelism (training_image/trainer/context_parallel.py, the pure-PyTorch path) ---------
+def context_parallel_block_saved_bytes(m: ModelShape, mode: str, cp: int) -> int:
+    """Bytes per *local* token (seq_len / cp of each sequence) one block keeps under context
+    parallelism. Without checkpointing attention keeps the all-gathered K and V (cp x the local ones:
+    2 x 2kv x cp bytes per local token) instead of the local copies; the local RoPE'd k and the copy of
+    v are the gather's inputs, which its backward does not need. A fully checkpointed block keeps its
+    input; under the op policy attention's output is saved and its inputs (the gathered K/V) are
+    recomputed, so the gather runs again in backward and nothing more is kept. At cp 1 the same as
+    `block_saved_bytes`."""
+    extra = BF16 * 2 * m.kv_dim * (cp - 1) if mode == "none" else 0
+    return block_saved_bytes(m, mode) + extra
+
+
+def context_parallel_mask_bytes(seq_len: int, cp: int, dtype_bytes: int = BF16) -> int:
+    """The pure-PyTorch path's additive causal mask, (seq_len / cp) x seq_len in the compute dtype,
+    made once and shared by every block (Transformer Engine's CP attention needs none)."""
+    return (seq_len // cp) * seq_len * dtype_bytes if cp > 1 else 0
+
+
 # --- what recompute costs, as a share of one block's forward matmul FLOPs ---------------------------
 def _block_matmul_terms(m: ModelShape) -> dict[str, int]:
     """Forward multiply-accumulates per token of each of the block's four matmuls."""

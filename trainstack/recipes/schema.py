@@ -293,21 +293,24 @@ class ActivationCheckpointing(Section):
 
 
 class Parallelism(Section):
-    # FSDP shard group in GPUs; replicated across groups (HSDP) if smaller than world
+    # FSDP shard group in GPUs of data parallelism; replicated across groups (HSDP) if smaller than
+    # world / cp. Under context parallelism FSDP shards over shard_group x cp ranks (the CP ranks of a
+    # sequence hold the same weights; training_image/trainer/context_parallel.py).
     shard_group: Annotated[PosInt, Max(8 * MAX_NODES, "every GPU of the largest run")]
-    # Tensor and context parallelism: in the schema so a recipe can say 1 explicitly, refused above 1
-    # because the trainer does not implement them (a job would fail at start, after nodes are paid for).
+    # Tensor parallelism: in the schema so a recipe can say 1 explicitly, refused above 1 because the
+    # trainer does not implement it (a job would fail at start, after nodes are paid for).
     tp: Annotated[PosInt, Max(8, "a node's 8 GPUs")] = 1
+    # Context parallelism: each sequence split over cp GPUs in 2 x cp load-balanced chunks.
     cp: Annotated[PosInt, Max(8 * MAX_NODES, "every GPU of the largest run")] = 1
 
     @model_validator(mode="after")
     def _implemented(self) -> Parallelism:
-        for field, what in (("tp", "tensor"), ("cp", "context")):
-            if getattr(self, field) > 1:
-                raise ValueError(
-                    f"{field}: {getattr(self, field)}: the trainer does not implement {what} parallelism "
-                    "yet; use 1 (shard over more GPUs with shard_group, or checkpoint more activations)"
-                )
+        if self.tp > 1:
+            raise ValueError(
+                f"tp: {self.tp}: the trainer does not implement tensor parallelism yet; use 1 (shard "
+                "over more GPUs with shard_group, split long sequences with cp, or checkpoint more "
+                "activations)"
+            )
         return self
 
 
@@ -671,6 +674,11 @@ class Recipe(Section):
             raise ValueError(
                 f"parallelism.shard_group: {world} GPUs are not divisible by shard_group x tp x cp = "
                 f"{model_parallel}"
+            )
+        if tr.seq_len % (2 * par.cp):
+            raise ValueError(
+                f"parallelism.cp: training.seq_len {tr.seq_len} is not divisible by 2 x cp = {2 * par.cp} "
+                "(context parallelism splits each sequence into 2 x cp equal chunks)"
             )
         per_step = tr.micro_batch * self.data_parallel
         if tr.global_batch % per_step:

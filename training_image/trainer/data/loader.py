@@ -18,6 +18,9 @@ device-side assert.
 Within an optimizer step that starts at position p, micro-step m of rank r (world W, micro-batch b)
 takes samples p + (m * W + r) * b ... + b - 1; the step consumes global_batch samples in total.
 
+Under context parallelism, rank r is data-parallel rank r // cp of world / cp (the CP ranks of one
+group read the same samples), and keeps only its chunks of each (trainer.context_parallel).
+
 `Prefetcher` reads those micro-batches ahead on a background thread (into pinned host memory on CUDA)
 so the step loop never waits on a read; the loop copies each to the GPU without blocking.
 """
@@ -30,7 +33,7 @@ import logging
 import queue
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -240,9 +243,19 @@ class Prefetcher:
     `next` (the caching host allocator keeps a pinned block until its copy has run). A read error is
     raised by `next`, in the training thread."""
 
-    def __init__(self, source: TokenSource, plan: Iterator[range], device: torch.device, depth: int = 4):
+    def __init__(
+        self,
+        source: TokenSource,
+        plan: Iterator[range],
+        device: torch.device,
+        depth: int = 4,
+        split: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    ):
         self.device = device
         self._pin = device.type == "cuda"
+        # Context parallelism: this rank's chunks of each sample (ContextParallel.split), cut here so
+        # only they are copied to the device.
+        self._split = split
         self._queue: queue.Queue = queue.Queue(maxsize=depth)
         self._closed = threading.Event()
         self._thread = threading.Thread(target=self._run, args=(source, plan), name="prefetch", daemon=True)
@@ -252,9 +265,12 @@ class Prefetcher:
         try:
             for indices in plan:
                 windows = torch.from_numpy(np.stack([source.sample(i) for i in indices]))
+                pair = (windows[:, :-1], windows[:, 1:])
+                if self._split is not None:
+                    pair = tuple(self._split(t) for t in pair)
                 if self._pin:
-                    windows = windows.pin_memory()
-                if not self._put((indices, windows)):
+                    pair = tuple(t.pin_memory() for t in pair)
+                if not self._put((indices, pair)):
                     return
         except BaseException as exc:  # handed to the training thread
             self._put(exc)
@@ -272,12 +288,13 @@ class Prefetcher:
         item = self._queue.get()
         if isinstance(item, BaseException):
             raise item
-        indices, windows = item
+        indices, (inputs, targets) = item
         if indices != expected:  # the plan and the loop disagree: a bug, never silently wrong data
             raise RuntimeError(f"prefetched samples {indices}, the step needs {expected}")
         if self._pin:
-            windows = windows.to(self.device, non_blocking=True)
-        return Batch(windows[:, :-1], windows[:, 1:], tuple(indices))
+            inputs = inputs.to(self.device, non_blocking=True)
+            targets = targets.to(self.device, non_blocking=True)
+        return Batch(inputs, targets, tuple(indices))
 
     def close(self) -> None:
         self._closed.set()

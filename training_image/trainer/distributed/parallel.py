@@ -49,6 +49,7 @@ def build_mesh(device_type: str, world: int, shard: int) -> DeviceMesh:
 
 
 def mesh_description(mesh: DeviceMesh) -> str:
+    """(The FSDP mesh; under context parallelism its shard dimension is the flattened shard x cp.)"""
     if mesh.ndim == 1:
         return f"FSDP over {mesh.size()} ranks"
     return f"HSDP: {mesh.size(0)} replicas x {mesh.size(1)}-way shard"
@@ -64,12 +65,15 @@ def fsdp_units(model: Transformer) -> list[tuple[str, list[torch.nn.Module], boo
     return [("tok_embeddings", [model.tok_embeddings], True), *blocks, ("norm+output", head, False)]
 
 
-def shard_model(model: Transformer, mesh: DeviceMesh) -> Transformer:
+def shard_model(
+    model: Transformer, mesh: DeviceMesh, mp_policy: MixedPrecisionPolicy = MIXED_PRECISION
+) -> Transformer:
+    """`mp_policy`: the trainer's BF16 policy; tests that compare layouts in FP32 pass an FP32 one."""
     for _, modules, reshard in fsdp_units(model):
         target = modules[0] if len(modules) == 1 else modules
         with _custom_attributes_kept(modules):
-            fully_shard(target, mesh=mesh, mp_policy=MIXED_PRECISION, reshard_after_forward=reshard)
-    fully_shard(model, mesh=mesh, mp_policy=MIXED_PRECISION)
+            fully_shard(target, mesh=mesh, mp_policy=mp_policy, reshard_after_forward=reshard)
+    fully_shard(model, mesh=mesh, mp_policy=mp_policy)
     return model
 
 

@@ -379,9 +379,15 @@ class Transformer(nn.Module):
         self.rope_names = tuple(tables)
         for name, table in tables.items():  # not persistent: recomputed, never checkpointed
             self.register_buffer(name, table, persistent=False)
+        # Under context parallelism (trainer.context_parallel) the global positions of this rank's
+        # tokens: the rotary tables are read at them. None: positions 0 .. seq - 1.
+        self.rope_positions: torch.Tensor | None = None
 
     def rope(self) -> tuple[torch.Tensor, ...]:
-        return tuple(getattr(self, name) for name in self.rope_names)
+        tables = tuple(getattr(self, name) for name in self.rope_names)
+        if self.rope_positions is None:
+            return tables
+        return tuple(table.index_select(0, self.rope_positions) for table in tables)
 
     @torch.no_grad()
     def init_weights(self) -> None:
