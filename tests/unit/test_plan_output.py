@@ -12,7 +12,18 @@ from trainstack.cli.commands.plan_plot import plot_data
 from trainstack.cli.main import app
 from trainstack.recipes.loader import resolve
 
-BASE = ["1b-bf16", "3b-bf16", "7b-bf16", "8b-fp8", "14b-fp8", "30b-fp8", "64b-fp8", "8b-fp8-128k"]
+BASE = [
+    "1b-bf16",
+    "3b-bf16",
+    "7b-bf16",
+    "8b-fp8",
+    "14b-fp8",
+    "30b-fp8",
+    "64b-fp8",
+    "8b-fp8-128k",
+    "30b-fp8-128k",
+    "64b-fp8-128k",
+]
 runner = CliRunner()
 WIDE = {"COLUMNS": "200"}  # a wide terminal: the plan still keeps to 120 columns
 

@@ -27,7 +27,18 @@ from trainstack.recipes.loader import resolve
 from trainstack.recipes.schema import ModelShape
 
 ROOT = Path(__file__).resolve().parents[2]
-BASE = ["1b-bf16", "3b-bf16", "7b-bf16", "8b-fp8", "14b-fp8", "30b-fp8", "64b-fp8", "8b-fp8-128k"]
+BASE = [
+    "1b-bf16",
+    "3b-bf16",
+    "7b-bf16",
+    "8b-fp8",
+    "14b-fp8",
+    "30b-fp8",
+    "64b-fp8",
+    "8b-fp8-128k",
+    "30b-fp8-128k",
+    "64b-fp8-128k",
+]
 B200 = INSTANCES["ml.p6-b200.48xlarge"]
 
 

@@ -13,18 +13,18 @@ from trainstack.cli.main import app
 from trainstack.planner import HEADROOM, ActivationPolicy, Layout, plan, recipe_memory, recommend
 from trainstack.planner.compare import compare
 from trainstack.planner.memory import peak
-from trainstack.planner.search import TIE, checkpointing_label, checkpointing_options, choose
+from trainstack.planner.search import TIE, checkpointing_label, checkpointing_options, choose, cp_options
 from trainstack.recipes.hardware import INSTANCES
 from trainstack.recipes.loader import resolve
 
 runner = CliRunner()
 
 
-def layout(nodes=1, mb=1, group=8, tpd=100.0, hours=10.0, ckpt="none") -> Layout:
+def layout(nodes=1, mb=1, group=8, tpd=100.0, hours=10.0, ckpt="none", cp=1) -> Layout:
     return Layout(
         instance_type="ml.p6-b200.48xlarge", nodes=nodes, micro_batch=mb, checkpointing=ckpt, mode=ckpt,
-        every=2, policy="block", shard_group=group, fits=True, peak_gib=100.0, tokens_per_sec_per_gpu=1.0,
-        hours=hours, tokens_per_usd=tpd,
+        every=2, policy="block", shard_group=group, cp=cp, fits=True, peak_gib=100.0,
+        tokens_per_sec_per_gpu=1.0, hours=hours, tokens_per_usd=tpd,
     )  # fmt: skip
 
 
@@ -228,3 +228,58 @@ def test_the_fp8_advice_for_a_bf16_op_recipe_pastes_into_a_valid_recipe():
         overrides=["activation_checkpointing.mode=selective", "activation_checkpointing.policy=op", *sets],
     ).recipe
     assert again.precision.dtype == "fp8" and again.activation_checkpointing.policy == "block"
+
+
+# --- context parallelism in the search -------------------------------------------------------------
+def test_30b_at_128k_without_context_parallelism_is_fixed_by_cp_and_the_fix_fits():
+    """At cp 1 a 128K sequence of the 30B model does not fit even fully checkpointed; the search
+    finds the context-parallel layout (the 30b-fp8-128k recipe) and its plan fits."""
+    result = runner.invoke(
+        app, ["plan", "30b-fp8-128k", "--set", "parallelism.cp=1", "--set", "parallelism.shard_group=8"]
+    )
+    assert result.exit_code == 1, result.output  # plan's exit status for "does not fit"
+    assert "DOES NOT FIT" in result.stdout and "--set parallelism.cp=2" in result.stdout
+    fixed = plan(resolve("30b-fp8-128k").recipe)
+    assert fixed.fits and fixed.memory.peak_gib <= fixed.memory.budget_gib
+    assert fixed.recommendations.matches
+
+
+def test_context_parallelism_is_searched_only_where_each_gpu_keeps_8k_tokens():
+    assert cp_options(8192, 8) == (1,)
+    assert cp_options(131072, 8) == (1, 2, 4, 8)
+    assert cp_options(32768, 8) == (1, 2, 4)
+    assert cp_options(131072, 4) == (1, 2, 4)  # inside a node of 4 GPUs
+
+
+def test_ties_prefer_the_smaller_context_parallel_degree():
+    within = 1 - TIE / 2
+    smaller = layout(cp=2, tpd=100.0 * within)
+    assert choose([layout(cp=4, tpd=100.0), smaller], 100, 8)[0] is smaller
+
+
+def test_context_parallelism_shortens_the_micro_step_so_a_sigterm_save_fits():
+    """64b-fp8-128k at cp 2: a 128K micro-step is longer than SageMaker's SIGTERM window leaves; at
+    cp 4 each GPU computes half as many tokens and the save after SIGTERM fits."""
+    cp2 = plan(resolve("64b-fp8-128k").recipe).run.checkpoint
+    cp4 = plan(
+        resolve("64b-fp8-128k", overrides=["parallelism.cp=4", "parallelism.shard_group=8"]).recipe
+    ).run.checkpoint
+    assert not cp2.sigterm_fits and cp4.sigterm_fits
+    assert cp4.sigterm_seconds < cp2.sigterm_seconds
+
+
+def test_the_kv_exchange_is_overlapped_with_transformer_engine_and_exposed_on_the_pytorch_path():
+    from trainstack.planner.calibration import CALIBRATION
+    from trainstack.planner.throughput import context_parallel_exchange_s
+
+    m = resolve("30b-fp8-128k").recipe.model
+    args = dict(
+        tokens_per_sequence=131072, cp=4, bandwidth=300e9, attention_fwd_s=1.0, attention_bwd_s=2.5,
+        recomputed_fraction=1.0, cal=CALIBRATION,
+    )  # fmt: skip
+    forward = 2 * m.kv_dim * 2 * 131072 * 3 / 4 / 300e9
+    exposed = context_parallel_exchange_s(m, backend="pytorch", **args)
+    assert exposed == pytest.approx(3 * forward)  # gather, the recompute's gather, the reduce-scatter
+    overlapped = context_parallel_exchange_s(m, backend="transformer_engine", **args)
+    assert overlapped == pytest.approx(CALIBRATION.overlap_interference * 4 * forward)  # all hidden
+    assert context_parallel_exchange_s(m, backend="pytorch", **{**args, "cp": 1}) == 0.0

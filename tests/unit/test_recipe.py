@@ -13,7 +13,18 @@ from trainstack.cli.main import app
 from trainstack.recipes.loader import base_recipe_names, resolve
 from trainstack.recipes.schema import ModelShape, Recipe, from_hyperparameters, to_hyperparameters
 
-BASE = ["1b-bf16", "3b-bf16", "7b-bf16", "8b-fp8", "14b-fp8", "30b-fp8", "64b-fp8", "8b-fp8-128k"]
+BASE = [
+    "1b-bf16",
+    "3b-bf16",
+    "7b-bf16",
+    "8b-fp8",
+    "14b-fp8",
+    "30b-fp8",
+    "64b-fp8",
+    "8b-fp8-128k",
+    "30b-fp8-128k",
+    "64b-fp8-128k",
+]
 
 
 def test_every_required_base_recipe_exists():

@@ -29,7 +29,18 @@ from trainstack.planner.run_plan import (
 from trainstack.recipes.loader import resolve
 
 ROOT = Path(__file__).resolve().parents[2]
-BASE = ["1b-bf16", "3b-bf16", "7b-bf16", "8b-fp8", "14b-fp8", "30b-fp8", "64b-fp8", "8b-fp8-128k"]
+BASE = [
+    "1b-bf16",
+    "3b-bf16",
+    "7b-bf16",
+    "8b-fp8",
+    "14b-fp8",
+    "30b-fp8",
+    "64b-fp8",
+    "8b-fp8-128k",
+    "30b-fp8-128k",
+    "64b-fp8-128k",
+]
 runner = CliRunner()
 
 
@@ -53,14 +64,14 @@ def test_run_figures_of_every_base_recipe(name):
 
     # one copy of FP32 master weights and AdamW moments, written once across the nodes (DCP dedups HSDP)
     assert ck.gib_per_node == pytest.approx(params * CHECKPOINT_BYTES_PER_PARAM / nodes / GIB)
-    stage = params * CHECKPOINT_BYTES_PER_PARAM / recipe.parallelism.shard_group / STAGING_BYTES_PER_S_PER_GPU
+    fsdp = recipe.parallelism.shard_group * recipe.parallelism.cp  # FSDP shards over the CP ranks too
+    stage = params * CHECKPOINT_BYTES_PER_PARAM / fsdp / STAGING_BYTES_PER_S_PER_GPU
     upload = ck.gib_per_node * GIB / (8 * S3_TARGET_BYTES_PER_S_PER_RANK * S3_ACHIEVED_FRACTION)
     assert (ck.stage_seconds, ck.upload_seconds) == pytest.approx((stage, upload))
     assert ck.save_seconds == pytest.approx(stage + upload)
-    # on resume every GPU reads its own shards: a node reads 8 / shard_group of the checkpoint per replica
-    assert ck.restore_gib_per_node == pytest.approx(
-        8 * params * CHECKPOINT_BYTES_PER_PARAM / recipe.parallelism.shard_group / GIB
-    )
+    # on resume every GPU reads its own shards: a node reads 8 / (shard_group x cp) of the checkpoint
+    # per replica
+    assert ck.restore_gib_per_node == pytest.approx(8 * params * CHECKPOINT_BYTES_PER_PARAM / fsdp / GIB)
 
     # Young/Daly on the time training waits (staging), never shorter than one whole save
     cluster_mtbf_s = NODE_MTBF_HOURS * 3600 / nodes

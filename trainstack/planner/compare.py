@@ -55,6 +55,7 @@ def variant(recipe: Recipe, layout: Layout) -> Recipe:
     if layout.mode != "selective":
         data["activation_checkpointing"]["policy"] = "block"
     data["parallelism"]["shard_group"] = layout.shard_group
+    data["parallelism"]["cp"] = layout.cp
     gpu = INSTANCES[layout.instance_type].gpu
     if data["precision"]["fp8_recipe"] == "mxfp8" and not gpu.supports_mxfp8:
         data["precision"]["fp8_recipe"] = "current"
@@ -72,6 +73,8 @@ def _row(recipe: Recipe, instance_type: str, chosen: Layout | None, note: str, o
     p: Plan = plan(replanned)
     fp8_recipe = replanned.precision.fp8_recipe
     layout = f"micro-batch {chosen.micro_batch}, {chosen.checkpointing}, shard group {chosen.shard_group}"
+    if chosen.cp > 1:
+        layout += f", cp {chosen.cp}"
     if fp8_recipe != recipe.precision.fp8_recipe:
         layout += f", fp8 {fp8_recipe} (mxfp8 needs Blackwell)"
     return CompareRow(

@@ -189,7 +189,10 @@ def plan(recipe: Recipe) -> Plan:
             chosen = rec.recommended
             fix = " ".join(rec.set_flags) + f" ({chosen.describe()}, peak {chosen.peak_gib:.1f} GiB)"
         else:
-            fix = "no layout in reach fits: the model needs tensor or context parallelism (not implemented)"
+            fix = (
+                "no layout in reach fits, context parallelism inside a node included: the model needs "
+                "tensor parallelism (not implemented)"
+            )
         mem = MemoryPlan(**{**asdict(mem), "breaking_component": breaking, "fix": fix})
         verdict = (
             f"does not fit: peak {mem.peak_gib:.1f} GiB > {mem.usable_gib:.0f} GiB usable; "

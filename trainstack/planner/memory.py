@@ -12,7 +12,12 @@ import math
 from dataclasses import dataclass
 
 from trainstack.planner import trainer_memory
-from trainstack.planner.trainer_memory import LOSS_BYTES, block_activation_bytes, fsdp_units_in_flight_bytes
+from trainstack.planner.trainer_memory import (
+    LOSS_BYTES,
+    context_parallel_block_saved_bytes,
+    context_parallel_mask_bytes,
+    fsdp_units_in_flight_bytes,
+)
 from trainstack.recipes.hardware import GPU
 from trainstack.recipes.schema import ActivationCheckpointing, ModelShape
 
@@ -139,11 +144,16 @@ def memory_breakdown(
 ) -> dict[str, float]:
     """Per-GPU memory components in GiB at the step's peak (start of backward)."""
     n = m.total_params
-    shard = shard_group * tp
+    # FSDP shards over shard_group x cp ranks: the CP ranks of a sequence hold the same weights
+    # (training_image/trainer/context_parallel.py, as torchtitan's dp_shard_cp).
+    fsdp_ranks = shard_group * cp
+    shard = fsdp_ranks * tp
     tokens = micro_batch * seq_len / cp  # tokens whose activations this GPU holds (CP splits the sequence)
     act_tokens = tokens / tp  # sequence parallel splits what tensor parallel would otherwise replicate
 
-    full_block = block_activation_bytes(m)
+    # Per local token; under CP an uncheckpointed block also keeps the all-gathered K/V (cp x the local
+    # ones; trainer_memory.context_parallel_block_saved_bytes, counted on the trainer's CP block).
+    full_block = context_parallel_block_saved_bytes(m, "none", cp)
     if policy.op_level:
         saved_block = op_selective_bytes(m, torchtitan=policy.torchtitan)
     else:
@@ -156,7 +166,7 @@ def memory_breakdown(
     # parameters, BF16 gradients and FP32 reduce-scatter copies, and the head unit: [norm, output], or
     # [embedding, norm, output] when tied); the untied embedding is resharded until the end of backward.
     in_flight = fsdp_units_in_flight_bytes(m) / tp
-    if shard_group == 1:  # unsharded: the BF16 copies are still made for compute, but nothing is gathered
+    if fsdp_ranks == 1:  # unsharded: the BF16 copies are still made for compute, but nothing is gathered
         in_flight = (m.params_per_layer * m.layers + m.embedding_params) * BF16 / tp
 
     chunk = min(loss_chunk_tokens, tokens)
@@ -175,6 +185,10 @@ def memory_breakdown(
         "activations (backward working set)": working,
         "logits and loss": logits,
     }
+    if cp > 1 and policy.op_level:
+        # The pure-PyTorch CP attention's causal mask (one, shared by every block). The op policy runs
+        # that path; otherwise Transformer Engine's CP attention runs, which needs no mask.
+        parts["context-parallel mask"] = context_parallel_mask_bytes(seq_len, cp)
     gib = {k: v / GIB for k, v in parts.items()}
     gib["allocator fragmentation"] = FRAGMENTATION * sum(gib.values())
     gib["CUDA context"] = CUDA_CONTEXT_GIB

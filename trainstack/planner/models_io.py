@@ -72,7 +72,7 @@ def base_load_seconds(recipe: Recipe, s3_bytes_per_s_per_node: float) -> float:
         return 0.0
     size = recipe.model.total_params * BASE_BYTES_PER_PARAM
     copy = size / s3_bytes_per_s_per_node
-    shard = recipe.parallelism.shard_group
+    shard = recipe.parallelism.shard_group * recipe.parallelism.cp  # FSDP shards over the CP ranks too
     read = size / shard / LOCAL_READ_BYTES_PER_S_PER_GPU  # each GPU its 1/shard of the rows, in parallel
     return copy + read
 

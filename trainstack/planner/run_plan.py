@@ -169,7 +169,11 @@ def plan_checkpoints(recipe: Recipe, step_time_s: float, micro_step_s: float | N
     """`micro_step_s`: one accumulation micro-step (default: the step over its micro-steps)."""
     nodes = recipe.compute.instance_count
     params = recipe.model.total_params
-    shard = recipe.parallelism.shard_group * recipe.parallelism.tp
+    par = recipe.parallelism
+    # Each GPU stages its own FSDP shard: 1 / (shard_group x cp x tp) of the state (FSDP shards over
+    # the CP ranks too). CP also shortens the micro-step (each GPU computes 1/cp of a sequence), which
+    # is what decides whether the save after SIGTERM fits behind the last micro-step (below).
+    shard = par.shard_group * par.cp * par.tp
     gib = checkpoint_gib_per_node(recipe)
     shard_bytes = params * CHECKPOINT_BYTES_PER_PARAM / shard  # what one GPU stages
     stage_s = shard_bytes / STAGING_BYTES_PER_S_PER_GPU

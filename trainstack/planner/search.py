@@ -1,4 +1,5 @@
-"""One joint recommendation: micro-batch x checkpointing x shard group x node count, searched together.
+"""One joint recommendation: micro-batch x checkpointing x shard group x context parallelism x node
+count, searched together.
 
 The objective is the most tokens per dollar among layouts that fit within the planner's headroom and
 finish no later than the recipe's own layout would (its node count is how long the user is willing to
@@ -7,6 +8,11 @@ within `TIE` of the best are ties, broken by fewer nodes, then a shard group ins
 traffic on NVLink, the guide's "smallest shard group that fits"), then the larger micro-batch, then
 tokens per dollar. Precision is not searched: the guide's rule by size is advice beside it. The
 op-level checkpointing policy is offered to BF16 recipes only (`checkpointing_options`).
+
+Context parallelism (`cp_options`): cp 2, 4 and 8 (inside one node: the CP ranks are the innermost
+mesh dimension, so a CP group stays on NVLink) for sequences that stay at least CP_MIN_LOCAL_TOKENS
+per GPU; it frees activation memory (and so a lighter checkpointing mode or a larger micro-batch) at
+the price of a K/V exchange per block, which the throughput model counts. Ties prefer the smaller cp.
 """
 
 from __future__ import annotations
@@ -22,7 +28,24 @@ from trainstack.recipes.schema import ActivationCheckpointing, Recipe
 
 TIE = 0.03  # candidates within 3% of the best tokens per dollar are ties
 NODE_COUNTS = (1, 2, 4, 8, 16, 32, 64)  # what the search tries, with the recipe's own count
-FP8_MIN_PARAMS = 6.0e9  # the guide: below ~7B FP8 gains little; from ~7B it pays (Llama 2 7B has 6.7B)
+FP8_MIN_PARAMS = 6.0e9
+# Context parallelism is searched only while each GPU keeps at least this many tokens of a sequence:
+# below that the per-block K/V exchange outweighs the attention it overlaps, and GEMMs shrink (an
+# assumption, in the spirit of the Llama 3 paper's CP 16 at 128K: 8K tokens per GPU).
+CP_MIN_LOCAL_TOKENS = 8192
+CP_OPTIONS = (1, 2, 4, 8)
+
+
+def cp_options(seq_len: int, gpus_per_node: int) -> tuple[int, ...]:
+    """Context-parallel degrees the search tries for this sequence length: 1, and each cp inside a
+    node that cuts the sequence into 2 x cp equal chunks of at least CP_MIN_LOCAL_TOKENS / 2."""
+    return tuple(
+        cp
+        for cp in CP_OPTIONS
+        if cp == 1
+        or (cp <= gpus_per_node and seq_len % (2 * cp) == 0 and seq_len // cp >= CP_MIN_LOCAL_TOKENS)
+    )  # the guide: below ~7B FP8 gains little; from ~7B it pays (Llama 2 7B has 6.7B)
+
 
 CHECKPOINTING_OPTIONS = (
     ActivationCheckpointing(mode="none"),
@@ -87,6 +110,7 @@ class Layout:
     every: int
     policy: str
     shard_group: int
+    cp: int  # context-parallel degree
     fits: bool  # within the headroom
     peak_gib: float
     tokens_per_sec_per_gpu: float
@@ -96,7 +120,7 @@ class Layout:
     def describe(self) -> str:
         return (
             f"{self.nodes} x {self.instance_type}, micro-batch {self.micro_batch}, {self.checkpointing}, "
-            f"shard group {self.shard_group}"
+            f"shard group {self.shard_group}" + (f", cp {self.cp}" if self.cp > 1 else "")
         )
 
 
@@ -138,6 +162,7 @@ def _layout(
     mb: int,
     ac: ActivationCheckpointing,
     group: int,
+    cp: int,
     peak_gib: float,
     thr: ThroughputPlan,
     usd: float,
@@ -152,6 +177,7 @@ def _layout(
         every=ac.every,
         policy=ac.policy,
         shard_group=group,
+        cp=cp,
         fits=peak_gib <= budget,
         peak_gib=peak_gib,
         tokens_per_sec_per_gpu=thr.tokens_per_sec_per_gpu,
@@ -174,8 +200,8 @@ class _Evaluator:
         self._memory: dict[tuple, float] = {}
         self.evaluated = 0
 
-    def peak_gib(self, mb: int, ac: ActivationCheckpointing, group: int) -> float:
-        key = (mb, checkpointing_label(ac), group)
+    def peak_gib(self, mb: int, ac: ActivationCheckpointing, group: int, cp: int = 1) -> float:
+        key = (mb, checkpointing_label(ac), group, cp)
         if key not in self._memory:
             tr = self.recipe.training
             parts = memory_breakdown(
@@ -184,13 +210,14 @@ class _Evaluator:
                 seq_len=tr.seq_len,
                 micro_batch=mb,
                 shard_group=group,
+                cp=cp,
                 policy=ActivationPolicy.from_recipe(ac, self.recipe.model.layers),
                 loss_chunk_tokens=tr.loss_chunk_tokens,
             )
             self._memory[key] = peak(parts)
         return self._memory[key]
 
-    def layout(self, nodes: int, mb: int, ac: ActivationCheckpointing, group: int) -> Layout:
+    def layout(self, nodes: int, mb: int, ac: ActivationCheckpointing, group: int, cp: int = 1) -> Layout:
         tr = self.recipe.training
         self.evaluated += 1
         thr = throughput(
@@ -201,14 +228,15 @@ class _Evaluator:
             global_batch=tr.global_batch,
             world_size=nodes * self.instance.gpus,
             shard_group=group,
+            cp=cp,
             dtype=self.dtype,
             fp8_recipe=self.fp8_recipe,
             policy=ActivationPolicy.from_recipe(ac, self.recipe.model.layers),
             compile=self.compile,
             loss_chunk_tokens=tr.loss_chunk_tokens,
         )
-        peak_gib = self.peak_gib(mb, ac, group)
-        return _layout(self.recipe, self.instance, nodes, mb, ac, group, peak_gib, thr, self.usd)
+        peak_gib = self.peak_gib(mb, ac, group, cp)
+        return _layout(self.recipe, self.instance, nodes, mb, ac, group, cp, peak_gib, thr, self.usd)
 
 
 def _node_counts(recipe: Recipe, at_least: int = 1) -> list[int]:
@@ -225,21 +253,24 @@ def _candidates(
     per_node = ev.instance.gpus
     for nodes in _node_counts(recipe, at_least_nodes):
         world = nodes * per_node
-        if recipe.training.global_batch % world:
-            continue
-        per_rank = recipe.training.global_batch // world
-        groups = _divisors(world)
-        for ac in options:
-            for mb in _divisors(per_rank):
-                fitting = [g for g in groups if ev.peak_gib(mb, ac, g) <= budget]
-                if not fitting:
-                    continue
-                # Inside a node every group rides NVLink: try them all. Across nodes, only the smallest
-                # group that fits (a wider one moves more over EFA for no memory it needs).
-                inside = [g for g in fitting if g <= per_node]
-                across = [g for g in fitting if g > per_node][:1]
-                for g in inside + across:
-                    out.append(ev.layout(nodes, mb, ac, g))
+        for cp in cp_options(recipe.training.seq_len, per_node):
+            data_ranks = world // cp
+            if recipe.training.global_batch % data_ranks:
+                continue
+            per_rank = recipe.training.global_batch // data_ranks
+            groups = _divisors(data_ranks)
+            for ac in options:
+                for mb in _divisors(per_rank):
+                    fitting = [g for g in groups if ev.peak_gib(mb, ac, g, cp) <= budget]
+                    if not fitting:
+                        continue
+                    # Inside a node every group (x cp: FSDP shards over the CP ranks too) rides NVLink:
+                    # try them all. Across nodes, only the smallest group that fits (a wider one moves
+                    # more over EFA for no memory it needs).
+                    inside = [g for g in fitting if g * cp <= per_node]
+                    across = [g for g in fitting if g * cp > per_node][:1]
+                    for g in inside + across:
+                        out.append(ev.layout(nodes, mb, ac, g, cp))
     return out
 
 
@@ -247,7 +278,7 @@ def _distance(layout: Layout, recipe: Layout | None) -> int:
     """How many searched knobs differ from the recipe's (0 without a recipe to compare with)."""
     if recipe is None:
         return 0
-    keys = ("nodes", "micro_batch", "checkpointing", "shard_group")
+    keys = ("nodes", "micro_batch", "checkpointing", "shard_group", "cp")
     return sum(getattr(layout, k) != getattr(recipe, k) for k in keys)
 
 
@@ -256,7 +287,8 @@ def _rank_key(layout: Layout, per_node: int, recipe: Layout | None) -> tuple:
     # what is still tied, the fewest changes to the recipe (no churn for a tie), then tokens per dollar.
     return (
         layout.nodes,
-        layout.shard_group > per_node,
+        layout.shard_group * layout.cp > per_node,
+        layout.cp,  # context parallelism only where it pays: the smaller cp among ties
         -layout.micro_batch,
         _distance(layout, recipe),
         -layout.tokens_per_usd,
@@ -310,6 +342,7 @@ def _changes(recipe: Recipe, rec: Layout) -> tuple[tuple[Change, ...], tuple[str
     if "op" in (ac.policy, rec.policy):  # op is valid with mode selective only: set block otherwise
         row("activation_checkpointing.policy", ac.policy, rec.policy if rec.mode == "selective" else "block")
     row("parallelism.shard_group", recipe.parallelism.shard_group, rec.shard_group)
+    row("parallelism.cp", recipe.parallelism.cp, rec.cp)
     return tuple(rows), tuple(flags)
 
 
@@ -320,7 +353,8 @@ def max_micro_batch(recipe: Recipe, instance: Instance | None = None) -> int | N
     budget = ev.instance.gpu.usable_gib * (1 - HEADROOM)
     best = None
     for mb in _divisors(recipe.training.global_batch // recipe.data_parallel):
-        if ev.peak_gib(mb, recipe.activation_checkpointing, recipe.parallelism.shard_group) > budget:
+        par = recipe.parallelism
+        if ev.peak_gib(mb, recipe.activation_checkpointing, par.shard_group, par.cp) > budget:
             break  # memory grows with the micro-batch
         best = mb
     return best
@@ -343,7 +377,7 @@ def recommend(
 
     par, tr = recipe.parallelism, recipe.training
     if recipe_throughput is None or instance_type:
-        mine = ev.layout(recipe.compute.instance_count, tr.micro_batch, own, par.shard_group)
+        mine = ev.layout(recipe.compute.instance_count, tr.micro_batch, own, par.shard_group, par.cp)
     else:
         mine = _layout(
             recipe,
@@ -352,7 +386,8 @@ def recommend(
             tr.micro_batch,
             own,
             par.shard_group,
-            ev.peak_gib(tr.micro_batch, own, par.shard_group),
+            par.cp,
+            ev.peak_gib(tr.micro_batch, own, par.shard_group, par.cp),
             recipe_throughput,
             ev.usd,
         )
@@ -370,8 +405,8 @@ def recommend(
     notes = [note] if note else []
     if chosen is None:
         notes.append(
-            "no layout in reach fits within the headroom: the model needs tensor or context "
-            "parallelism, which the trainer does not implement yet"
+            "no layout in reach fits within the headroom, context parallelism inside a node included: "
+            "the model needs tensor parallelism, which the trainer does not implement yet"
         )
         changes, flags, gain = (), (), None
     else:

@@ -20,6 +20,11 @@ One optimizer step of one GPU is the sum of:
   NVLink inside a node and on each GPU's own EFA NIC across nodes; the embedding's unit is gathered
   before and reduced after each micro-step's compute, not overlapped (the trainer's FSDP units: the
   embedding, each block, [norm, head]; one [embedding, norm, head] unit when tied, all of it exposed);
+- context parallelism (cp > 1): each GPU computes seq_len / cp tokens of every sequence, attends them
+  to the whole sequence (the load-balanced chunks give every rank 1/cp of the causal work), and
+  exchanges K/V once per block per micro-step (`context_parallel_exchange_s`): with Transformer Engine
+  a ring (cp_comm_type p2p, Megatron-Core's default) overlapped with attention, on the pure-PyTorch
+  path an all-gather (the Llama 3 paper's) exposed. FSDP shards over shard_group x cp ranks;
 - the HSDP gradient all-reduce across replicas, overlapped with the last micro-step's backward except
   the embedding's, which comes last;
 - the optimizer (memory-bound over the GPU's parameter shard) and a fixed per-step cost.
@@ -58,6 +63,7 @@ KINDS = (
     "output head and loss",
     "host overhead",
     "exposed FSDP communication",
+    "exposed context-parallel K/V exchange",
     "exposed replica all-reduce",
     "optimizer",
     "fixed per step",
@@ -240,6 +246,38 @@ def _overlap(comm: float, compute: float, cal: Calibration) -> float:
     return max(0.0, comm - compute) + cal.overlap_interference * min(comm, compute)
 
 
+def context_parallel_exchange_s(
+    m: ModelShape,
+    *,
+    tokens_per_sequence: float,
+    cp: int,
+    bandwidth: float,
+    attention_fwd_s: float,
+    attention_bwd_s: float,
+    recomputed_fraction: float,
+    backend: str,
+    cal: Calibration,
+) -> float:
+    """Exposed seconds of one block's K/V exchange in one micro-step (0 at cp 1).
+
+    Bytes: every GPU needs the other cp - 1 ranks' K and V, 2 x kv_dim x BF16 x (cp-1)/cp per token
+    of the micro-batch's sequences, once per forward (and once more per recomputed forward). Backward
+    moves twice that: Transformer Engine's ring passes K/V again and the dK/dV partial sums back
+    (TE's AttnFuncWithCPAndKVP2P); the all-gather path reduce-scatters dK/dV and, under the op policy,
+    gathers K/V again for the recompute.
+    Overlap: TE's p2p ring sends block i+1's K/V while block i's attention runs (Megatron-Core's
+    cp_comm_type "p2p", the documented overlapped mode; torchtitan's ring attention likewise), so
+    only what attention does not cover sticks out (`_overlap`). The all-gather path (the Llama 3
+    paper's choice, exposed there too: it argues K/V are small under GQA) is exposed in full."""
+    if cp == 1:
+        return 0.0
+    forward = 2 * m.kv_dim * BF16 * tokens_per_sequence * (cp - 1) / cp / bandwidth
+    if backend == "transformer_engine":
+        fwd = _overlap(forward, attention_fwd_s, cal)
+        return fwd * (1 + recomputed_fraction) + _overlap(2 * forward, attention_bwd_s, cal)
+    return forward * (1 + recomputed_fraction) + forward  # gather(s), then the dK/dV reduce-scatter
+
+
 def _step(
     m: ModelShape,
     instance: Instance,
@@ -297,13 +335,30 @@ def _step(
 
     compute_micro = m.layers * block + head
 
+    # Context parallelism: the CP ranks are the innermost mesh dimension (trainer.context_parallel), so
+    # a CP group of up to a node's GPUs rides NVLink.
+    cp_bw = rates.nvlink if cp <= instance.gpus else rates.nic
+    recomputed = 1.0 if policy.op_level else policy.checkpointed_fraction
+    cp_exchange = context_parallel_exchange_s(
+        m,
+        tokens_per_sequence=micro_batch * seq_len,
+        cp=cp,
+        bandwidth=cp_bw,
+        attention_fwd_s=attention_fwd_s,
+        attention_bwd_s=attention_fwd_s * cal.attention_backward_ratio,
+        recomputed_fraction=recomputed,
+        backend=backend,
+        cal=cal,
+    )
+
     # FSDP: per block, block i+1's all-gather under block i's forward; in backward the previous block's
     # all-gather and the next block's reduce-scatter under this block's backward.
     node = instance.gpus
     fsdp_micro = 0.0
-    if shard_group > 1:
-        bw = rates.nvlink if shard_group * tp * cp <= node else rates.nic
-        spread = (shard_group - 1) / shard_group
+    fsdp_ranks = shard_group * cp  # FSDP shards over the CP ranks too
+    if fsdp_ranks > 1:
+        bw = rates.nvlink if fsdp_ranks * tp <= node else rates.nic
+        spread = (fsdp_ranks - 1) / fsdp_ranks
         block_params = m.params_per_layer / tp
         all_gather = param_gather_bytes * block_params * spread / bw
         reduce_scatter = GRAD_REDUCE_BYTES * block_params * spread / bw
@@ -321,12 +376,12 @@ def _step(
     if replicas > 1:
         bw = rates.nvlink if world_size <= node else rates.nic
         ring = 2 * (replicas - 1) / replicas
-        shard_bytes = GRAD_REDUCE_BYTES * m.total_params / tp / shard_group * ring
+        shard_bytes = GRAD_REDUCE_BYTES * m.total_params / tp / fsdp_ranks * ring
         root_share = root_params / m.total_params  # the last unit of the backward is not overlapped
         blocks_part = shard_bytes * (1 - root_share) / bw
         all_reduce = _overlap(blocks_part, m.layers * bwd_block, cal) + shard_bytes * root_share / bw
 
-    optimizer = cal.optimizer_bytes_per_param * m.total_params / tp / shard_group / rates.hbm
+    optimizer = cal.optimizer_bytes_per_param * m.total_params / tp / fsdp_ranks / rates.hbm
     by_kind = {
         "block GEMMs": accum * m.layers * gemm,
         "attention": accum * m.layers * attention,
@@ -335,6 +390,7 @@ def _step(
         "output head and loss": accum * head,
         "host overhead": accum * m.layers * host_wait,
         "exposed FSDP communication": accum * fsdp_micro,
+        "exposed context-parallel K/V exchange": accum * m.layers * cp_exchange,
         "exposed replica all-reduce": all_reduce,
         "optimizer": optimizer,
         "fixed per step": cal.step_fixed_seconds,
@@ -343,8 +399,8 @@ def _step(
         seconds=sum(by_kind.values()),
         by_kind=by_kind,
         compute_micro=compute_micro,
-        exposed_comm=accum * fsdp_micro + all_reduce,
-        micro=compute_micro + fsdp_micro,
+        exposed_comm=accum * (fsdp_micro + m.layers * cp_exchange) + all_reduce,
+        micro=compute_micro + fsdp_micro + m.layers * cp_exchange,
     )
 
 

@@ -461,7 +461,9 @@ def compile_blocks(model: Transformer, backend: str = "inductor") -> None:
     """torch.compile each block in place (`Module.compile`: parameter names unchanged), one graph
     per block, reused by all (torchtitan's per-block compile). The pure-PyTorch block compiles as
     one graph (fullgraph: a graph break is an error, not a silent slowdown); a TE block cannot."""
-    fullgraph = model.backend_name == "pytorch"
+    # Under context parallelism the block's K/V all-gather (trainer.context_parallel, plain c10d
+    # collectives in an autograd function) is a graph break: compile around it, not fullgraph.
+    fullgraph = model.backend_name == "pytorch" and model.rope_positions is None
     for block in model.layers:
         block.compile(backend=backend, fullgraph=fullgraph)
 
