@@ -16,9 +16,10 @@ import sys
 
 import pytest
 import torch
-from trainer_helpers import REPO, TINY, trainer_env, trainer_ranks
+from trainer_helpers import REPO, TINY, metric_lines, trainer_env, trainer_ranks
 
 from trainstack.planner import trainer_memory
+from trainstack.protocol.metrics import parse_line
 from trainstack.recipes.schema import ModelShape
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("trainer")]
@@ -107,8 +108,17 @@ def test_a_run_saved_at_cp2_resumes_at_cp1_exactly(tmp_path):
     """The real trainer (BF16): cp 2 x 2 data-parallel ranks for 12 steps (checkpoint at 10), then the
     step-10 checkpoint resumed at cp 1 on the 2 data-parallel ranks. Same data position, same samples
     per step, and the first resumed step's loss (a forward of the loaded weights on the same tokens)
-    equal to the cp 2 run's step 11."""
-    common = ("--recipe", str(TINY), "--set", "parallelism.shard_group=2")
+    equal to the cp 2 run's step 11; validation at step 12 gives the same held-out loss."""
+    common = (
+        "--recipe",
+        str(TINY),
+        "--set",
+        "parallelism.shard_group=2",
+        "--set",
+        "validation.every_steps=12",  # at step 12 in both runs, on the same held-out samples
+        "--set",
+        "validation.batches=1",
+    )
     cp2 = trainer_ranks(
         4,
         *common,
@@ -146,3 +156,11 @@ def test_a_run_saved_at_cp2_resumes_at_cp1_exactly(tmp_path):
     # how BF16 attention sums over the split (seen: equal to 1e-6).
     assert abs(after[11]["loss"] - before[11]["loss"]) < 1e-4
     assert abs(after[12]["loss"] - before[12]["loss"]) < 1e-3
+    # Validation splits its samples over the CP ranks as training does: the same held-out loss.
+    val = [
+        parse_line(line)["val_loss"]
+        for run in (cp2, cp1)
+        for line in metric_lines(run.stdout)
+        if "val_loss" in line
+    ]
+    assert len(val) == 2 and abs(val[0] - val[1]) < 1e-3, val
