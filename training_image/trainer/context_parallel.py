@@ -14,9 +14,9 @@ attention is the one op that needs other ranks' tokens:
   scatter) and takes inputs in exactly the layout above. Coded against TE's documented API (TE 2.x,
   transformer_engine.pytorch.DotProductAttention); it cannot run on the CPU machines the tests use.
 - Pure PyTorch (CPU tests, a GPU without TE, op-level checkpointing): K and V are all-gathered over
-  the CP group (`all_gather_tensor_autograd`: its backward reduce-scatters the gradients of K and V,
-  so each rank gets the sum of every rank's gradient for its own tokens), reordered nowhere (the mask
-  follows the gathered order), and attended with a causal mask over global positions: query at
+  the CP group (`gather_sequence`: its backward reduce-scatters the gradients of K and V,
+  so each rank gets the sum of every rank's gradient for its own tokens), left in gather order (the
+  mask follows it), and attended with a causal mask over global positions: query at
   position p sees key at position t iff t <= p. The mask is additive, in the compute dtype, built once
   per (dtype, device) and shared by every block, so SDPA keeps one copy, not one per layer.
 
@@ -25,10 +25,11 @@ chunks (`split`); every rank's loss is the mean over its local tokens. All ranks
 of tokens (S / cp per sample: the schema requires seq_len divisible by 2 cp), so the mean of the CP
 ranks' means is the sequence's mean, and FSDP's gradient average over the combined (data-parallel
 shard x cp) ranks, which the CP ranks share weights in (torchtitan shards over `dp_shard_cp` the same
-way), is the gradient of the mean loss over the global batch. `reduce_mean` reduces a loss over the
-CP group for what is reported. The device mesh is (replicate, shard, cp), rank = (r x shard + s) x
-cp + c; FSDP shards over the flattened (shard, cp) dimension and replicates across `replicate`
-(HSDP), so gradients are reduce-scattered within the shard x cp ranks and all-reduced across nodes.
+way), is the gradient of the mean loss over the global batch; the reported loss, all-reduced over
+every rank and divided by the world size (trainer.train), is likewise the mean over every token. The
+device mesh is (replicate, shard, cp), rank = (r x shard + s) x cp + c; FSDP shards over the
+flattened (shard, cp) dimension and replicates across `replicate` (HSDP), so gradients are
+reduce-scattered within the shard x cp ranks and all-reduced across nodes.
 
 Checkpoints do not depend on cp: parameters and optimizer states are DTensors that DCP reshards on
 load, and the data position counts samples, which every CP rank of a group shares.
@@ -105,17 +106,6 @@ class ContextParallel:
             mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, float("-inf")).to(device)
             self._masks[key] = mask
         return mask
-
-    def reduce_mean(self, value: torch.Tensor) -> torch.Tensor:
-        """The mean over the CP group of a per-rank mean of equally many tokens (a detached copy)."""
-        out = value.detach().clone()
-        if self.enabled:
-            dist.all_reduce(out, group=self.group)
-            out /= self.size
-        return out
-
-
-NO_CONTEXT_PARALLEL = None
 
 
 class _GatherSequence(torch.autograd.Function):
