@@ -22,12 +22,16 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from torch.distributed.fsdp import MixedPrecisionPolicy
-from trainer.activation_checkpointing import apply_activation_checkpointing, recompute_function
-from trainer.context_parallel import ContextParallelSDPAttention, apply_context_parallel, build_meshes
-from trainer.data import SyntheticTokens, micro_batch_indices
-from trainer.model import Block, build_model, pytorch_backend, rotary_tables
+from trainer.data.loader import SyntheticTokens, micro_batch_indices
+from trainer.distributed.context_parallel import (
+    ContextParallelSDPAttention,
+    apply_context_parallel,
+    build_meshes,
+)
+from trainer.distributed.parallel import set_gradient_sync, shard_model
+from trainer.models.activation_checkpointing import apply_activation_checkpointing, recompute_function
+from trainer.models.model import Block, build_model, pytorch_backend, rotary_tables
 from trainer.optim import build_optimizer, build_scheduler
-from trainer.parallel import set_gradient_sync, shard_model
 
 from trainstack.recipes.schema import ActivationCheckpointing, ModelShape, RopeScaling, Training
 

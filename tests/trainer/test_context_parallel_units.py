@@ -1,17 +1,17 @@
-"""trainer.context_parallel's pure parts, in one process: the load-balanced chunk layout, the split of
-a batch, the causal mask over gathered positions, the layout's refusals, and the Transformer Engine
-wiring (against stand-ins with TE's names: TE cannot run here). The multi-rank behaviour is in
-test_trainer_context_parallel.py."""
+"""trainer.distributed.context_parallel's pure parts, in one process: the load-balanced chunk
+layout, the split of a batch, the causal mask over gathered positions, the layout's refusals, and the
+Transformer Engine wiring (against stand-ins with TE's names: TE cannot run here). The multi-rank
+behaviour is in test_trainer_context_parallel.py."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 from test_trainer_model import fake_transformer_engine
-from trainer import context_parallel
 from trainer.config import resolve_layout
-from trainer.context_parallel import ContextParallel, apply_context_parallel, chunk_positions
-from trainer.model import _te_backend, build_model
+from trainer.distributed import context_parallel
+from trainer.distributed.context_parallel import ContextParallel, apply_context_parallel, chunk_positions
+from trainer.models.model import _te_backend, build_model
 from trainer_helpers import TINY
 
 from trainstack.errors import RecipeError

@@ -1,4 +1,4 @@
-"""Context parallelism (trainer.context_parallel) on 4 gloo ranks.
+"""Context parallelism (trainer.distributed.context_parallel) on 4 gloo ranks.
 
 In FP32 (context_parallel_worker.py, the trainer's own pieces): cp 2 and cp 4, with FSDP over the
 other ranks, and cp 2 under HSDP, give the losses and gradients of cp 1 within float32 tolerance over

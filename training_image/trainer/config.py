@@ -8,7 +8,7 @@ encoding the launcher writes.
 Layout: the recipe plans for instance_count x 8 GPUs. The trainer lays out the ranks torchrun
 actually started (they match on SageMaker; a 2-process CPU test runs a recipe planned for 8 GPUs):
 data-parallel degree = world size / cp (the recipe's parallelism.cp ranks of one sequence read the
-same samples; trainer.context_parallel), gradient accumulation = global_batch / (micro_batch x
+same samples; trainer.distributed.context_parallel), gradient accumulation = global_batch / (micro_batch x
 data-parallel degree), and the FSDP shard group is the recipe's shard_group (x cp: FSDP shards over
 the CP ranks too), or all the data-parallel ranks when shard_group is larger.
 Anything that does not divide is an error naming the recipe field, never a silent change of batch.

@@ -33,7 +33,6 @@ from torch.optim.lr_scheduler import LRScheduler
 from trainer.checkpoint.manager import CheckpointManager, TrainerState
 from trainer.checkpoint.resume import apply_changes, recipe_record, resume_checkpoint
 from trainer.config import Layout, load_recipe, resolve_layout
-from trainer.context_parallel import ContextParallel, apply_context_parallel, build_meshes
 from trainer.data import blend
 from trainer.data.loader import (
     Prefetcher,
@@ -44,6 +43,7 @@ from trainer.data.loader import (
     same_data,
 )
 from trainer.distributed.comms import check_efa
+from trainer.distributed.context_parallel import ContextParallel, apply_context_parallel, build_meshes
 from trainer.distributed.parallel import (
     init_distributed,
     mesh_description,
@@ -178,8 +178,8 @@ def _train(
         token_source: TokenSource = blend.open_blend(recipe, options.data_dir, open_dataset)
     else:
         token_source = open_dataset(data_dir, recipe.data.train_s3_uri)
-    # The (replicate, shard, cp) mesh and this rank's CP group (trainer.context_parallel); at cp 1 the
-    # FSDP (or HSDP) mesh alone.
+    # The (replicate, shard, cp) mesh and this rank's CP group (trainer.distributed.context_parallel);
+    # at cp 1 the FSDP (or HSDP) mesh alone.
     meshes = build_meshes(device.type, world, layout.shard, layout.cp, recipe.training.seq_len)
     cp = meshes.cp
     split = cp.split if cp.enabled else None

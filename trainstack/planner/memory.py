@@ -145,7 +145,7 @@ def memory_breakdown(
     """Per-GPU memory components in GiB at the step's peak (start of backward)."""
     n = m.total_params
     # FSDP shards over shard_group x cp ranks: the CP ranks of a sequence hold the same weights
-    # (training_image/trainer/context_parallel.py, as torchtitan's dp_shard_cp).
+    # (training_image/trainer/distributed/context_parallel.py, as torchtitan's dp_shard_cp).
     fsdp_ranks = shard_group * cp
     shard = fsdp_ranks * tp
     tokens = micro_batch * seq_len / cp  # tokens whose activations this GPU holds (CP splits the sequence)

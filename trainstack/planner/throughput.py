@@ -335,8 +335,8 @@ def _step(
 
     compute_micro = m.layers * block + head
 
-    # Context parallelism: the CP ranks are the innermost mesh dimension (trainer.context_parallel), so
-    # a CP group of up to a node's GPUs rides NVLink.
+    # Context parallelism: the CP ranks are the innermost mesh dimension
+    # (trainer.distributed.context_parallel), so a CP group of up to a node's GPUs rides NVLink.
     cp_bw = rates.nvlink if cp <= instance.gpus else rates.nic
     recomputed = 1.0 if policy.op_level else policy.checkpointed_fraction
     cp_exchange = context_parallel_exchange_s(

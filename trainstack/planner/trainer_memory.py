@@ -116,7 +116,7 @@ def block_saved_bytes(m: ModelShape, mode: str) -> int:
     return {"none": block_activation_bytes, "full": full_checkpoint_bytes, "op": op_selective_bytes}[mode](m)
 
 
-# --- context parallelism (training_image/trainer/context_parallel.py, the pure-PyTorch path) ---------
+# --- context parallelism (training_image/trainer/distributed/context_parallel.py, pure PyTorch) ---
 def context_parallel_block_saved_bytes(m: ModelShape, mode: str, cp: int) -> int:
     """Bytes per *local* token (seq_len / cp of each sequence) one block keeps under context
     parallelism. Without checkpointing attention keeps the all-gathered K and V (cp x the local ones:

@@ -295,7 +295,7 @@ class ActivationCheckpointing(Section):
 class Parallelism(Section):
     # FSDP shard group in GPUs of data parallelism; replicated across groups (HSDP) if smaller than
     # world / cp. Under context parallelism FSDP shards over shard_group x cp ranks (the CP ranks of a
-    # sequence hold the same weights; training_image/trainer/context_parallel.py).
+    # sequence hold the same weights; training_image/trainer/distributed/context_parallel.py).
     shard_group: Annotated[PosInt, Max(8 * MAX_NODES, "every GPU of the largest run")]
     # Tensor parallelism: in the schema so a recipe can say 1 explicitly, refused above 1 because the
     # trainer does not implement it (a job would fail at start, after nodes are paid for).

@@ -19,7 +19,7 @@ Within an optimizer step that starts at position p, micro-step m of rank r (worl
 takes samples p + (m * W + r) * b ... + b - 1; the step consumes global_batch samples in total.
 
 Under context parallelism, rank r is data-parallel rank r // cp of world / cp (the CP ranks of one
-group read the same samples), and keeps only its chunks of each (trainer.context_parallel).
+group read the same samples), and keeps only its chunks of each (trainer.distributed.context_parallel).
 
 `Prefetcher` reads those micro-batches ahead on a background thread (into pinned host memory on CUDA)
 so the step loop never waits on a read; the loop copies each to the GPU without blocking.

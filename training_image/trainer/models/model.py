@@ -379,7 +379,7 @@ class Transformer(nn.Module):
         self.rope_names = tuple(tables)
         for name, table in tables.items():  # not persistent: recomputed, never checkpointed
             self.register_buffer(name, table, persistent=False)
-        # Under context parallelism (trainer.context_parallel) the global positions of this rank's
+        # Under context parallelism (trainer.distributed.context_parallel) the global positions of this rank's
         # tokens: the rotary tables are read at them. None: positions 0 .. seq - 1.
         self.rope_positions: torch.Tensor | None = None
 
@@ -461,7 +461,7 @@ def compile_blocks(model: Transformer, backend: str = "inductor") -> None:
     """torch.compile each block in place (`Module.compile`: parameter names unchanged), one graph
     per block, reused by all (torchtitan's per-block compile). The pure-PyTorch block compiles as
     one graph (fullgraph: a graph break is an error, not a silent slowdown); a TE block cannot."""
-    # Under context parallelism the block's K/V all-gather (trainer.context_parallel, plain c10d
+    # Under context parallelism the block's K/V all-gather (trainer.distributed.context_parallel, plain c10d
     # collectives in an autograd function) is a graph break: compile around it, not fullgraph.
     fullgraph = model.backend_name == "pytorch" and model.rope_positions is None
     for block in model.layers:

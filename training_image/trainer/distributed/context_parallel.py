@@ -46,6 +46,8 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.nn.attention import sdpa_kernel
 
+from trainer.distributed.parallel import build_mesh
+
 # TE's cp_comm_type for the GPU path. p2p (ring) overlaps each K/V block's transfer with the previous
 # block's attention (Megatron-Core's default, `--cp-comm-type p2p`); all_gather exposes one gather
 # per layer (the Llama 3 paper's choice, cheap with GQA); a2a needs heads divisible by cp.
@@ -194,8 +196,6 @@ class Meshes:
 def build_meshes(device_type: str, world: int, shard: int, cp: int, seq_len: int) -> Meshes:
     """The (replicate, shard, cp) mesh as torchtitan builds its (dp_replicate, dp_shard, cp) one; at cp
     1 the trainer's usual (shard) or (replicate, shard) mesh."""
-    from trainer.distributed.parallel import build_mesh
-
     rank = dist.get_rank()
     if cp == 1:
         return Meshes(build_mesh(device_type, world, shard), ContextParallel(1, 0, seq_len), rank, world)
