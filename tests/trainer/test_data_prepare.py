@@ -162,8 +162,8 @@ BAD_INPUT = [
         "too many non-UTF-8",
         [GOOD, b'{"text": "\xff\xfe"}', b'{"text": "\xc3"}'],
         ["--max-bad-records", "1"],
-        r"2 records are not UTF-8 or not JSON objects, more than --max-bad-records 1 "
-        r"\(first: line 2: not UTF-8\)",
+        r"2 bad records \(not UTF-8, not JSON objects, too deep or too long\), more than --max-bad-records 1 "
+        r"\(first: line 2: not UTF-8 \(byte 11 of the line\)\)",
     ),
     (
         "not a tokenizer",

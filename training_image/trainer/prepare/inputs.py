@@ -7,14 +7,27 @@ Formats, by file name (a trailing `.gz` is read through gzip):
 - **plain text** (`.txt`, `.md`, `.text`, `.rst`, and any file named explicitly with another ending):
   the whole file is one document, tokenized in pieces cut at line breaks (at most TEXT_PIECE_BYTES each).
 
-Nothing is held in memory whole: JSONL is read line by line, Parquet batch by batch, text piece by piece
-(memory per worker: one batch of documents, their token ids and the shard writer's buffer;
-bench/data_prepare.py measures it).
+Nothing is held in memory whole: JSONL is read line by line, Parquet batch by batch, text piece by piece,
+and any document longer than TEXT_PIECE_BYTES is tokenized in pieces (memory per worker: one batch of
+documents, their token ids and the shard writer's buffer; bench/data_prepare.py measures it). The
+`tokenizers` library needs about 100 bytes of memory per byte of ONE text it encodes (alignments and
+token strings of the whole text at once: measured 470 MB for a 4 MiB text), so a long document is cut
+into pieces of at most TEXT_PIECE_BYTES at a line break (else a space, else anywhere), each encoded on
+its own; ids can differ from a whole-text encoding only where a piece ends.
 
-Bad records: a line that is not UTF-8 or not a JSON object (for text, a file that is not UTF-8) is
-skipped and counted; more than `max_bad_records` in one file stops with one line naming the file and
-the first bad line. A record without the text field stops at once (one line naming the file, line and
-the fields the record has): a wrong `--text-field` is not a bad record. Empty or null texts are skipped.
+One JSONL line (one record) is read whole, so it is bounded: a line longer than MAX_RECORD_BYTES is a bad
+record (skipped and counted, its end found in bounded reads). The bound is what a worker can hold three
+times over (the line, its parsed text, that text's UTF-8 for the validation hash) beside the tokenizer's
+~100 MB for a piece, on the 2 GiB per core the smallest Processing instances give: 64 MiB of text is
+about 16M tokens, thousands of training windows; a longer line is almost always a broken export.
+
+Bad records: a line that is not UTF-8, not a JSON object, nested deeper than the JSON parser allows, or
+longer than MAX_RECORD_BYTES (for text, a file that is not UTF-8: it is one document) is skipped and
+counted; more than `max_bad_records` in one file stops with one line naming the file and the first bad
+line. A record without the text field stops at once (one line naming the file, line and the fields the
+record has): a wrong `--text-field` is not a bad record. Empty or null texts are skipped. A damaged
+file (a truncated or corrupt `.gz`, a `.gz` that is not gzip, a file that cannot be read) stops with one
+line naming it and where: it is not one record, and nothing of it is kept (no marker, no shard).
 """
 
 from __future__ import annotations
@@ -23,6 +36,7 @@ import codecs
 import gzip
 import hashlib
 import json
+import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +56,8 @@ FORMATS = {
     ".rst": "text",
 }
 TEXT_PIECE_BYTES = 1 << 20
+MAX_RECORD_BYTES = 64 << 20  # one JSONL line or Parquet value (see the module doc for why)
+READ_BYTES = 1 << 20  # what one bounded read takes when skipping the rest of an over-long line
 BATCH_DOCUMENTS = 256
 BATCH_CHARS = 4 << 20
 BYTES_EOS = 256  # the byte-level tokenizer: ids 0-255 are UTF-8 bytes, 256 ends a document
@@ -74,13 +90,66 @@ class RecordCounts:
         self.first_bad = self.first_bad or where
         if self.bad > limit:
             raise TrainstackError(
-                f"{name}: {self.bad} records are not UTF-8 or not JSON objects, more than --max-bad-records "
-                f"{limit} (first: {self.first_bad})"
+                f"{name}: {self.bad} bad records (not UTF-8, not JSON objects, too deep or too long), more "
+                f"than --max-bad-records {limit} (first: {self.first_bad})"
             )
 
 
 def _open_binary(path: Path):
     return gzip.open(path, "rb") if path.name.lower().endswith(".gz") else open(path, "rb")
+
+
+class _Damaged:
+    """Turns what reading a damaged file raises into one line naming it and where it broke."""
+
+    def __init__(self, name: str, where: str = ""):
+        self.name, self.where = name, where
+
+    def __enter__(self) -> _Damaged:
+        return self
+
+    def __exit__(self, kind, exc, tb) -> bool:
+        if exc is None or isinstance(exc, TrainstackError):
+            return False
+        at = f" ({self.where})" if self.where else ""
+        if isinstance(exc, gzip.BadGzipFile):
+            raise TrainstackError(f"{self.name}: not a gzip file{at}: {exc}") from None
+        if isinstance(exc, EOFError):
+            raise TrainstackError(
+                f"{self.name}: the gzip stream ends early{at} (a truncated or partly copied file)"
+            ) from None
+        if isinstance(exc, zlib.error):
+            raise TrainstackError(f"{self.name}: corrupt gzip data{at}: {exc}") from None
+        if isinstance(exc, OSError):
+            raise TrainstackError(f"{self.name}: cannot be read{at}: {exc.strerror or exc}") from None
+        return False
+
+
+def _lines(
+    stream, counts: RecordCounts, max_bad: int, name: str, damaged: _Damaged
+) -> Iterator[tuple[int, bytes]]:
+    """(line number, line) of a binary stream, each read in at most MAX_RECORD_BYTES + 1 bytes: a longer
+    line is a bad record, its rest skipped in bounded reads (memory never holds more than the bound)."""
+    number = 0
+    while True:
+        damaged.where = f"line {number + 1}"
+        raw = stream.readline(MAX_RECORD_BYTES + 1)
+        if not raw:
+            return
+        number += 1
+        if len(raw) > MAX_RECORD_BYTES and not raw.endswith(b"\n"):
+            skipped = len(raw)
+            del raw
+            while (rest := stream.readline(READ_BYTES)) and not rest.endswith(b"\n"):
+                skipped += len(rest)
+            counts.bad_record(
+                f"line {number}: a record of more than {MAX_RECORD_BYTES >> 20} MiB "
+                f"({skipped + len(rest):,} bytes; the bound of one record)",
+                max_bad,
+                name,
+            )
+            continue
+        yield number, raw
 
 
 def read_documents(
@@ -96,17 +165,22 @@ def read_documents(
 
 
 def _jsonl(path: Path, name: str, field: str, counts: RecordCounts, max_bad: int) -> Iterator[Document]:
-    with _open_binary(path) as stream:
-        for number, raw in enumerate(stream, start=1):
+    with _Damaged(name) as damaged, _open_binary(path) as stream:
+        for number, raw in _lines(stream, counts, max_bad, name, damaged):
             if not raw.strip():
                 continue
             try:
                 record = json.loads(raw.decode("utf-8"))
-            except UnicodeDecodeError:
-                counts.bad_record(f"line {number}: not UTF-8", max_bad, name)
+            except UnicodeDecodeError as exc:
+                counts.bad_record(
+                    f"line {number}: not UTF-8 (byte {exc.start + 1} of the line)", max_bad, name
+                )
                 continue
             except json.JSONDecodeError:
                 counts.bad_record(f"line {number}: not JSON", max_bad, name)
+                continue
+            except RecursionError:  # json's C parser recurses once per level of nesting
+                counts.bad_record(f"line {number}: nested deeper than the JSON parser allows", max_bad, name)
                 continue
             if not isinstance(record, dict):
                 counts.bad_record(f"line {number}: not a JSON object", max_bad, name)
@@ -116,7 +190,8 @@ def _jsonl(path: Path, name: str, field: str, counts: RecordCounts, max_bad: int
                 raise TrainstackError(
                     f"{name}: line {number}: no field {field!r} (the record has: {fields}); pass --text-field"
                 )
-            text = record[field]
+            text = record.pop(field)
+            del record
             if not isinstance(text, str):
                 if text is not None:
                     raise TrainstackError(
@@ -143,9 +218,29 @@ def _parquet(path: Path, name: str, field: str, counts: RecordCounts, max_bad: i
             f"{name}: no column {field!r} (columns: {', '.join(columns[:12])}); pass --text-field"
         )
     row = 0
-    for batch in table.iter_batches(batch_size=BATCH_DOCUMENTS, columns=[field]):
+    damaged = _Damaged(name)
+    batches = table.iter_batches(batch_size=BATCH_DOCUMENTS, columns=[field])
+    while True:
+        damaged.where = f"the record batch after row {row}"
+        try:
+            with damaged:
+                batch = next(batches)
+        except StopIteration:
+            return
+        except Exception as exc:  # pyarrow's ArrowInvalid / OSError for a corrupt page
+            if isinstance(exc, TrainstackError):
+                raise
+            detail = " ".join(str(exc).split())[:200]
+            raise TrainstackError(f"{name}: a corrupt Parquet page after row {row} ({detail})") from None
         for value in batch.column(0).to_pylist():
             row += 1
+            if isinstance(value, str | bytes) and len(value) > MAX_RECORD_BYTES:
+                counts.bad_record(
+                    f"row {row}: a record of more than {MAX_RECORD_BYTES >> 20} MiB (the bound of a record)",
+                    max_bad,
+                    name,
+                )
+                continue
             if isinstance(value, bytes):
                 try:
                     value = value.decode("utf-8")
@@ -165,33 +260,60 @@ def _text(path: Path, name: str, counts: RecordCounts, max_bad: int) -> Iterator
     # they come in the second pass.) The split is decided by the first TEXT_PIECE_BYTES.
     decoder = codecs.getincrementaldecoder("utf-8")()
     head = b""
-    with _open_binary(path) as stream:
+    offset = 0
+    with _Damaged(name, "reading it") as damaged, _open_binary(path) as stream:
         try:
             while block := stream.read(TEXT_PIECE_BYTES):
+                damaged.where = f"after byte {offset:,}"
                 head = head or block
                 decoder.decode(block)
+                offset += len(block)
             decoder.decode(b"", final=True)
-        except UnicodeDecodeError:
-            counts.bad_record("the file is not UTF-8", max_bad, name)
+        except UnicodeDecodeError as exc:
+            # A text file is one document: one bad record, named (and the byte where it breaks).
+            at = offset - len(decoder.getstate()[0]) + exc.start
+            counts.bad_record(f"byte {at + 1:,}: not UTF-8 (the whole file is one document)", max_bad, name)
             return
     if not head.strip():
         counts.empty += 1
         return
-    yield Document(None, head[:TEXT_PIECE_BYTES], pieces=_text_pieces(path))
+    yield Document(None, head[:TEXT_PIECE_BYTES], pieces=_text_pieces(path, name))
 
 
-def _text_pieces(path: Path) -> Iterator[str]:
-    piece: list[bytes] = []
-    size = 0
-    with _open_binary(path) as stream:
-        for line in stream:
-            piece.append(line)
-            size += len(line)
-            if size >= TEXT_PIECE_BYTES:
-                yield b"".join(piece).decode("utf-8")
-                piece, size = [], 0
-    if piece:
-        yield b"".join(piece).decode("utf-8")
+def _text_pieces(path: Path, name: str) -> Iterator[str]:
+    """The file's text in pieces of at most TEXT_PIECE_BYTES characters (`cut_pieces`), read in blocks."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    pending = ""
+    with _Damaged(name, "reading it"), _open_binary(path) as stream:
+        while block := stream.read(TEXT_PIECE_BYTES):
+            pending += decoder.decode(block)
+            while len(pending) > TEXT_PIECE_BYTES:
+                cut = _cut(pending)
+                yield pending[:cut]
+                pending = pending[cut:]
+        pending += decoder.decode(b"", final=True)
+    yield from cut_pieces(pending)
+
+
+def _cut(text: str) -> int:
+    """Where the first piece of `text` (longer than TEXT_PIECE_BYTES) ends: after its last line break in
+    the first TEXT_PIECE_BYTES characters, else after its last space there, else at the limit."""
+    for separator in ("\n", " "):
+        at = text.rfind(separator, 0, TEXT_PIECE_BYTES)
+        if at > 0:
+            return at + 1
+    return TEXT_PIECE_BYTES
+
+
+def cut_pieces(text: str) -> Iterator[str]:
+    """`text` in pieces of at most TEXT_PIECE_BYTES characters, each tokenized on its own (the module doc
+    says why); a text within the limit is one piece, itself."""
+    while len(text) > TEXT_PIECE_BYTES:
+        cut = _cut(text)
+        yield text[:cut]
+        text = text[cut:]
+    if text:
+        yield text
 
 
 def in_validation(split_key: bytes, fraction: float) -> bool:

@@ -23,6 +23,7 @@ in `_prepare/config.json`; an output that holds a dataset made otherwise, or any
 from __future__ import annotations
 
 import argparse
+import errno
 import hashlib
 import json
 import multiprocessing
@@ -38,8 +39,10 @@ from pathlib import Path
 from trainer.data.manifest import DATASET_FORMAT
 from trainer.data.shard_index import FORMAT, INDEX_FILE, MANIFEST_FILE
 from trainer.prepare.inputs import (
+    TEXT_PIECE_BYTES,
     RecordCounts,
     TokenizerInfo,
+    cut_pieces,
     format_of,
     in_validation,
     load_tokenizer,
@@ -105,23 +108,38 @@ def list_units(sources: list[str], out: str) -> list[Unit]:
             continue
         path = Path(local)
         if not path.exists():
-            raise TrainstackError(f"{source}: no such file or directory")
+            raise TrainstackError(f"{source}: {_why_missing(path)}")
         base = mapped.rstrip("/") if mapped else None
         for file, explicit in (
             [(path, True)] if path.is_file() else [(p, False) for p in sorted(path.rglob("*"))]
         ):
-            if (
-                not file.is_file()
-                or _under_local(file, out)
-                or any(p.startswith(".") for p in file.parts[-1:])
-            ):
+            if any(p.startswith(".") for p in file.parts[-1:]):
                 continue
             fmt = format_of(file.name, explicit)
             if fmt is None:
                 continue
+            if file.is_symlink() and not file.exists():  # an input named like one, that leads nowhere
+                raise TrainstackError(f"{file}: {_why_missing(file)}")
+            if not file.is_file() or _under_local(file, out):
+                continue
             uri = f"{base}/{file.relative_to(path).as_posix()}" if base else str(file)
             units[uri] = Unit(uri, file.stat().st_size, fmt, str(file))
     return sorted(units.values(), key=lambda u: u.uri)
+
+
+def _why_missing(path: Path) -> str:
+    """Why a path that does not exist as a file does not: a symlink loop, a dangling link, or nothing."""
+    if not path.is_symlink():
+        return "no such file or directory"
+    try:
+        path.resolve(strict=True)
+    except RuntimeError:  # pathlib's "Symlink loop from ..." (Python 3.11)
+        return "a symbolic link that loops back on itself (a symlink cycle): it leads to no file"
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return "a symbolic link that loops back on itself (a symlink cycle): it leads to no file"
+        return f"a symbolic link to {os.readlink(path)}, which does not exist"
+    return "no such file or directory"
 
 
 def _under_local(file: Path, out: str) -> bool:
@@ -192,17 +210,26 @@ def process_unit(unit: Unit) -> dict:
                 documents[split] += 1
         batch, batch_chars = [], 0
 
+    def in_pieces(split_key: bytes, pieces) -> None:
+        # One long document: each piece encoded on its own (prepare_inputs says why).
+        flush()
+        split = split_of(split_key)
+        for piece in pieces:
+            writers[split].add(encode([piece])[0])
+        writers[split].end_document()
+        documents[split] += 1
+
+    for writer in writers.values():
+        writer.remove_leftovers()  # of a run killed while writing this file: nothing stale stays beside
     try:
         for document in read_documents(
             path, unit.uri, unit.fmt, settings.text_field, counts, settings.max_bad_records
         ):
             if document.text is None:  # a plain-text file: one document, in pieces
-                flush()
-                split = split_of(document.split_key)
-                for piece in document.pieces:
-                    writers[split].add(encode([piece])[0])
-                writers[split].end_document()
-                documents[split] += 1
+                in_pieces(document.split_key, document.pieces)
+                continue
+            if len(document.text) > TEXT_PIECE_BYTES:
+                in_pieces(document.split_key, cut_pieces(document.text))
                 continue
             batch.append(document)
             batch_chars += len(document.text)
@@ -291,6 +318,13 @@ class Progress:
         self.started = self.shown = time.monotonic()
 
     def add(self, unit: Unit, marker: dict, force: bool = False) -> None:
+        if marker["skipped_records"]:  # each file with bad records is named, with its first
+            print(
+                f"prepare: {unit.uri}: {marker['skipped_records']} bad record(s) skipped "
+                f"(first: {marker['first_skipped']})",
+                file=sys.stderr,
+                flush=True,
+            )
         self.files += 1
         self.bytes += unit.size
         self.tokens += sum(marker["tokens"].values())
@@ -348,6 +382,10 @@ def prepare(
         check_output(store, config)
         done = done_markers(store)
         pending = [u for u in units if done.get(u.uri, {}).get("size") != u.size]
+        if pending and finalize:
+            # The output is about to change: until its indexes are rewritten it must read as unfinished
+            # (the trainer refuses a prepared output without its root manifest), not as the old dataset.
+            store.discard(MANIFEST_FILE)
         workers = max(1, min(workers or os.cpu_count() or 1, len(pending) or 1))
         print(
             f"prepare: {len(units)} input files ({sum(u.size for u in units) / 1e9:.2f} GB), "
@@ -423,7 +461,14 @@ def write_indexes(store, info: TokenizerInfo, config: dict, uris: list[str]) -> 
     for split in splits:
         entries = [entry for m in chosen for entry in m["shards"][split]]
         if split == "train" and not entries:
-            raise TrainstackError(f"{uris[0]}: the inputs hold no document to train on")
+            skipped = [m for m in chosen if m["skipped_records"]]
+            why = (
+                f" ({sum(m['skipped_records'] for m in skipped)} bad record(s) skipped; first: "
+                f"{skipped[0]['uri']}: {skipped[0]['first_skipped']})"
+                if skipped
+                else ""
+            )
+            raise TrainstackError(f"{uris[0]}: the inputs hold no document to train on{why}")
         index = {
             "format": FORMAT,
             "dtype": info.dtype,

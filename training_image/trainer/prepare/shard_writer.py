@@ -64,6 +64,10 @@ class ShardWriter:
         if self._open.tokens + self._buffered >= self.shard_tokens:
             self._finish()
 
+    def remove_leftovers(self) -> None:
+        """What a killed run left under this writer's names (before anything is written)."""
+        self.store.discard(f"{self.prefix}-")
+
     def close(self) -> list[dict]:
         if self._open is not None:
             self._finish()
@@ -73,6 +77,7 @@ class ShardWriter:
         if self._open is not None:
             self._open.context.__exit__(RuntimeError, RuntimeError("aborted"), None)
             self._open = None
+        self.store.discard(f"{self.prefix}-")  # the file's finished shards too: no marker lists them
 
     def _start(self) -> None:
         name = f"{self.prefix}-{len(self.entries):05d}.bin"
