@@ -168,7 +168,23 @@ def _s3_units(uri: str, out: str) -> list[Unit]:
 _state: dict = {}
 
 
-def _init_worker(settings: Settings) -> None:
+def _die_with_parent(parent: int) -> None:
+    """A pool worker ends when the process that started it does (Linux PR_SET_PDEATHSIG): a killed
+    `data prepare` must not leave orphans writing shards and markers beside the rerun that resumes it."""
+    if sys.platform != "linux":
+        return
+    import ctypes
+    import signal
+
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:  # it died before the request was in place
+        os._exit(1)
+
+
+def _init_worker(settings: Settings, parent: int | None = None) -> None:
+    if parent is not None:
+        _die_with_parent(parent)
     # One process per core: the tokenizer's own thread pool would oversubscribe them.
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     info, encode = load_tokenizer(settings.tokenizer, settings.eos_token, settings.tokenizer_shown)
@@ -433,7 +449,7 @@ def _run(pending: list[Unit], settings: Settings, workers: int) -> None:
         return
     context = multiprocessing.get_context("spawn")  # fork after torch/tokenizers threads can deadlock
     with ProcessPoolExecutor(
-        workers, mp_context=context, initializer=_init_worker, initargs=(settings,)
+        workers, mp_context=context, initializer=_init_worker, initargs=(settings, os.getpid())
     ) as pool:
         futures = {pool.submit(process_unit, unit): unit for unit in largest_first}
         try:
@@ -458,17 +474,17 @@ def write_indexes(store, info: TokenizerInfo, config: dict, uris: list[str]) -> 
     chosen = [markers[u] for u in uris]
     splits = [VALIDATION, "train"] if config["validation_fraction"] > 0 else ["train"]
     manifests = {}
+    if not any(m["shards"]["train"] for m in chosen):  # checked before any index is written
+        skipped = [m for m in chosen if m["skipped_records"]]
+        why = (
+            f" ({sum(m['skipped_records'] for m in skipped)} bad record(s) skipped; first: "
+            f"{skipped[0]['uri']}: {skipped[0]['first_skipped']})"
+            if skipped
+            else ""
+        )
+        raise TrainstackError(f"{uris[0]}: the inputs hold no document to train on{why}")
     for split in splits:
         entries = [entry for m in chosen for entry in m["shards"][split]]
-        if split == "train" and not entries:
-            skipped = [m for m in chosen if m["skipped_records"]]
-            why = (
-                f" ({sum(m['skipped_records'] for m in skipped)} bad record(s) skipped; first: "
-                f"{skipped[0]['uri']}: {skipped[0]['first_skipped']})"
-                if skipped
-                else ""
-            )
-            raise TrainstackError(f"{uris[0]}: the inputs hold no document to train on{why}")
         index = {
             "format": FORMAT,
             "dtype": info.dtype,
