@@ -732,3 +732,25 @@ def test_a_long_document_is_tokenized_in_pieces_with_bounded_memory(tmp_path):
     assert manifest["documents"] == 2 and manifest["tokens"] == 2 * (words + 1)
     # Whole, each would take ~600 MiB in the tokenizer (measured: 470 MB for 4 MiB of text).
     assert peak < 300, f"peak RSS {peak} MiB for 6 MiB documents"
+
+
+@pytest.mark.parametrize("shard_tokens", [1, 7, 50, 333, 10_000])
+def test_batched_documents_cut_shards_exactly_where_one_by_one_writing_does(tmp_path, shard_tokens):
+    """The batch path (one array per batch, issue 32's speed work) against the per-document path."""
+    from trainer.prepare_store import LocalStore
+    from trainer.shard_writer import ShardWriter
+
+    rng = np.random.default_rng(shard_tokens)
+    docs = [rng.integers(0, 300, int(rng.integers(0, 40))) for _ in range(120)]
+    one = ShardWriter(LocalStore(tmp_path / "one"), "s/x", "uint16", 299, shard_tokens)
+    for ids in docs:
+        one.add(ids)
+        one.end_document()
+    batched = ShardWriter(LocalStore(tmp_path / "batch"), "s/x", "uint16", 299, shard_tokens)
+    for start in range(0, len(docs), 17):  # batches that straddle shard boundaries
+        chunk = docs[start : start + 17]
+        flat = np.concatenate([np.r_[d, 299] for d in chunk]).astype(np.uint16)
+        batched.add_documents(flat, np.array([d.size + 1 for d in chunk]))
+    assert one.close() == batched.close()
+    for path in (tmp_path / "one" / "s").iterdir():
+        assert path.read_bytes() == (tmp_path / "batch" / "s" / path.name).read_bytes(), path.name

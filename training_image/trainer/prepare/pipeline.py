@@ -182,12 +182,12 @@ def _die_with_parent(parent: int) -> None:
         os._exit(1)
 
 
-def _init_worker(settings: Settings, parent: int | None = None) -> None:
+def _init_worker(settings: Settings, parent: int | None = None, loaded: tuple | None = None) -> None:
     if parent is not None:
         _die_with_parent(parent)
     # One process per core: the tokenizer's own thread pool would oversubscribe them.
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    info, encode = load_tokenizer(settings.tokenizer, settings.eos_token, settings.tokenizer_shown)
+    info, encode = loaded or load_tokenizer(settings.tokenizer, settings.eos_token, settings.tokenizer_shown)
     _state.update(settings=settings, info=info, encode=encode, store=open_store(settings.out))
 
 
@@ -218,12 +218,13 @@ def process_unit(unit: Unit) -> dict:
 
     def flush() -> None:
         nonlocal batch, batch_chars
-        if batch:
-            for document, ids in zip(batch, encode([d.text for d in batch]), strict=True):
-                split = split_of(document.split_key)
-                writers[split].add(ids)
-                writers[split].end_document()
-                documents[split] += 1
+        texts: dict[str, list[str]] = {"train": [], VALIDATION: []}
+        for document in batch:
+            texts[split_of(document.split_key)].append(document.text)
+        for split, chosen in texts.items():
+            if chosen:  # order within a split is the input's
+                writers[split].add_documents(*encode.documents(chosen, info.dtype))
+                documents[split] += len(chosen)
         batch, batch_chars = [], 0
 
     def in_pieces(split_key: bytes, pieces) -> None:
@@ -231,7 +232,7 @@ def process_unit(unit: Unit) -> dict:
         flush()
         split = split_of(split_key)
         for piece in pieces:
-            writers[split].add(encode([piece])[0])
+            writers[split].add(encode.pieces([piece])[0])
         writers[split].end_document()
         documents[split] += 1
 
@@ -382,7 +383,8 @@ def prepare(
     store = open_store(out)
     with tempfile.TemporaryDirectory(prefix="trainstack-prepare-") as scratch:
         local_tokenizer = _tokenizer_file(tokenizer, Path(scratch))
-        info, _ = load_tokenizer(local_tokenizer, eos_token, tokenizer)
+        loaded = load_tokenizer(local_tokenizer, eos_token, tokenizer)
+        info = loaded[0]
         config = {
             "format": DATASET_FORMAT,
             "tokenizer": info.identity,
@@ -421,7 +423,7 @@ def prepare(
             max_bad_records=max_bad_records,
             scratch=scratch,
         )
-        _run(pending, settings, workers)
+        _run(pending, settings, workers, loaded)
     if not finalize:
         return {"files": len(units), "processed": len(pending)}
     return write_indexes(store, info, config, [u.uri for u in units])
@@ -439,11 +441,11 @@ def _tokenizer_file(tokenizer: str, scratch: Path) -> str:
     return str(destination)
 
 
-def _run(pending: list[Unit], settings: Settings, workers: int) -> None:
+def _run(pending: list[Unit], settings: Settings, workers: int, loaded: tuple) -> None:
     progress = Progress(len(pending), sum(u.size for u in pending))
     largest_first = sorted(pending, key=lambda u: -u.size)  # the long files start first: a shorter tail
     if workers == 1:
-        _init_worker(settings)
+        _init_worker(settings, loaded=loaded)  # the tokenizer already loaded here: not a second time
         for unit in largest_first:
             progress.add(unit, process_unit(unit))
         return
