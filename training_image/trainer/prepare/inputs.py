@@ -39,6 +39,7 @@ import json
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
+from itertools import chain
 from pathlib import Path
 
 import numpy as np
@@ -59,7 +60,6 @@ TEXT_PIECE_BYTES = 1 << 20
 MAX_RECORD_BYTES = 64 << 20  # one JSONL line or Parquet value (see the module doc for why)
 READ_BYTES = 1 << 20  # what one bounded read takes when skipping the rest of an over-long line
 BATCH_DOCUMENTS = 256
-BATCH_CHARS = 4 << 20
 BYTES_EOS = 256  # the byte-level tokenizer: ids 0-255 are UTF-8 bytes, 256 ends a document
 EOS_CANDIDATES = ("<|end_of_text|>", "<|endoftext|>", "</s>", "<eos>", "<|eos|>")
 
@@ -74,7 +74,8 @@ def format_of(name: str, explicit: bool = False) -> str | None:
 @dataclass
 class Document:
     text: str | None  # None: a text file's pieces follow through `pieces`
-    split_key: bytes  # what the validation split hashes
+    split_key: bytes | None  # what the validation split hashes; None: the text's UTF-8 (computed only
+    # when a split is asked for: a copy of every text otherwise held for nothing)
     pieces: Iterator[str] | None = None
 
 
@@ -202,7 +203,7 @@ def _jsonl(path: Path, name: str, field: str, counts: RecordCounts, max_bad: int
             if not text:
                 counts.empty += 1
                 continue
-            yield Document(text, text.encode("utf-8"))
+            yield Document(text, None)
 
 
 def _parquet(path: Path, name: str, field: str, counts: RecordCounts, max_bad: int) -> Iterator[Document]:
@@ -252,7 +253,7 @@ def _parquet(path: Path, name: str, field: str, counts: RecordCounts, max_bad: i
                 continue
             if not isinstance(value, str):
                 raise TrainstackError(f"{name}: column {field!r} holds {type(value).__name__}, not text")
-            yield Document(value, value.encode("utf-8"))
+            yield Document(value, None)
 
 
 def _text(path: Path, name: str, counts: RecordCounts, max_bad: int) -> Iterator[Document]:
@@ -369,16 +370,14 @@ class Encoder:
             for part, end in zip(parts, ends.tolist(), strict=True):
                 flat[end - 1 - part.size : end - 1] = part
             return flat, lengths
-        ids: list[int] = []
-        counts: list[int] = []
-        for encoding in self._batch(texts, add_special_tokens=False):
-            tokens = encoding.ids
-            ids += tokens
-            ids.append(eos)
-            counts.append(len(tokens) + 1)
-        # An id that does not fit the dtype raises OverflowError here (never wraps): the dtype is chosen
-        # from the vocabulary's size, so it would be a tokenizer bug.
-        return np.array(ids, dtype=dtype), np.array(counts, dtype=np.int64)
+        encoded = [e.ids for e in self._batch(texts, add_special_tokens=False)]
+        lengths = np.fromiter((len(ids) + 1 for ids in encoded), dtype=np.int64, count=len(encoded))
+        # One pass from the ids' lists into the array (measured: half the time of growing one list and
+        # converting it, on par with one np.array per document).
+        flat = np.fromiter(
+            chain.from_iterable(chain(ids, (eos,)) for ids in encoded), dtype=dtype, count=int(lengths.sum())
+        )
+        return flat, lengths
 
 
 def load_tokenizer(
