@@ -754,3 +754,41 @@ def test_batched_documents_cut_shards_exactly_where_one_by_one_writing_does(tmp_
     assert one.close() == batched.close()
     for path in (tmp_path / "one" / "s").iterdir():
         assert path.read_bytes() == (tmp_path / "batch" / "s" / path.name).read_bytes(), path.name
+
+
+def test_a_long_document_cut_into_pieces_keeps_a_byte_level_bpes_ids(tmp_path):
+    """Pieces end after a line break followed by a non-space: the ids are the whole text's. (A cut after
+    any line break would split the merged line-break-and-indent tokens this tokenizer learns.)"""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from trainer.prepare_inputs import TEXT_PIECE_BYTES
+
+    rng = np.random.default_rng(5)
+    lines, size = [], 0
+    while size < 2.5 * TEXT_PIECE_BYTES:  # code-like: mostly indented lines, some blank, trailing spaces
+        indent = " " * (4 * int(rng.integers(0, 3)) if rng.random() < 0.97 else 0)
+        line = indent + " ".join(rng.choice(WORDS, int(rng.integers(1, 9))))
+        lines.append(line + (" \n\n" if rng.random() < 0.1 else "\n"))
+        size += len(lines[-1])
+    text = "".join(lines)
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=400, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    tokenizer.train_from_iterator(["".join(lines[:3000])], trainer)
+    tokenizer.save(str(tmp_path / "tokenizer.json"))
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "a.jsonl").write_text(json.dumps({"text": text}) + "\n")
+    prepare(
+        [str(tmp_path / "in")],
+        str(tmp_path / "tokenizer.json"),
+        str(tmp_path / "out"),
+        validation_fraction=0,
+        workers=1,
+    )
+    (shard,) = json.loads((tmp_path / "out" / "index.json").read_text())["shards"]
+    written = np.fromfile(tmp_path / "out" / shard["file"], dtype=np.uint16).tolist()
+    assert written == tokenizer.encode(text, add_special_tokens=False).ids + [
+        tokenizer.token_to_id("<|endoftext|>")
+    ]

@@ -12,8 +12,9 @@ and any document longer than TEXT_PIECE_BYTES is tokenized in pieces (memory per
 documents, their token ids and the shard writer's buffer; bench/data_prepare.py measures it). The
 `tokenizers` library needs about 100 bytes of memory per byte of ONE text it encodes (alignments and
 token strings of the whole text at once: measured 470 MB for a 4 MiB text), so a long document is cut
-into pieces of at most TEXT_PIECE_BYTES at a line break (else a space, else anywhere), each encoded on
-its own; ids can differ from a whole-text encoding only where a piece ends.
+into pieces of at most TEXT_PIECE_BYTES (256 KiB: ~25 MB of it) at a line break followed by a non-space
+(else a space, else anywhere), each encoded on its own: for byte-level BPE tokenizers (GPT-2's, Llama
+3's pre-tokenizer) the ids are those of the whole text; for others they can differ where a piece ends.
 
 One JSONL line (one record) is read whole, so it is bounded: a line longer than MAX_RECORD_BYTES is a bad
 record (skipped and counted, its end found in bounded reads). The bound is what a worker can hold three
@@ -56,7 +57,8 @@ FORMATS = {
     ".text": "text",
     ".rst": "text",
 }
-TEXT_PIECE_BYTES = 1 << 20
+TEXT_PIECE_BYTES = 256 << 10  # ~25 MB of the tokenizer's working memory per piece (module doc)
+SPLIT_KEY_BYTES = 1 << 20  # what a text file's validation hash reads (its first MiB; a dataset's split)
 MAX_RECORD_BYTES = 64 << 20  # one JSONL line or Parquet value (see the module doc for why)
 READ_BYTES = 1 << 20  # what one bounded read takes when skipping the rest of an over-long line
 BATCH_DOCUMENTS = 256
@@ -258,13 +260,13 @@ def _parquet(path: Path, name: str, field: str, counts: RecordCounts, max_bad: i
 
 def _text(path: Path, name: str, counts: RecordCounts, max_bad: int) -> Iterator[Document]:
     # First pass: is the whole file UTF-8? (A document is all or nothing; its tokens are written as
-    # they come in the second pass.) The split is decided by the first TEXT_PIECE_BYTES.
+    # they come in the second pass.) The split is decided by the first SPLIT_KEY_BYTES.
     decoder = codecs.getincrementaldecoder("utf-8")()
     head = b""
     offset = 0
     with _Damaged(name, "reading it") as damaged, _open_binary(path) as stream:
         try:
-            while block := stream.read(TEXT_PIECE_BYTES):
+            while block := stream.read(READ_BYTES):
                 damaged.where = f"after byte {offset:,}"
                 head = head or block
                 decoder.decode(block)
@@ -278,7 +280,7 @@ def _text(path: Path, name: str, counts: RecordCounts, max_bad: int) -> Iterator
     if not head.strip():
         counts.empty += 1
         return
-    yield Document(None, head[:TEXT_PIECE_BYTES], pieces=_text_pieces(path, name))
+    yield Document(None, head[:SPLIT_KEY_BYTES], pieces=_text_pieces(path, name))
 
 
 def _text_pieces(path: Path, name: str) -> Iterator[str]:
@@ -297,8 +299,16 @@ def _text_pieces(path: Path, name: str) -> Iterator[str]:
 
 
 def _cut(text: str) -> int:
-    """Where the first piece of `text` (longer than TEXT_PIECE_BYTES) ends: after its last line break in
-    the first TEXT_PIECE_BYTES characters, else after its last space there, else at the limit."""
+    """Where the first piece of `text` (longer than TEXT_PIECE_BYTES) ends, within its first
+    TEXT_PIECE_BYTES characters: after the last line break followed by a character that is not white
+    space (no pre-tokenizer of the byte-level BPE family, GPT-2's or Llama 3's, joins a line break to
+    what follows it, so there the pieces' ids are the whole text's), else after the last line break,
+    else the last space, else at the limit."""
+    end = TEXT_PIECE_BYTES
+    while (at := text.rfind("\n", 0, end)) > 0:
+        if not text[at + 1].isspace():
+            return at + 1
+        end = at
     for separator in ("\n", " "):
         at = text.rfind(separator, 0, TEXT_PIECE_BYTES)
         if at > 0:
