@@ -653,6 +653,20 @@ DAMAGED = [
         r"a\.jsonl: 1 bad record\(s\) skipped \(first: line 2: a record of more than 64 MiB",
     ),
     (
+        "a lone surrogate escape",
+        lambda d: write_jsonl(
+            d / "a.jsonl", [GOOD, b'{"text": "ab\\ud800cd"}', b'{"text": "\\u00e9t\\u00e9"}']
+        ),
+        None,
+        r"a\.jsonl: 1 bad record\(s\) skipped \(first: line 2: field 'text' holds a lone surrogate",
+    ),
+    (
+        "a byte-order mark, then a non-object",
+        lambda d: write_jsonl(d / "a.jsonl", [b"\xef\xbb\xbf" + GOOD, b"[1, 2]"]),
+        None,
+        r"a\.jsonl: 1 bad record\(s\) skipped \(first: line 2: not a JSON object\)",
+    ),
+    (
         "a Parquet file that is not one",
         lambda d: (d / "a.parquet").write_bytes(b"PAR1 not really"),
         [],

@@ -155,6 +155,14 @@ def _lines(
         yield number, raw
 
 
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def read_documents(
     path: Path, name: str, fmt: str, text_field: str, counts: RecordCounts, max_bad: int
 ) -> Iterator[Document]:
@@ -173,7 +181,8 @@ def _jsonl(path: Path, name: str, field: str, counts: RecordCounts, max_bad: int
             if not raw.strip():
                 continue
             try:
-                record = json.loads(raw.decode("utf-8"))
+                # A byte-order mark opens some exported files: it is not part of the first record.
+                record = json.loads(raw.decode("utf-8-sig" if number == 1 else "utf-8"))
             except UnicodeDecodeError as exc:
                 counts.bad_record(
                     f"line {number}: not UTF-8 (byte {exc.start + 1} of the line)", max_bad, name
@@ -204,6 +213,14 @@ def _jsonl(path: Path, name: str, field: str, counts: RecordCounts, max_bad: int
                 continue
             if not text:
                 counts.empty += 1
+                continue
+            if b"\\u" in raw and not _encodable(text):  # only a JSON escape can make a lone surrogate
+                counts.bad_record(
+                    f"line {number}: field {field!r} holds a lone surrogate (a \\ud800-\\udfff escape): "
+                    "not text UTF-8 can hold",
+                    max_bad,
+                    name,
+                )
                 continue
             yield Document(text, None)
 
