@@ -317,13 +317,15 @@ def _text_pieces(path: Path, name: str) -> Iterator[str]:
 
 def _cut(text: str) -> int:
     """Where the first piece of `text` (longer than TEXT_PIECE_BYTES) ends, within its first
-    TEXT_PIECE_BYTES characters: after the last line break followed by a character that is not white
-    space (no pre-tokenizer of the byte-level BPE family, GPT-2's or Llama 3's, joins a line break to
-    what follows it, so there the pieces' ids are the whole text's), else after the last line break,
-    else the last space, else at the limit."""
+    TEXT_PIECE_BYTES characters: after the last line break that stands alone between two characters
+    that are not white space (the pre-tokenizers of the byte-level BPE family, GPT-2's and Llama 3's,
+    never join such a line break to what follows, and take it whole at a piece's end as within the
+    text: there the pieces' ids are the whole text's; a run of white space ending a piece would be one
+    pre-token where the whole text has two), else after the last line break, else the last space, else
+    at the limit."""
     end = TEXT_PIECE_BYTES
     while (at := text.rfind("\n", 0, end)) > 0:
-        if not text[at + 1].isspace():
+        if not text[at - 1].isspace() and not text[at + 1].isspace():
             return at + 1
         end = at
     for separator in ("\n", " "):
