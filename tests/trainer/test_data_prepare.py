@@ -789,6 +789,7 @@ def test_a_long_document_cut_into_pieces_keeps_a_byte_level_bpes_ids(tmp_path):
         lines.append(line + ("\n" if clean else str(rng.choice([" \n", " \n\n", "\n    \n"]))))
         size += len(lines[-1])
     text = "".join(lines)
+    indented = "".join("    " + line.lstrip() for line in lines)  # no clean line break: cut between words
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
@@ -798,7 +799,9 @@ def test_a_long_document_cut_into_pieces_keeps_a_byte_level_bpes_ids(tmp_path):
     tokenizer.train_from_iterator(lines[:3000], trainer)  # line by line: " \n" ends many, merged
     tokenizer.save(str(tmp_path / "tokenizer.json"))
     (tmp_path / "in").mkdir()
-    (tmp_path / "in" / "a.jsonl").write_text(json.dumps({"text": text}) + "\n")
+    (tmp_path / "in" / "a.jsonl").write_text(
+        "".join(json.dumps({"text": t}) + "\n" for t in (text, indented))
+    )
     prepare(
         [str(tmp_path / "in")],
         str(tmp_path / "tokenizer.json"),
@@ -808,6 +811,6 @@ def test_a_long_document_cut_into_pieces_keeps_a_byte_level_bpes_ids(tmp_path):
     )
     (shard,) = json.loads((tmp_path / "out" / "index.json").read_text())["shards"]
     written = np.fromfile(tmp_path / "out" / shard["file"], dtype=np.uint16).tolist()
-    assert written == tokenizer.encode(text, add_special_tokens=False).ids + [
-        tokenizer.token_to_id("<|endoftext|>")
-    ]
+    eos = [tokenizer.token_to_id("<|endoftext|>")]
+    expected = [i for t in (text, indented) for i in tokenizer.encode(t, add_special_tokens=False).ids + eos]
+    assert written == expected

@@ -317,16 +317,25 @@ def _text_pieces(path: Path, name: str) -> Iterator[str]:
 
 def _cut(text: str) -> int:
     """Where the first piece of `text` (longer than TEXT_PIECE_BYTES) ends, within its first
-    TEXT_PIECE_BYTES characters: after the last line break that stands alone between two characters
-    that are not white space (the pre-tokenizers of the byte-level BPE family, GPT-2's and Llama 3's,
-    never join such a line break to what follows, and take it whole at a piece's end as within the
-    text: there the pieces' ids are the whole text's; a run of white space ending a piece would be one
-    pre-token where the whole text has two), else after the last line break, else the last space, else
-    at the limit."""
+    TEXT_PIECE_BYTES characters, at the last place where the pre-tokenizers of the byte-level BPE family
+    (GPT-2's regex, Llama 3's) split the same way in the pieces as in the whole text, so the pieces' ids
+    are the whole text's:
+
+    1. after a line break between two non-spaces (no pre-token joins it to what follows; a run of white
+       space at a piece's end would be one pre-token where the whole text has two);
+    2. else before a single space between a non-space and a letter (the space opens the next word's
+       pre-token in both; Python's topics.py has 700 KB of indented lines and no place 1);
+    3. else after the last line break, the last space, or at the limit (ids may differ there).
+    """
     end = TEXT_PIECE_BYTES
     while (at := text.rfind("\n", 0, end)) > 0:
         if not text[at - 1].isspace() and not text[at + 1].isspace():
             return at + 1
+        end = at
+    end = TEXT_PIECE_BYTES
+    while (at := text.rfind(" ", 0, end)) > 0:
+        if not text[at - 1].isspace() and text[at + 1].isalpha():
+            return at
         end = at
     for separator in ("\n", " "):
         at = text.rfind(separator, 0, TEXT_PIECE_BYTES)
