@@ -796,7 +796,8 @@ def test_a_long_document_cut_into_pieces_keeps_a_byte_level_bpes_ids(tmp_path):
     trainer = trainers.BpeTrainer(
         vocab_size=400, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
     )
-    tokenizer.train_from_iterator(lines[:3000], trainer)  # line by line: " \n" ends many, merged
+    # Line by line (" \n" ends many: merged) and an indented run (line break + indent: merged).
+    tokenizer.train_from_iterator([*lines[:3000], indented[:100_000]], trainer)
     tokenizer.save(str(tmp_path / "tokenizer.json"))
     (tmp_path / "in").mkdir()
     (tmp_path / "in" / "a.jsonl").write_text(
