@@ -120,7 +120,7 @@ def run_engine(engine: str, workers: int, inputs: Path, tokenizer: Path, out: Pa
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one thread per worker process, in every engine
     files = sorted(str(p) for p in inputs.glob("*.jsonl"))
     if engine == "ours":
-        from trainer.prepare import main
+        from trainer.prepare.pipeline import main
 
         args = [str(inputs), "--tokenizer", str(tokenizer), "--eos-token", EOS, "--out", str(out)]
         code = main([*args, "--workers", str(workers), "--validation-fraction", "0"])

@@ -525,7 +525,7 @@ def test_a_killed_preparation_is_refused_by_the_trainer_and_a_rerun_finishes_it(
 
 
 def test_a_prepared_datasets_validation_split_is_never_read_as_training_data(tmp_path, tokenizer_file):
-    from trainer.shard_index import read_dataset
+    from trainer.data.shard_index import read_dataset
 
     inputs = tmp_path / "in"
     inputs.mkdir()
@@ -591,7 +591,7 @@ def dangling(d: Path) -> None:
 
 def big_record(d: Path) -> None:
     """One JSONL line past the record bound (built in pieces: never held whole here either)."""
-    from trainer.prepare_inputs import MAX_RECORD_BYTES
+    from trainer.prepare.inputs import MAX_RECORD_BYTES
 
     piece = ("word " * 200_000).encode()
     with open(d / "a.jsonl", "wb") as stream:
@@ -725,7 +725,7 @@ def test_a_long_document_is_tokenized_in_pieces_with_bounded_memory(tmp_path):
     # size when it was forked; VmHWM is the new program's own peak.
     probe = (
         "import re, sys\n"
-        "from trainer.prepare import main\n"
+        "from trainer.prepare.pipeline import main\n"
         "code = main(sys.argv[1:])\n"
         "peak = re.search(r'VmHWM:\\s+(\\d+)', open('/proc/self/status').read()).group(1)\n"
         "print('PEAK', int(peak) // 1024, file=sys.stderr)\n"
@@ -751,8 +751,8 @@ def test_a_long_document_is_tokenized_in_pieces_with_bounded_memory(tmp_path):
 @pytest.mark.parametrize("shard_tokens", [1, 7, 50, 333, 10_000])
 def test_batched_documents_cut_shards_exactly_where_one_by_one_writing_does(tmp_path, shard_tokens):
     """The batch path (one array per batch, issue 32's speed work) against the per-document path."""
-    from trainer.prepare_store import LocalStore
-    from trainer.shard_writer import ShardWriter
+    from trainer.prepare.shard_writer import ShardWriter
+    from trainer.prepare.store import LocalStore
 
     rng = np.random.default_rng(shard_tokens)
     docs = [rng.integers(0, 300, int(rng.integers(0, 40))) for _ in range(120)]
@@ -775,7 +775,7 @@ def test_a_long_document_cut_into_pieces_keeps_a_byte_level_bpes_ids(tmp_path):
     any line break would split the line-break-and-indent tokens this tokenizer learns, one after trailing
     spaces would join them to the line break; bench/data_prepare.py checks this on Python sources.)"""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from trainer.prepare_inputs import TEXT_PIECE_BYTES
+    from trainer.prepare.inputs import TEXT_PIECE_BYTES
 
     rng = np.random.default_rng(5)
     lines, size = [], 0

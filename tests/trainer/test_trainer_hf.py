@@ -297,7 +297,7 @@ def test_round_trip_through_the_trainer_reproduces_the_base(bases, tmp_path):
 
 def test_a_base_config_nested_too_deep_is_one_line(tmp_path):
     """model.init_from's config.json read by the trainer (issue 29 item 11's nesting, on this side too)."""
-    from trainer.hf import check_base
+    from trainer.hf.conversion import check_base
 
     (tmp_path / "config.json").write_bytes(b"[" * 200_000 + b"]" * 200_000)
     with pytest.raises(

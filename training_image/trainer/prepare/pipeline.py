@@ -257,7 +257,7 @@ def process_unit(unit: Unit) -> dict:
         batch, batch_chars = [], 0
 
     def in_pieces(split_key: bytes | None, text: str | None, pieces) -> None:
-        # One long document: each piece encoded on its own (prepare_inputs says why).
+        # One long document: each piece encoded on its own (trainer.prepare.inputs says why).
         flush()
         split = split_of(split_key, text)
         for piece in pieces:
