@@ -162,8 +162,8 @@ BAD_INPUT = [
         "too many non-UTF-8",
         [GOOD, b'{"text": "\xff\xfe"}', b'{"text": "\xc3"}'],
         ["--max-bad-records", "1"],
-        r"2 records are not UTF-8 or not JSON objects, more than --max-bad-records 1 "
-        r"\(first: line 2: not UTF-8\)",
+        r"2 bad records \(not UTF-8, not JSON objects, too deep or too long\), more than --max-bad-records 1 "
+        r"\(first: line 2: not UTF-8 \(byte 11 of the line\)\)",
     ),
     (
         "not a tokenizer",
@@ -409,3 +409,409 @@ def test_the_aws_path_plans_and_checks_the_request_on_a_dry_run(emulator_s3, mon
     assert request["ProcessingJobName"].startswith("ts-prep-nlp-8b-fp8--")
     missing = CliRunner().invoke(app, args[:-5] + ["--out", "s3://tokens/aws/"], env=emulator.env())
     assert missing.exit_code == 2 and "--recipe: needed to run on AWS" in missing.output
+
+
+# --- issue 29 item 10: what an interrupted preparation leaves is not trained on -----------------------
+
+
+def train_main(data: Path, checkpoints: Path, monkeypatch) -> int:
+    """The trainer's own main in this process (a world of one) on `data`, a few CPU steps."""
+    import socket
+
+    import torch
+    from trainer.__main__ import main
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    for name, value in dict(
+        RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=port
+    ).items():
+        monkeypatch.setenv(name, value)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return main(
+            [
+                "--recipe",
+                str(Path(__file__).parent / "fixtures" / "tiny.yaml"),
+                "--device",
+                "cpu",
+                "--set",
+                "model.vocab=300",
+                "--set",
+                "training.seq_len=16",
+                "--max-steps",
+                "2",
+                "--data-dir",
+                str(data),
+                "--checkpoint-dir",
+                str(checkpoints),
+            ]
+        )
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.mark.slow
+def test_a_killed_preparation_is_refused_by_the_trainer_and_a_rerun_finishes_it(
+    tmp_path, tokenizer_file, monkeypatch, capsys
+):
+    """A real `python -m trainer.prepare` process, SIGKILLed after its first files: its output (shards,
+    markers, no index or manifest) is refused by the trainer in one line (exit 2), which says to run the
+    preparation again; the rerun finishes it, with nothing of the killed run left over."""
+    import os
+    import signal
+    import time
+
+    inputs = tmp_path / "in"
+    inputs.mkdir()
+    for f in range(30):  # tens of ms of tokenizing each: the kill lands long before the last
+        (inputs / f"part{f:02d}.jsonl").write_text(
+            "".join(json.dumps({"text": t}) + "\n" for t in documents(300, 100 + f))
+        )
+    out = tmp_path / "out"
+    args = [
+        str(inputs),
+        "--tokenizer",
+        str(tokenizer_file),
+        "--out",
+        str(out),
+        "--validation-fraction",
+        "0.1",
+    ]
+    env = {**os.environ, "PYTHONPATH": f"{REPO / 'training_image'}:{REPO}"}
+    process = subprocess.Popen(  # as a user runs it: a pool of 2 worker processes
+        [sys.executable, "-m", "trainer.prepare", *args, "--workers", "2"],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    done = out / "_prepare" / "done"
+    deadline = time.monotonic() + 120
+    while not (done.is_dir() and len(list(done.glob("*.json"))) >= 2):
+        assert process.poll() is None and time.monotonic() < deadline, "prepare ended before it was killed"
+        time.sleep(0.02)
+    process.send_signal(signal.SIGKILL)
+    assert process.wait(timeout=30) == -signal.SIGKILL
+    finished = len(list(done.glob("*.json")))
+    time.sleep(1)  # the pool's workers die with it (PR_SET_PDEATHSIG): no file is finished after the kill
+    assert len(list(done.glob("*.json"))) == finished
+    assert 2 <= finished < 30 and not (out / "manifest.json").exists() and not (out / "index.json").exists()
+    assert list((out / "validation" / "shards").glob("*.idx"))  # held-out shards a Megatron scan would find
+
+    capsys.readouterr()
+    assert train_main(out, tmp_path / "ck", monkeypatch) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, errors
+    assert f"an unfinished `trainstack data prepare` output ({finished} input file(s) done" in errors[0]
+    assert "run the same prepare command again to finish it" in errors[0]
+    # ... also when it lies below the directory given (a folder of several datasets).
+    with pytest.raises(TrainstackError, match=r"--data-dir .*: .*/out: an unfinished"):
+        open_source(tmp_path, 16, 300, 0)
+
+    capsys.readouterr()
+    assert prepare_main([*args, "--workers", "1"]) == 0
+    assert f"{finished} already done" in capsys.readouterr().err
+    assert not [p for p in out.rglob("*") if p.name.endswith(".tmp")]
+    index = json.loads((out / "index.json").read_text())
+    listed = {e["file"] for e in index["shards"]} | {
+        f"validation/{e['file']}"
+        for e in json.loads((out / "validation" / "index.json").read_text())["shards"]
+    }
+    written = {p.relative_to(out).as_posix() for p in out.rglob("*.bin")}
+    assert written == listed  # no shard of the killed run lies unlisted beside the dataset
+
+
+def test_a_prepared_datasets_validation_split_is_never_read_as_training_data(tmp_path, tokenizer_file):
+    from trainer.data.shard_index import read_dataset
+
+    inputs = tmp_path / "in"
+    inputs.mkdir()
+    for f in range(3):
+        (inputs / f"p{f}.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in documents(80, f)))
+    out = tmp_path / "sets" / "web"
+    manifest = prepare([str(inputs)], str(tokenizer_file), str(out), validation_fraction=0.2, workers=1)
+    assert manifest["validation"]["documents"] > 0
+    held_out = set(decode_split(out, "validation", tokenizer_file))
+    # The dataset itself: the training shards only.
+    train = read_dataset(out)
+    assert train.shards and all(s.name.startswith("shards/") for s in train.shards)
+    # A folder holding it, read as a Megatron dataset (no index.json there): the split is skipped too.
+    scanned = read_dataset(tmp_path / "sets")
+    assert scanned.kind == "megatron" and scanned.tokens == manifest["tokens"]
+    assert not [s for s in scanned.shards if "/validation/" in f"/{s.name}"]
+    # What those windows hold decodes to training documents only.
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(tokenizer_file))
+    stream = np.concatenate([np.fromfile(s.path, dtype=np.uint16) for s in scanned.shards])
+    eos = tokenizer.token_to_id("<|endoftext|>")
+    bounds = np.flatnonzero(stream == eos)
+    read = {
+        tokenizer.decode(stream[a:b].tolist()) for a, b in zip(np.r_[0, bounds[:-1] + 1], bounds, strict=True)
+    }
+    assert read and not read & held_out
+    # An index.json edited to list a held-out shard is refused in one line.
+    index = json.loads((out / "index.json").read_text())
+    held = json.loads((out / "validation" / "index.json").read_text())["shards"][0]
+    index["shards"].append({**held, "file": f"validation/{held['file']}"})
+    (out / "index.json").write_text(json.dumps(index))
+    with pytest.raises(
+        TrainstackError, match=r"shards\[\d+\]\.file: validation/shards/.* is in the validation"
+    ):
+        read_dataset(out)
+
+
+# --- issue 29 item 11: damaged input is one line naming the file, never a traceback -------------------
+
+
+def gz_truncated(d: Path) -> None:
+    data = gzip.compress(b"".join(json.dumps({"text": t}).encode() + b"\n" for t in documents(400, 7)))
+    (d / "a.jsonl.gz").write_bytes(data[: len(data) // 2])
+
+
+def gz_corrupt(d: Path) -> None:
+    data = bytearray(
+        gzip.compress(b"".join(json.dumps({"text": t}).encode() + b"\n" for t in documents(400, 8)))
+    )
+    data[len(data) // 2 : len(data) // 2 + 64] = bytes(64)
+    (d / "a.jsonl.gz").write_bytes(bytes(data))
+
+
+def symlink_cycle(d: Path) -> None:
+    (d / "a.jsonl").symlink_to(d / "b.jsonl")
+    (d / "b.jsonl").symlink_to(d / "a.jsonl")
+
+
+def dangling(d: Path) -> None:
+    (d / "a.jsonl").symlink_to(d / "gone.jsonl")
+
+
+def big_record(d: Path) -> None:
+    """One JSONL line past the record bound (built in pieces: never held whole here either)."""
+    from trainer.prepare.inputs import MAX_RECORD_BYTES
+
+    piece = ("word " * 200_000).encode()
+    with open(d / "a.jsonl", "wb") as stream:
+        stream.write(GOOD + b"\n" + b'{"text": "')
+        for _ in range(MAX_RECORD_BYTES // len(piece) + 1):
+            stream.write(piece)
+        stream.write(b'"}\n' + GOOD + b"\n")
+
+
+# (id, what is written in the input folder, extra arguments, expected message: None = it prepares, and
+# the message is then the skipped-record line on stderr naming the file).
+DAMAGED = [
+    ("truncated .jsonl.gz", gz_truncated, [], r"a\.jsonl\.gz: the gzip stream ends early \(line \d+\)"),
+    # Zeroed deflate data may still inflate (to garbage, caught by the CRC at the end) or not: one line
+    # naming the file either way.
+    ("corrupt .jsonl.gz", gz_corrupt, [], r"a\.jsonl\.gz: (corrupt gzip data|the gzip stream|line \d+: )"),
+    (
+        ".gz that is not gzip",
+        lambda d: (d / "a.jsonl.gz").write_bytes(GOOD + b"\n"),
+        [],
+        r"a\.jsonl\.gz: not a gzip file \(line 1\)",
+    ),
+    (
+        ".txt.gz that is not gzip",
+        lambda d: (d / "a.txt.gz").write_bytes(b"plain text"),
+        [],
+        r"a\.txt\.gz: not a gzip file",
+    ),
+    (
+        "a line nested 100,000 deep",
+        lambda d: write_jsonl(d / "a.jsonl", [b"[" * 100_000 + b"]" * 100_000, GOOD]),
+        ["--max-bad-records", "0"],
+        r"a\.jsonl: 1 bad records .* \(first: line 1: nested deeper than the JSON parser allows\)",
+    ),
+    (
+        "an object nested 100,000 deep",
+        lambda d: write_jsonl(d / "a.jsonl", [GOOD, b'{"text":' * 100_000 + b'"x"' + b"}" * 100_000]),
+        None,
+        r"a\.jsonl: 1 bad record\(s\) skipped \(first: line 2: nested deeper than the JSON parser allows\)",
+    ),
+    (
+        "non-UTF-8 .txt",
+        lambda d: (d / "a.txt").write_bytes(b"caf\xe9 au lait"),
+        [],
+        r"no document to train on \(1 bad record\(s\) skipped; first: .*a\.txt: byte 4: not UTF-8",
+    ),
+    (
+        "non-UTF-8 .txt beside a good one",
+        lambda d: [(d / "a.txt").write_bytes(b"ok\n" * 10 + b"\x80"), (d / "b.txt").write_text("fine")],
+        None,
+        r"a\.txt: 1 bad record\(s\) skipped \(first: byte 31: not UTF-8",
+    ),
+    ("a file-symlink cycle", symlink_cycle, [], r"a\.jsonl: a symbolic link that loops back on itself"),
+    ("a dangling symlink", dangling, [], r"a\.jsonl: a symbolic link to .*gone\.jsonl, which does not exist"),
+    (
+        "one record past the bound",
+        big_record,
+        None,
+        r"a\.jsonl: 1 bad record\(s\) skipped \(first: line 2: a record of more than 64 MiB",
+    ),
+    (
+        "a lone surrogate escape",
+        lambda d: write_jsonl(
+            d / "a.jsonl", [GOOD, b'{"text": "ab\\ud800cd"}', b'{"text": "\\u00e9t\\u00e9"}']
+        ),
+        None,
+        r"a\.jsonl: 1 bad record\(s\) skipped \(first: line 2: field 'text' holds a lone surrogate",
+    ),
+    (
+        "a byte-order mark, then a non-object",
+        lambda d: write_jsonl(d / "a.jsonl", [b"\xef\xbb\xbf" + GOOD, b"[1, 2]"]),
+        None,
+        r"a\.jsonl: 1 bad record\(s\) skipped \(first: line 2: not a JSON object\)",
+    ),
+    (
+        "a Parquet file that is not one",
+        lambda d: (d / "a.parquet").write_bytes(b"PAR1 not really"),
+        [],
+        r"a\.parquet: not a Parquet file",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("damage", "extra", "message"), [c[1:] for c in DAMAGED], ids=[c[0] for c in DAMAGED]
+)
+def test_damaged_input_is_one_line_naming_the_file_and_nothing_half_written(
+    tmp_path, tokenizer_file, capsys, damage, extra, message
+):
+    inputs = tmp_path / "in"
+    inputs.mkdir()
+    damage(inputs)
+    out = tmp_path / "out"
+    capsys.readouterr()
+    code = prepare_main(
+        [str(inputs), "--tokenizer", str(tokenizer_file), "--out", str(out), "--workers", "1", *(extra or [])]
+    )
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    lines = err.strip().splitlines()
+    if extra is None:  # one bad record among good ones: skipped, counted, named; the rest prepared
+        assert code == 0, lines
+        assert any(__import__("re").search(message, line) for line in lines), lines
+        manifest = json.loads((out / "manifest.json").read_text())
+        assert sum(s["skipped_records"] for s in manifest["sources"]) == 1 and manifest["documents"] >= 1
+    else:
+        assert code == 2 and lines[-1].startswith("error: "), lines
+        assert __import__("re").search(message, lines[-1]), lines[-1]
+        assert not (out / "manifest.json").exists()
+        # Nothing a later run would trust: no half-written file, no shard, no index (the preparation's own
+        # state in _prepare/ says what it did; a marker there is a file read to its end).
+        left = [p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()] if out.exists() else []
+        assert all(p.startswith("_prepare/") and not p.endswith(".tmp") for p in left), left
+
+
+def test_a_long_document_is_tokenized_in_pieces_with_bounded_memory(tmp_path):
+    """A 6 MiB JSONL record and a 6 MiB text file without a line break: the worker's peak memory stays
+    within what a few copies of the text need, not the ~100 bytes per byte the tokenizer needs for one
+    whole text (issue 29 item 11: 200 MB in one record peaked at 2.1 GB)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tokenizer = Tokenizer(models.WordLevel({"<|endoftext|>": 0, "word": 1, "[UNK]": 2}, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.save(str(tmp_path / "tokenizer.json"))
+    inputs = tmp_path / "in"
+    inputs.mkdir()
+    words = 6 * (1 << 20) // 5
+    (inputs / "a.jsonl").write_text(json.dumps({"text": "word " * words}) + "\n")
+    (inputs / "b.txt").write_text("word " * words)
+    # VmHWM, not ru_maxrss: Linux keeps ru_maxrss across exec, so it would include this test process's
+    # size when it was forked; VmHWM is the new program's own peak.
+    probe = (
+        "import re, sys\n"
+        "from trainer.prepare.pipeline import main\n"
+        "code = main(sys.argv[1:])\n"
+        "peak = re.search(r'VmHWM:\\s+(\\d+)', open('/proc/self/status').read()).group(1)\n"
+        "print('PEAK', int(peak) // 1024, file=sys.stderr)\n"
+        "sys.exit(code)\n"
+    )
+    args = [str(inputs), "--tokenizer", str(tmp_path / "tokenizer.json"), "--out", str(tmp_path / "out")]
+    env = {**__import__("os").environ, "PYTHONPATH": f"{REPO / 'training_image'}:{REPO}"}
+    done = subprocess.run(
+        [sys.executable, "-c", probe, *args, "--workers", "1", "--validation-fraction", "0"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    peak = int(done.stderr.split("PEAK ")[1].split()[0])
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert manifest["documents"] == 2 and manifest["tokens"] == 2 * (words + 1)
+    # Whole, each would take ~600 MiB in the tokenizer (measured: 470 MB for 4 MiB of text).
+    assert peak < 300, f"peak RSS {peak} MiB for 6 MiB documents"
+
+
+@pytest.mark.parametrize("shard_tokens", [1, 7, 50, 333, 10_000])
+def test_batched_documents_cut_shards_exactly_where_one_by_one_writing_does(tmp_path, shard_tokens):
+    """The batch path (one array per batch, issue 32's speed work) against the per-document path."""
+    from trainer.prepare.shard_writer import ShardWriter
+    from trainer.prepare.store import LocalStore
+
+    rng = np.random.default_rng(shard_tokens)
+    docs = [rng.integers(0, 300, int(rng.integers(0, 40))) for _ in range(120)]
+    one = ShardWriter(LocalStore(tmp_path / "one"), "s/x", "uint16", 299, shard_tokens)
+    for ids in docs:
+        one.add(ids)
+        one.end_document()
+    batched = ShardWriter(LocalStore(tmp_path / "batch"), "s/x", "uint16", 299, shard_tokens)
+    for start in range(0, len(docs), 17):  # batches that straddle shard boundaries
+        chunk = docs[start : start + 17]
+        flat = np.concatenate([np.r_[d, 299] for d in chunk]).astype(np.uint16)
+        batched.add_documents(flat, np.array([d.size + 1 for d in chunk]))
+    assert one.close() == batched.close()
+    for path in (tmp_path / "one" / "s").iterdir():
+        assert path.read_bytes() == (tmp_path / "batch" / "s" / path.name).read_bytes(), path.name
+
+
+def test_a_long_document_cut_into_pieces_keeps_a_byte_level_bpes_ids(tmp_path):
+    """Pieces end after a line break between two non-spaces: the ids are the whole text's. (A cut after
+    any line break would split the line-break-and-indent tokens this tokenizer learns, one after trailing
+    spaces would join them to the line break; bench/data_prepare.py checks this on Python sources.)"""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from trainer.prepare.inputs import TEXT_PIECE_BYTES
+
+    rng = np.random.default_rng(5)
+    lines, size = [], 0
+    while size < 1.3 * TEXT_PIECE_BYTES:  # one cut
+        # Code-like: indented lines ending in a space before the line break (which this tokenizer learns
+        # to merge with it), and every 50th line a clean break before an unindented line: the only
+        # places where a piece may end without changing the ids.
+        clean = len(lines) % 50 == 0
+        indent = "" if clean or len(lines) % 50 == 1 else " " * (4 * int(rng.integers(0, 3)))
+        line = indent + " ".join(rng.choice(WORDS, int(rng.integers(1, 9))))
+        lines.append(line + ("\n" if clean else str(rng.choice([" \n", " \n\n", "\n    \n"]))))
+        size += len(lines[-1])
+    text = "".join(lines)
+    indented = "".join("    " + line.lstrip() for line in lines)  # no clean line break: cut between words
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=400, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    # Line by line (" \n" ends many: merged) and an indented run (line break + indent: merged).
+    tokenizer.train_from_iterator([*lines[:3000], indented[:30_000]], trainer)
+    tokenizer.save(str(tmp_path / "tokenizer.json"))
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "a.jsonl").write_text(
+        "".join(json.dumps({"text": t}) + "\n" for t in (text, indented))
+    )
+    prepare(
+        [str(tmp_path / "in")],
+        str(tmp_path / "tokenizer.json"),
+        str(tmp_path / "out"),
+        validation_fraction=0,
+        workers=1,
+    )
+    (shard,) = json.loads((tmp_path / "out" / "index.json").read_text())["shards"]
+    written = np.fromfile(tmp_path / "out" / shard["file"], dtype=np.uint16).tolist()
+    eos = [tokenizer.token_to_id("<|endoftext|>")]
+    expected = [i for t in (text, indented) for i in tokenizer.encode(t, add_special_tokens=False).ids + eos]
+    assert written == expected

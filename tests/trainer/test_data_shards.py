@@ -78,11 +78,13 @@ def big_ids_with_a_valid_index(data: Path) -> None:
 
 
 def megatron_only(data: Path) -> Path:
-    """The dataset without trainstack's index and manifest: its shards are a Megatron dataset; returns
-    the first shard's .bin."""
+    """The dataset without trainstack's index, manifest and preparation state: its shards are a Megatron
+    dataset (of another tool); returns the first shard's .bin. (With `_prepare/` left, it reads as an
+    unfinished preparation, refused: test_data_prepare.py.)"""
     shard = first_bin(data)
     (data / "index.json").unlink()
     (data / "manifest.json").unlink()
+    shutil.rmtree(data / "_prepare", ignore_errors=True)
     return shard
 
 

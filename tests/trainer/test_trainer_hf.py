@@ -293,3 +293,18 @@ def test_round_trip_through_the_trainer_reproduces_the_base(bases, tmp_path):
     again = subprocess.run(command, cwd=REPO, env=trainer_env(), capture_output=True, text=True, timeout=240)
     assert again.returncode == 0, again.stderr[-3000:]
     assert "resumed from" in again.stderr and "loaded base model" not in again.stderr
+
+
+def test_a_base_config_nested_too_deep_is_one_line(tmp_path):
+    """model.init_from's config.json read by the trainer (issue 29 item 11's nesting, on this side too)."""
+    from trainer.hf.conversion import check_base
+
+    (tmp_path / "config.json").write_bytes(b"[" * 200_000 + b"]" * 200_000)
+    with pytest.raises(
+        TrainstackError, match=r"model.init_from: .*config.json: not valid JSON \(nested deeper"
+    ):
+        check_base(
+            tmp_path,
+            ModelShape(layers=2, hidden=64, heads=4, kv_heads=2, ffn=176, vocab=256),
+            "model.init_from",
+        )

@@ -154,3 +154,55 @@ def test_from_hf_command_prints_the_block_and_refuses_in_one_line(tmp_path):
     assert refused.output.count("\n") == 1 and "sliding_window: 131072" in refused.output
     missing = runner.invoke(app, ["recipe", "from-hf", str(tmp_path / "nope.json")])
     assert missing.exit_code == 2 and "nope.json: file not found" in missing.output
+
+
+# Issue 29 item 11: config.json files `recipe from-hf` read with a traceback, each now one line naming the
+# file and key, exit 2. The text is written as bytes: deep nesting cannot go through json.dumps.
+HOSTILE_CONFIGS = [
+    ("nested 200,000 deep", b"[" * 200_000 + b"]" * 200_000, "nested deeper than Python's JSON parser"),
+    ("object nested deep", b'{"a":' * 150_000 + b"1" + b"}" * 150_000, "nested deeper than"),
+    ("rope_theta text", {"rope_theta": "ten thousand"}, "rope_theta: expected a number, got 'ten thousand'"),
+    ("rope_scaling text", {"rope_scaling": "llama3"}, "rope_scaling: expected an object such as"),
+    ("rope_scaling list", {"rope_scaling": [8.0]}, "rope_scaling: expected an object"),
+    ("rope_parameters text", {"rope_parameters": "default"}, "rope_parameters: expected an object"),
+    ("rms_norm_eps text", {"rms_norm_eps": "1e-5"}, "rms_norm_eps: expected a number, got '1e-5'"),
+    ("rope_theta true", {"rope_theta": True}, "rope_theta: expected a number, got True"),
+    (
+        "llama3 factor text",
+        {"rope_scaling": {**LLAMA31_8B["rope_scaling"], "factor": "8"}},
+        "factor: expected",
+    ),
+    ("model_type a list", {"model_type": ["llama"]}, "model_type: ['llama'] is not supported"),
+    (
+        "tie_word_embeddings text",
+        {"tie_word_embeddings": "no"},
+        "tie_word_embeddings: expected true or false",
+    ),
+    ("layers a bool", {"num_hidden_layers": True}, "num_hidden_layers: missing or not an integer"),
+    ("architectures a number", {"architectures": 7, "model_type": "mistral"}, None),
+    ("not UTF-8", b'{"model_type": "\xff"}', "not valid JSON"),
+    ("empty file", b"", "not valid JSON"),
+    ("a symlink loop", "loop", "cannot be read (Too many levels of symbolic links)"),
+    ("huge file", b" " * (2 << 20), "is this the model's config.json?"),
+]
+
+
+@pytest.mark.parametrize(
+    "content, message", [c[1:] for c in HOSTILE_CONFIGS], ids=[c[0] for c in HOSTILE_CONFIGS]
+)
+def test_a_hostile_config_json_is_one_line_naming_the_file_and_key(tmp_path, content, message):
+    path = tmp_path / "config.json"
+    if content == "loop":
+        (tmp_path / "other.json").symlink_to(path)
+        path.symlink_to(tmp_path / "other.json")
+    elif isinstance(content, bytes):
+        path.write_bytes(content)
+    else:
+        path.write_text(json.dumps({**LLAMA31_8B, **content}))
+    done = CliRunner().invoke(app, ["recipe", "from-hf", str(path)])
+    if message is None:  # a value the command only shows: accepted
+        assert done.exit_code == 0 and "MistralForCausalLM" in done.output, done.output
+        return
+    assert done.exit_code == 2 and done.exception is None or isinstance(done.exception, SystemExit)
+    assert done.output.count("\n") == 1 and done.output.startswith(f"error: {path}: "), done.output
+    assert message in done.output, done.output

@@ -71,8 +71,35 @@ HF_NAME = {
 }
 
 
+# A Llama/Qwen2 config.json is 1-5 KB; the bound keeps a wrong file (a safetensors, a dataset) from being
+# read whole into memory before it is refused.
+MAX_CONFIG_BYTES = 1 << 20
+
+
 class HfConfigError(TrainstackError):
     """A config.json the trainer cannot represent, or unreadable (exit 2, one line)."""
+
+
+def _shown(value: Any) -> str:
+    """A value from the file as a message shows it: repr, cut to 80 characters."""
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _number(value: Any, where: str, key: str) -> float:
+    """A JSON number (not a bool, not a string), finite, as a float; else one line naming the key."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or value != value
+        or value
+        in (
+            float("inf"),
+            float("-inf"),
+        )
+    ):
+        raise HfConfigError(f"{where}: {key}: expected a number, got {_shown(value)}")
+    return float(value)
 
 
 def read_hf_config(path: Path | str) -> tuple[dict[str, Any], str]:
@@ -81,11 +108,24 @@ def read_hf_config(path: Path | str) -> tuple[dict[str, Any], str]:
     if path.is_dir():
         path = path / "config.json"
     try:
-        config = json.loads(path.read_text())
+        if path.stat().st_size > MAX_CONFIG_BYTES:
+            raise HfConfigError(
+                f"{path}: {path.stat().st_size:,} bytes; a config.json is a few KB (at most "
+                f"{MAX_CONFIG_BYTES:,} read): is this the model's config.json?"
+            )
+        config = json.loads(path.read_bytes())
     except FileNotFoundError:
         raise HfConfigError(f"{path}: file not found") from None
+    except IsADirectoryError:
+        raise HfConfigError(f"{path}: is a directory, expected a config.json file") from None
+    except OSError as exc:  # a symlink loop (ELOOP), no permission, ...
+        raise HfConfigError(f"{path}: cannot be read ({exc.strerror or exc})") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise HfConfigError(f"{path}: not valid JSON ({exc})") from None
+        raise HfConfigError(f"{path}: not valid JSON ({' '.join(str(exc).split())[:160]})") from None
+    except RecursionError:  # json's C parser recurses once per level of nesting
+        raise HfConfigError(
+            f"{path}: not a config.json: nested deeper than Python's JSON parser allows"
+        ) from None
     if not isinstance(config, dict):
         raise HfConfigError(f"{path}: expected a JSON object")
     return config, str(path)
@@ -94,27 +134,39 @@ def read_hf_config(path: Path | str) -> tuple[dict[str, Any], str]:
 def _rope(config: dict[str, Any], where: str) -> tuple[float | None, dict[str, Any] | None]:
     """(rope_theta, rope_scaling fields or None) from either spelling of the RoPE settings."""
     params = config.get("rope_parameters")
+    if params is not None and not isinstance(params, dict):
+        raise HfConfigError(f"{where}: rope_parameters: expected an object, got {_shown(params)}")
     if isinstance(params, dict) and "full_attention" in params:  # per-layer-type settings (Gemma-style)
         raise HfConfigError(f"{where}: rope_parameters: per-layer-type RoPE is not supported")
     scaling = params if isinstance(params, dict) else config.get("rope_scaling")
+    key = "rope_parameters" if isinstance(params, dict) else "rope_scaling"
+    if scaling is not None and not isinstance(scaling, dict):
+        raise HfConfigError(
+            f'{where}: {key}: expected an object such as {{"rope_type": "llama3", "factor": 8.0, ...}} '
+            f"or null, got {_shown(scaling)}"
+        )
     theta = config.get("rope_theta")
-    if isinstance(params, dict):
-        theta = params.get("rope_theta", theta)
+    theta_key = "rope_theta"
+    if isinstance(params, dict) and "rope_theta" in params:
+        theta, theta_key = params["rope_theta"], "rope_parameters.rope_theta"
+    if theta is not None:
+        theta = _number(theta, where, theta_key)
     if not scaling:
         return theta, None
     kind = scaling.get("rope_type", scaling.get("type", "default"))
     if kind == "default":
         return theta, None
     if kind != "llama3":
-        key = "rope_parameters" if isinstance(params, dict) else "rope_scaling"
         raise HfConfigError(
-            f"{where}: {key}.rope_type: {kind!r} is not supported (the trainer implements the default RoPE "
-            "and llama3's scaling)"
+            f"{where}: {key}.rope_type: {_shown(kind)} is not supported (the trainer implements the default "
+            "RoPE and llama3's scaling)"
         )
     fields = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
     missing = [f for f in fields if f not in scaling]
     if missing:
-        raise HfConfigError(f"{where}: rope_scaling: llama3 scaling without {missing[0]}")
+        raise HfConfigError(f"{where}: {key}: llama3 scaling without {missing[0]}")
+    for f in fields:
+        _number(scaling[f], where, f"{key}.{f}")  # checked; kept as written (an int stays an int)
     return theta, {"rope_type": "llama3", **{f: scaling[f] for f in fields}}
 
 
@@ -125,14 +177,15 @@ def shape_from_hf_config(config: dict[str, Any], where: str = "config.json") -> 
         if config.get(key):
             raise HfConfigError(f"{where}: {key}: a mixture of experts cannot be represented (dense only)")
     model_type = config.get("model_type")
-    if model_type not in ARCHITECTURES:
+    if not isinstance(model_type, str) or model_type not in ARCHITECTURES:
         raise HfConfigError(
-            f"{where}: model_type: {model_type!r} is not supported (supported: {', '.join(ARCHITECTURES)}: "
-            "Llama-style decoders with RMSNorm, RoPE, grouped-query attention and SwiGLU)"
+            f"{where}: model_type: {_shown(model_type)} is not supported (supported: "
+            f"{', '.join(ARCHITECTURES)}: Llama-style decoders with RMSNorm, RoPE, grouped-query attention "
+            "and SwiGLU)"
         )
     if config.get("hidden_act", "silu") != "silu":
         raise HfConfigError(
-            f"{where}: hidden_act: {config['hidden_act']!r} (the trainer's MLP is SwiGLU: silu)"
+            f"{where}: hidden_act: {_shown(config['hidden_act'])} (the trainer's MLP is SwiGLU: silu)"
         )
     if config.get("mlp_bias"):
         raise HfConfigError(f"{where}: mlp_bias: true (the trainer's MLP has no biases)")
@@ -153,8 +206,12 @@ def shape_from_hf_config(config: dict[str, Any], where: str = "config.json") -> 
     theta, scaling = _rope(config, where)
     required = ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size", "vocab_size")
     for key in required:
-        if not isinstance(config.get(key), int):
+        if isinstance(config.get(key), bool) or not isinstance(config.get(key), int):
             raise HfConfigError(f"{where}: {key}: missing or not an integer")
+    for key in ("tie_word_embeddings",):
+        if key in config and not isinstance(config[key], bool):
+            raise HfConfigError(f"{where}: {key}: expected true or false, got {_shown(config[key])}")
+    norm_eps = _number(config["rms_norm_eps"], where, "rms_norm_eps") if "rms_norm_eps" in config else 1e-6
     heads = config["num_attention_heads"]
     shape: dict[str, Any] = {
         "layers": config["num_hidden_layers"],
@@ -165,7 +222,7 @@ def shape_from_hf_config(config: dict[str, Any], where: str = "config.json") -> 
         "vocab": config["vocab_size"],
         "tied_embeddings": bool(config.get("tie_word_embeddings", False)),
         "rope_theta": float(theta if theta is not None else 10000.0),  # transformers' default
-        "norm_eps": float(config.get("rms_norm_eps", 1e-6)),  # transformers' default for all three
+        "norm_eps": norm_eps,  # transformers' default (1e-6) for all three
         "attention_bias": model_type == "qwen2",  # Qwen2 always has Q/K/V biases
     }
     if config.get("head_dim") is not None:

@@ -9,6 +9,13 @@ Two layouts are read (docs/data.md):
   NeMo Curator): no index.json, one or more `<prefix>.idx` / `<prefix>.bin` pairs anywhere below the
   directory, told apart by the .idx header (`MMIDIDX`, trainer.data.megatron_index).
 
+What `trainstack data prepare` left unfinished (killed, or `--no-finalize` instances not yet finalized:
+its `_prepare/` folder without the root `manifest.json`, which it writes last) is refused in one line
+saying to run it again, wherever it lies below the directory: its shards are a part of the inputs, and
+files of a killed run may be among them. A prepared dataset's validation split (a folder whose
+manifest.json says `"split": "validation"`) is never read as training data: index.json lists only the
+training split's shards (an entry inside the split is refused), and the Megatron scan skips such folders.
+
 Every mistake is one line naming the file and field (a TrainstackError, exit 2), never a traceback, and
 no path outside the data directory is ever opened: entries are relative, without `..`, and resolve
 (symlinks followed) inside the directory, checked before a file is touched.
@@ -24,6 +31,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
@@ -35,6 +43,9 @@ from trainstack.errors import TrainstackError
 FORMAT = "trainstack-tokens-v1"
 INDEX_FILE = "index.json"
 MANIFEST_FILE = "manifest.json"
+PREPARE_STATE = "_prepare"  # trainer.prepare's settings and completion markers (trainer.prepare)
+PREPARE_CONFIG = f"{PREPARE_STATE}/config.json"
+VALIDATION_PATH = "validation"  # where trainer.prepare writes the held-out split, beside the shards
 # uint32 is what make_shards wrote for vocabularies past 65,536 before Megatron-compatible indexes (whose
 # dtype codes have no uint32); trainer.prepare writes int32 there, as Megatron does.
 DTYPES = ("uint16", "int32", "uint32")
@@ -69,9 +80,33 @@ def read_dataset(directory: Path) -> DatasetIndex:
         raise TrainstackError(f"--data-dir {directory}: does not exist")
     if not directory.is_dir():
         raise TrainstackError(f"--data-dir {directory}: not a directory (give the folder holding index.json)")
+    _refuse_unfinished(directory)
     if (directory / INDEX_FILE).exists():
         return _read_trainstack(directory)
     return _read_megatron(directory)
+
+
+def _refuse_unfinished(directory: Path, roots: list[Path] | None = None) -> None:
+    """One line for a `trainstack data prepare` output (`directory`, or each of `roots` found below it)
+    that has no root manifest (it writes that last): killed, interrupted, or not finalized."""
+    for root in [directory] if roots is None else roots:
+        if not (root / PREPARE_CONFIG).is_file() or (root / MANIFEST_FILE).is_file():
+            continue
+        done = root / PREPARE_STATE / "done"
+        files = sum(1 for p in done.iterdir() if p.suffix == ".json") if done.is_dir() else 0
+        where = "--data-dir " + str(directory) + ("" if root == directory else f": {root}")
+        raise TrainstackError(
+            f"{where}: an unfinished `trainstack data prepare` output ({files} input file(s) done, no "
+            f"{MANIFEST_FILE}): run the same prepare command again to finish it, then train on it"
+        )
+
+
+def _is_validation_split(folder: Path) -> bool:
+    """Whether `folder` holds a prepared dataset's validation split (its manifest says so)."""
+    try:
+        return json.loads((folder / MANIFEST_FILE).read_bytes()).get("split") == "validation"
+    except (OSError, ValueError, AttributeError, RecursionError):
+        return False  # no manifest, or not a prepared dataset's: the formats' own checks speak for it
 
 
 def inside(root: Path, name: object, where: str) -> Path:
@@ -137,6 +172,9 @@ def _read_trainstack(directory: Path) -> DatasetIndex:
             f"{where}: shards: expected a non-empty list of {{file, tokens}}, got {entries!r}"
         )
     itemsize = np.dtype(dtype).itemsize
+    # What trainer.prepare holds out sits in `validation/` (the manifest's validation.path).
+    validation = [directory / VALIDATION_PATH] if _is_validation_split(directory / VALIDATION_PATH) else []
+    validation = [s.resolve() for s in validation]
     shards, seen, largest = [], set(), []
     for i, entry in enumerate(entries):
         at = f"{where}: shards[{i}]"
@@ -146,6 +184,12 @@ def _read_trainstack(directory: Path) -> DatasetIndex:
             missing = "file" if "file" not in entry else "tokens"
             raise TrainstackError(f"{at}: {missing}: missing")
         path = inside(directory, entry["file"], f"{at}.file")
+        held_out = next((s for s in validation if path.resolve().is_relative_to(s)), None)
+        if held_out is not None:
+            raise TrainstackError(
+                f"{at}.file: {entry['file']} is in the validation split {held_out}: held-out documents are "
+                "never trained on"
+            )
         tokens = _integer(entry["tokens"], f"{at}.tokens", 0)
         if entry["file"] in seen:
             raise TrainstackError(f"{at}.file: {entry['file']!r} is listed twice")
@@ -175,7 +219,20 @@ def _read_trainstack(directory: Path) -> DatasetIndex:
 
 
 def _read_megatron(directory: Path) -> DatasetIndex:
-    candidates = sorted(p for p in directory.rglob("*.idx") if p.is_file())
+    # One walk (a FastFile mount lists S3 to walk): the .idx files, and what marks prepared outputs.
+    candidates, roots, held_out = [], [], []
+    for folder, subfolders, files in os.walk(directory):
+        here = Path(folder)
+        if PREPARE_STATE in subfolders:
+            roots.append(here)
+        if MANIFEST_FILE in files and here != directory and _is_validation_split(here):
+            held_out.append(here)
+            subfolders.clear()  # held-out documents are never trained on
+            continue
+        subfolders[:] = sorted(d for d in subfolders if d != PREPARE_STATE)
+        candidates.extend(here / f for f in files if f.endswith(".idx") and (here / f).is_file())
+    _refuse_unfinished(directory, roots)
+    candidates.sort()
     indexes = [p for p in candidates if is_megatron_index(inside(directory, _relative(directory, p), str(p)))]
     if not indexes:
         raise TrainstackError(

@@ -140,6 +140,10 @@ def check_base(folder: Path, shape: ModelShape, what: str) -> tuple[HuggingFaceS
         ) from None
     except ValueError as exc:
         raise TrainstackError(f"{what}: {config_path}: not valid JSON ({exc})") from None
+    except RecursionError:  # json's C parser recurses once per level of nesting (issue 29 item 11)
+        raise TrainstackError(
+            f"{what}: {config_path}: not valid JSON (nested deeper than Python's JSON parser allows)"
+        ) from None
     try:
         problem = shape_mismatch(shape, config, f"{what}: {config_path}")
     except HfConfigError as exc:

@@ -23,6 +23,7 @@ in `_prepare/config.json`; an output that holds a dataset made otherwise, or any
 from __future__ import annotations
 
 import argparse
+import errno
 import hashlib
 import json
 import multiprocessing
@@ -31,15 +32,20 @@ import re
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from trainer.data.manifest import DATASET_FORMAT
 from trainer.data.shard_index import FORMAT, INDEX_FILE, MANIFEST_FILE
 from trainer.prepare.inputs import (
+    TEXT_PIECE_BYTES,
+    Encoder,
     RecordCounts,
     TokenizerInfo,
+    cut_pieces,
     format_of,
     in_validation,
     load_tokenizer,
@@ -58,7 +64,10 @@ DEFAULT_VALIDATION_FRACTION = 0.005
 DEFAULT_SHARD_TOKENS = 1 << 28  # 512 MiB of uint16 ids per shard file
 DEFAULT_MAX_BAD_RECORDS = 100
 BATCH_DOCUMENTS = 256
-BATCH_CHARS = 4 << 20
+# What one encode_batch call takes: every Encoding of the batch is alive at once (ids, token strings,
+# masks: measured ~100 bytes per token, 25 MiB for 1 MiB of code, 118 MiB for 4 MiB), so 4 MiB made a
+# worker's peak higher than a plain script's, for no speed (a call's own cost is nothing beside 1 MiB).
+BATCH_CHARS = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -105,23 +114,38 @@ def list_units(sources: list[str], out: str) -> list[Unit]:
             continue
         path = Path(local)
         if not path.exists():
-            raise TrainstackError(f"{source}: no such file or directory")
+            raise TrainstackError(f"{source}: {_why_missing(path)}")
         base = mapped.rstrip("/") if mapped else None
         for file, explicit in (
             [(path, True)] if path.is_file() else [(p, False) for p in sorted(path.rglob("*"))]
         ):
-            if (
-                not file.is_file()
-                or _under_local(file, out)
-                or any(p.startswith(".") for p in file.parts[-1:])
-            ):
+            if any(p.startswith(".") for p in file.parts[-1:]):
                 continue
             fmt = format_of(file.name, explicit)
             if fmt is None:
                 continue
+            if file.is_symlink() and not file.exists():  # an input named like one, that leads nowhere
+                raise TrainstackError(f"{file}: {_why_missing(file)}")
+            if not file.is_file() or _under_local(file, out):
+                continue
             uri = f"{base}/{file.relative_to(path).as_posix()}" if base else str(file)
             units[uri] = Unit(uri, file.stat().st_size, fmt, str(file))
     return sorted(units.values(), key=lambda u: u.uri)
+
+
+def _why_missing(path: Path) -> str:
+    """Why a path that does not exist as a file does not: a symlink loop, a dangling link, or nothing."""
+    if not path.is_symlink():
+        return "no such file or directory"
+    try:
+        path.resolve(strict=True)
+    except RuntimeError:  # pathlib's "Symlink loop from ..." (Python 3.11)
+        return "a symbolic link that loops back on itself (a symlink cycle): it leads to no file"
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return "a symbolic link that loops back on itself (a symlink cycle): it leads to no file"
+        return f"a symbolic link to {os.readlink(path)}, which does not exist"
+    return "no such file or directory"
 
 
 def _under_local(file: Path, out: str) -> bool:
@@ -150,16 +174,52 @@ def _s3_units(uri: str, out: str) -> list[Unit]:
 _state: dict = {}
 
 
-def _init_worker(settings: Settings) -> None:
+def _die_with_parent(parent: int) -> None:
+    """A pool worker ends when the process that started it does (Linux PR_SET_PDEATHSIG): a killed
+    `data prepare` must not leave orphans writing shards and markers beside the rerun that resumes it."""
+    if sys.platform != "linux":
+        return
+    import ctypes
+    import signal
+
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:  # it died before the request was in place
+        os._exit(1)
+
+
+def _init_worker(settings: Settings, parent: int | None = None, loaded: tuple | None = None) -> None:
+    if parent is not None:
+        _die_with_parent(parent)
     # One process per core: the tokenizer's own thread pool would oversubscribe them.
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    info, encode = load_tokenizer(settings.tokenizer, settings.eos_token, settings.tokenizer_shown)
-    _state.update(settings=settings, info=info, encode=encode, store=open_store(settings.out))
+    _state.clear()
+    _state.update(settings=settings, store=open_store(settings.out))
+    if loaded is not None:
+        _state.update(info=loaded[0], encode=loaded[1])
+
+
+def _tokenizer() -> tuple[TokenizerInfo, Encoder]:
+    """This worker's tokenizer, loaded on first use (a failure is then a task's one-line error, not a
+    broken pool)."""
+    if "encode" not in _state:
+        settings = _state["settings"]
+        _state["info"], _state["encode"] = load_tokenizer(
+            settings.tokenizer, settings.eos_token, settings.tokenizer_shown
+        )
+    return _state["info"], _state["encode"]
+
+
+def describe_tokenizer() -> TokenizerInfo:
+    """Run in a pool worker: the tokenizer's facts, so the parent need not load it too (a load is a
+    fixed cost per process: 0.1-0.5 s of CPU for a 32K-128K vocabulary)."""
+    return _tokenizer()[0]
 
 
 def process_unit(unit: Unit) -> dict:
     """Tokenize one input file into its shards and write its completion marker; returns the marker."""
-    settings, info, encode, store = (_state[k] for k in ("settings", "info", "encode", "store"))
+    settings, store = _state["settings"], _state["store"]
+    info, encode = _tokenizer()
     started = time.monotonic()
     path, downloaded = _local_copy(unit, settings)
     name = f"{unit.stem}-{unit.id}"
@@ -179,30 +239,43 @@ def process_unit(unit: Unit) -> dict:
     batch: list = []
     batch_chars = 0
 
-    def split_of(key: bytes) -> str:
+    def split_of(key: bytes | None, text: str | None = None) -> str:
+        if settings.validation_fraction <= 0:
+            return "train"
+        key = text.encode("utf-8") if key is None else key
         return VALIDATION if in_validation(key, settings.validation_fraction) else "train"
 
     def flush() -> None:
         nonlocal batch, batch_chars
-        if batch:
-            for document, ids in zip(batch, encode([d.text for d in batch]), strict=True):
-                split = split_of(document.split_key)
-                writers[split].add(ids)
-                writers[split].end_document()
-                documents[split] += 1
+        texts: dict[str, list[str]] = {"train": [], VALIDATION: []}
+        for document in batch:
+            texts[split_of(document.split_key, document.text)].append(document.text)
+        for split, chosen in texts.items():
+            if chosen:  # order within a split is the input's
+                writers[split].add_documents(*encode.documents(chosen, info.dtype))
+                documents[split] += len(chosen)
         batch, batch_chars = [], 0
 
+    def in_pieces(split_key: bytes | None, text: str | None, pieces) -> None:
+        # One long document: each piece encoded on its own (trainer.prepare.inputs says why).
+        flush()
+        split = split_of(split_key, text)
+        for piece in pieces:
+            writers[split].add(encode.pieces([piece])[0])
+        writers[split].end_document()
+        documents[split] += 1
+
+    for writer in writers.values():
+        writer.remove_leftovers()  # of a run killed while writing this file: nothing stale stays beside
     try:
         for document in read_documents(
             path, unit.uri, unit.fmt, settings.text_field, counts, settings.max_bad_records
         ):
             if document.text is None:  # a plain-text file: one document, in pieces
-                flush()
-                split = split_of(document.split_key)
-                for piece in document.pieces:
-                    writers[split].add(encode([piece])[0])
-                writers[split].end_document()
-                documents[split] += 1
+                in_pieces(document.split_key, None, document.pieces)
+                continue
+            if len(document.text) > TEXT_PIECE_BYTES:
+                in_pieces(document.split_key, document.text, cut_pieces(document.text))
                 continue
             batch.append(document)
             batch_chars += len(document.text)
@@ -291,6 +364,13 @@ class Progress:
         self.started = self.shown = time.monotonic()
 
     def add(self, unit: Unit, marker: dict, force: bool = False) -> None:
+        if marker["skipped_records"]:  # each file with bad records is named, with its first
+            print(
+                f"prepare: {unit.uri}: {marker['skipped_records']} bad record(s) skipped "
+                f"(first: {marker['first_skipped']})",
+                file=sys.stderr,
+                flush=True,
+            )
         self.files += 1
         self.bytes += unit.size
         self.tokens += sum(marker["tokens"].values())
@@ -330,32 +410,14 @@ def prepare(
     if shard_tokens < 1 or max_bad_records < 0:
         raise TrainstackError("--shard-tokens must be positive and --max-bad-records non-negative")
     store = open_store(out)
-    with tempfile.TemporaryDirectory(prefix="trainstack-prepare-") as scratch:
+    with tempfile.TemporaryDirectory(prefix="trainstack-prepare-") as scratch, ExitStack() as stack:
         local_tokenizer = _tokenizer_file(tokenizer, Path(scratch))
-        info, _ = load_tokenizer(local_tokenizer, eos_token, tokenizer)
-        config = {
-            "format": DATASET_FORMAT,
-            "tokenizer": info.identity,
-            "eos_id": info.eos_id,
-            "dtype": info.dtype,
-            "text_field": text_field,
-            "validation_fraction": validation_fraction,
-            "shard_tokens": shard_tokens,
-        }
         units = list_units(sources, out)
         if not units:
             raise TrainstackError(f"{' '.join(sources)}: no JSONL, Parquet or text files found")
-        check_output(store, config)
         done = done_markers(store)
         pending = [u for u in units if done.get(u.uri, {}).get("size") != u.size]
         workers = max(1, min(workers or os.cpu_count() or 1, len(pending) or 1))
-        print(
-            f"prepare: {len(units)} input files ({sum(u.size for u in units) / 1e9:.2f} GB), "
-            f"{len(units) - len(pending)} already done; tokenizer {info.file} ({info.identity[:19]}, vocab "
-            f"{info.vocab_size}, eos {info.eos_id}); {workers} worker(s); output {store.uri}",
-            file=sys.stderr,
-            flush=True,
-        )
         settings = Settings(
             out=out,
             tokenizer=local_tokenizer,
@@ -367,7 +429,34 @@ def prepare(
             max_bad_records=max_bad_records,
             scratch=scratch,
         )
-        _run(pending, settings, workers)
+        if workers > 1:  # the workers load the tokenizer; one of them tells this process what it is
+            pool = stack.enter_context(_pool(settings, workers))
+            loaded, info = None, pool.submit(describe_tokenizer).result()
+        else:
+            pool, loaded = None, load_tokenizer(local_tokenizer, eos_token, tokenizer)
+            info = loaded[0]
+        config = {
+            "format": DATASET_FORMAT,
+            "tokenizer": info.identity,
+            "eos_id": info.eos_id,
+            "dtype": info.dtype,
+            "text_field": text_field,
+            "validation_fraction": validation_fraction,
+            "shard_tokens": shard_tokens,
+        }
+        check_output(store, config)
+        if pending and finalize:
+            # The output is about to change: until its indexes are rewritten it must read as unfinished
+            # (the trainer refuses a prepared output without its root manifest), not as the old dataset.
+            store.discard(MANIFEST_FILE)
+        print(
+            f"prepare: {len(units)} input files ({sum(u.size for u in units) / 1e9:.2f} GB), "
+            f"{len(units) - len(pending)} already done; tokenizer {info.file} ({info.identity[:19]}, vocab "
+            f"{info.vocab_size}, eos {info.eos_id}); {workers} worker(s); output {store.uri}",
+            file=sys.stderr,
+            flush=True,
+        )
+        _run(pending, settings, loaded, pool)
     if not finalize:
         return {"files": len(units), "processed": len(pending)}
     return write_indexes(store, info, config, [u.uri for u in units])
@@ -385,28 +474,37 @@ def _tokenizer_file(tokenizer: str, scratch: Path) -> str:
     return str(destination)
 
 
-def _run(pending: list[Unit], settings: Settings, workers: int) -> None:
+@contextmanager
+def _pool(settings: Settings, workers: int) -> Iterator[ProcessPoolExecutor]:
+    """Worker processes; on any error the files not started are cancelled (those finished keep their
+    markers) and the pool is waited for."""
+    context = multiprocessing.get_context("spawn")  # fork after torch/tokenizers threads can deadlock
+    pool = ProcessPoolExecutor(
+        workers, mp_context=context, initializer=_init_worker, initargs=(settings, os.getpid())
+    )
+    try:
+        yield pool
+    except BaseException:
+        pool.shutdown(wait=True, cancel_futures=True)
+        raise
+    pool.shutdown(wait=True)
+
+
+def _run(pending: list[Unit], settings: Settings, loaded: tuple | None, pool) -> None:
+    """`pending` on this process (`loaded`: its tokenizer) or on `pool`, largest file first."""
     progress = Progress(len(pending), sum(u.size for u in pending))
     largest_first = sorted(pending, key=lambda u: -u.size)  # the long files start first: a shorter tail
-    if workers == 1:
-        _init_worker(settings)
+    if pool is None:
+        _init_worker(settings, loaded=loaded)  # the tokenizer already loaded here: not a second time
         for unit in largest_first:
             progress.add(unit, process_unit(unit))
         return
-    context = multiprocessing.get_context("spawn")  # fork after torch/tokenizers threads can deadlock
-    with ProcessPoolExecutor(
-        workers, mp_context=context, initializer=_init_worker, initargs=(settings,)
-    ) as pool:
-        futures = {pool.submit(process_unit, unit): unit for unit in largest_first}
-        try:
-            remaining = set(futures)
-            while remaining:
-                finished, remaining = wait(remaining, return_when=FIRST_COMPLETED)
-                for future in finished:
-                    progress.add(futures[future], future.result())
-        except BaseException:
-            pool.shutdown(wait=True, cancel_futures=True)  # files finished so far keep their markers
-            raise
+    futures = {pool.submit(process_unit, unit): unit for unit in largest_first}
+    remaining = set(futures)
+    while remaining:
+        finished, remaining = wait(remaining, return_when=FIRST_COMPLETED)
+        for future in finished:
+            progress.add(futures[future], future.result())
 
 
 def write_indexes(store, info: TokenizerInfo, config: dict, uris: list[str]) -> dict:
@@ -420,10 +518,17 @@ def write_indexes(store, info: TokenizerInfo, config: dict, uris: list[str]) -> 
     chosen = [markers[u] for u in uris]
     splits = [VALIDATION, "train"] if config["validation_fraction"] > 0 else ["train"]
     manifests = {}
+    if not any(m["shards"]["train"] for m in chosen):  # checked before any index is written
+        skipped = [m for m in chosen if m["skipped_records"]]
+        why = (
+            f" ({sum(m['skipped_records'] for m in skipped)} bad record(s) skipped; first: "
+            f"{skipped[0]['uri']}: {skipped[0]['first_skipped']})"
+            if skipped
+            else ""
+        )
+        raise TrainstackError(f"{uris[0]}: the inputs hold no document to train on{why}")
     for split in splits:
         entries = [entry for m in chosen for entry in m["shards"][split]]
-        if split == "train" and not entries:
-            raise TrainstackError(f"{uris[0]}: the inputs hold no document to train on")
         index = {
             "format": FORMAT,
             "dtype": info.dtype,

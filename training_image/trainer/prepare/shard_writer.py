@@ -55,6 +55,39 @@ class ShardWriter:
         if self._buffered >= FLUSH_TOKENS:
             self._flush()
 
+    def add_documents(self, flat: np.ndarray, lengths: np.ndarray) -> None:
+        """Whole documents at once: `flat` holds their ids back to back, each followed by the
+        end-of-document id, `lengths` each one's count with it. Shards are cut at exactly the document
+        boundaries `add` + `end_document` would cut them at (the first past `shard_tokens`)."""
+        if self._document:
+            raise RuntimeError("add_documents inside an unfinished document")
+        if lengths.size and int(lengths.max()) - 1 > MAX_DOCUMENT_TOKENS:
+            raise TrainstackError(
+                f"a document of {int(lengths.max()) - 1} tokens exceeds Megatron's int32 lengths"
+            )
+        ends = np.cumsum(lengths)
+        first = 0  # the first document not yet written
+        while first < lengths.size:
+            if self._open is None:
+                self._start()
+            start = int(ends[first - 1]) if first else 0
+            room = self.shard_tokens - (self._open.tokens + self._buffered)
+            # The document whose end reaches the shard's size closes it (at least one document each time).
+            last = max(first, int(np.searchsorted(ends, start + room, side="left")))
+            full = last < lengths.size
+            last = min(last, lengths.size - 1)
+            end = int(ends[last])
+            part = flat[start:end]
+            self._open.largest = max(self._open.largest, int(part.max()))
+            self._open.lengths.extend(lengths[first : last + 1].astype(np.int32).tolist())
+            self._buffer.append(part.astype(self.dtype, copy=False))
+            self._buffered += part.size
+            if self._buffered >= FLUSH_TOKENS:
+                self._flush()
+            if full:
+                self._finish()
+            first = last + 1
+
     def end_document(self) -> None:
         self.add(np.asarray([self.eos]))
         if self._document > MAX_DOCUMENT_TOKENS:
@@ -63,6 +96,10 @@ class ShardWriter:
         self._document = 0
         if self._open.tokens + self._buffered >= self.shard_tokens:
             self._finish()
+
+    def remove_leftovers(self) -> None:
+        """What a killed run left under this writer's names (before anything is written)."""
+        self.store.discard(f"{self.prefix}-")
 
     def close(self) -> list[dict]:
         if self._open is not None:
@@ -73,6 +110,7 @@ class ShardWriter:
         if self._open is not None:
             self._open.context.__exit__(RuntimeError, RuntimeError("aborted"), None)
             self._open = None
+        self.store.discard(f"{self.prefix}-")  # the file's finished shards too: no marker lists them
 
     def _start(self) -> None:
         name = f"{self.prefix}-{len(self.entries):05d}.bin"

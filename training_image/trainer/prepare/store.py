@@ -48,6 +48,10 @@ class Store(Protocol):
     def writer(self, key: str):  # a context manager yielding a binary stream; kept only if it exits cleanly
         ...
 
+    def discard(self, prefix: str) -> None:
+        """Remove what a killed run left under `prefix` (local only: an S3 PUT leaves no partial object)."""
+        ...
+
 
 class LocalStore:
     def __init__(self, root: Path):
@@ -80,9 +84,21 @@ class LocalStore:
         path = self.root / key
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(path.name + ".tmp")
-        with open(tmp, "wb") as stream:
-            yield stream
+        try:
+            with open(tmp, "wb") as stream:
+                yield stream
+        except BaseException:
+            tmp.unlink(missing_ok=True)  # nothing half-written stays for a later run to find
+            raise
         os.replace(tmp, path)
+
+    def discard(self, prefix: str) -> None:
+        """Every file whose key starts with `prefix` (a killed run's `.tmp` and unlisted shards)."""
+        folder, _, start = (self.root / prefix).as_posix().rpartition("/")
+        if Path(folder).is_dir():
+            for path in Path(folder).iterdir():
+                if path.name.startswith(start) and path.is_file():
+                    path.unlink(missing_ok=True)
 
 
 class S3Store:
@@ -126,6 +142,11 @@ class S3Store:
         # The writer's context abandons the multipart upload when the body raises: no partial object.
         with self.client.put_object(self.bucket, self.prefix + key) as stream:
             yield stream
+
+    def discard(self, prefix: str) -> None:
+        # An S3 PUT is atomic (an abandoned multipart upload leaves no object), a rerun overwrites the same
+        # keys, and the processing role may not delete: nothing to do.
+        return None
 
     def download(self, key: str, destination: Path) -> None:
         """Copy one object to local disk in PIECE_BYTES ranged reads (memory stays one piece)."""

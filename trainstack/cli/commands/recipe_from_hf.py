@@ -46,7 +46,11 @@ def from_hf(
 
     config, where = read_hf_config(path)
     shape = shape_from_hf_config(config, where)
-    architecture = (config.get("architectures") or [ARCHITECTURES[config["model_type"]]])[0]
+    listed = config.get("architectures")
+    # The model type decides what the trainer builds; `architectures` is only shown, when it is a name.
+    architecture = (
+        listed[0] if isinstance(listed, list) and listed and isinstance(listed[0], str) else None
+    ) or ARCHITECTURES[config["model_type"]]
     from trainstack.recipes.schema import ModelShape
 
     params = ModelShape(**shape).total_params
