@@ -38,10 +38,10 @@ from trainstack.planner import budget
 
 PIPELINE_STACK = "Trainstack-Pipeline"
 CONNECTION_ARN = re.compile(
-    r"^arn:aws[a-z\-]*:(codeconnections|codestar-connections):[a-z0-9\-]+:[0-9]{12}:connection/[0-9a-f\-]{36}$"
+    r"^arn:aws[a-z\-]*:(codeconnections|codestar-connections):[a-z0-9\-]+:[0-9]{12}:connection/[0-9a-f\-]{36}\Z"
 )
-REPOSITORY = re.compile(r"^[A-Za-z0-9_.\-]+/[A-Za-z0-9_.\-]+$")
-BRANCH = re.compile(r"^[A-Za-z0-9_./\-]{1,200}$")
+REPOSITORY = re.compile(r"^[A-Za-z0-9_.\-]+/[A-Za-z0-9_.\-]+\Z")
+BRANCH = re.compile(r"^[A-Za-z0-9_./\-]{1,200}\Z")
 # Context the synth step passes on to the pipeline's own synthesis, so it rebuilds the same app: all of
 # the app's context but the switches that select what is built (the step sets `pipeline` itself, and a
 # pipeline never targets the emulator). Derived, so a context key added to the app is never dropped.
@@ -350,7 +350,7 @@ GITHUB_DEPLOY_STACK = "Trainstack-GitHubDeploy"
 GITHUB_ENVIRONMENTS = "training*"  # `training` and `training-approval` (.github/workflows/deploy.yml)
 BOOTSTRAP_ROLES = ("deploy", "file-publishing", "image-publishing", "lookup")
 OIDC_PROVIDER_ARN = re.compile(
-    r"^arn:aws[a-z\-]*:iam::[0-9]{12}:oidc-provider/token\.actions\.githubusercontent\.com$"
+    r"^arn:aws[a-z\-]*:iam::[0-9]{12}:oidc-provider/token\.actions\.githubusercontent\.com\Z"
 )
 
 

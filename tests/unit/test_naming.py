@@ -229,3 +229,25 @@ def test_job_suffixes_number_1035_jobs_uniquely_within_three_characters() -> Non
     assert [naming.job_index(s) for s in suffixes] == list(range(1, naming.JOB_INDEX_MAX + 1))
     assert naming.JOB_SUFFIXES.split(",") == suffixes
     assert naming.job_index("0") is None and naming.job_index("100") is None and naming.job_index("a") is None
+
+
+@pytest.mark.parametrize("newline", ["\n", "\r\n", "\n\n"])
+def test_every_name_rule_is_matched_to_the_end_of_the_text_so_a_trailing_newline_fails(base, newline) -> None:
+    """A Python `$` also matches before a trailing newline: `odd\\n` passed the run-id rule and reached
+    SageMaker (moto created `...odd\\n-1`). Every place that validates a name refuses it."""
+    from stacks.pipeline import BRANCH, REPOSITORY
+    from trainstack.aws.export_job import EXPORT_JOB
+    from trainstack.recipes.schema import HYPERPARAMETER_KEY, recipe_name_problem, team_name_problem
+
+    assert naming.run_id_problem("odd") is None
+    assert naming.run_id_problem("odd" + newline) is not None
+    assert naming.parse_run_name("ts-nlp-8b-fp8--odd" + newline) is None
+    with pytest.raises(ValueError, match="invalid run name"):
+        naming.run_name(base, None, "odd" + newline)
+    assert team_name_problem("nlp" + newline) and recipe_name_problem("8b-fp8" + newline)
+    assert REPOSITORY.fullmatch("org/repo") and not REPOSITORY.match("org/repo" + newline)
+    assert BRANCH.match("main") and not BRANCH.match("main" + newline)
+    assert HYPERPARAMETER_KEY.fullmatch("training.lr") and not HYPERPARAMETER_KEY.fullmatch("training.lr\n")
+    assert EXPORT_JOB.search("ts-a-b--c-X1") and not EXPORT_JOB.search("ts-a-b--c-X1\n")
+    result = CliRunner().invoke(app, ["launch", "1b-bf16", "--name", "odd" + newline])
+    assert result.exit_code == 2 and "invalid run name" in result.output

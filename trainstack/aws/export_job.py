@@ -29,7 +29,7 @@ from trainstack.recipes import naming
 from trainstack.recipes.schema import Recipe, to_hyperparameters
 
 EXPORTS_PER_RUN = 9  # `-X1` .. `-X9`: a run name may be 60 characters, a job name 63
-EXPORT_JOB = re.compile(r"-X[1-9]$")
+EXPORT_JOB = re.compile(r"-X[1-9]\Z")  # `\Z`: `$` would also match before a trailing newline
 ENTRYPOINT = ["python", "-m", "trainer.export"]
 STOP_FACTOR = 4.0  # the job's limit: this many times its planned hours, plus an hour
 INPUT_STEP = "Step"  # the step to export; 0: the newest complete checkpoint

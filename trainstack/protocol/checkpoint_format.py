@@ -44,11 +44,11 @@ FORMAT = 2
 DIGEST = "sha256"  # hashlib name; about 1 GiB/s per core with SHA-NI (docs/benchmarks.md)
 MARKER = "COMPLETE.json"
 DCP_METADATA = ".metadata"
-STEP_DIR = re.compile(r"^step-(\d{9})$")
-SHARD = re.compile(r"^__(\d+)_(\d+)\.distcp$")
-EXTRAS = re.compile(r"^rank-(\d{5,})\.pt$")
-MANIFEST = re.compile(r"^manifest-rank(\d{5,})\.json$")
-HEX_DIGEST = re.compile(r"^[0-9a-f]{64}$")
+STEP_DIR = re.compile(r"^step-(\d{9})\Z")
+SHARD = re.compile(r"^__(\d+)_(\d+)\.distcp\Z")
+EXTRAS = re.compile(r"^rank-(\d{5,})\.pt\Z")
+MANIFEST = re.compile(r"^manifest-rank(\d{5,})\.json\Z")
+HEX_DIGEST = re.compile(r"^[0-9a-f]{64}\Z")
 MAX_WORLD_SIZE = 65536  # 8192 nodes of 8 GPUs: far above any recipe; a larger number is damage
 
 COMPLETE, INCOMPLETE, DAMAGED = "complete", "incomplete", "damaged"

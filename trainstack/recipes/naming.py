@@ -39,7 +39,8 @@ HASH_LEN = 8  # recipe_hash
 # launch time in base 36 (trainstack.cli.commands.launch).
 RUN_SUFFIX_MAX = 7
 RUN_ID_MAX = HASH_LEN + len("-") + RUN_SUFFIX_MAX  # 16: a default id, or a --name of up to 16 characters
-RUN_ID = re.compile(rf"^(?=.{{1,{RUN_ID_MAX}}}$)[a-z0-9]+(-[a-z0-9]+)*$")
+# `\Z`, and fullmatch below: a Python `$` also matches before a trailing newline ("odd\n" would pass).
+RUN_ID = re.compile(rf"(?=.{{1,{RUN_ID_MAX}}}\Z)[a-z0-9]+(-[a-z0-9]+)*\Z")
 RUN_ID_RULE = f"1-{RUN_ID_MAX} characters: words of lowercase letters and digits joined by single hyphens"
 # A job's name is `<run>-<suffix>`, and the longest run name leaves room for 2 characters after the
 # hyphen (RUN_NAME_MAX + 3 = SageMaker's 63). Jobs 1-99 are numbered in decimal; from job 100 the suffix is
@@ -110,7 +111,7 @@ def checkpoint_prefix(recipe: Recipe, team: str | None) -> str:
 
 def run_id_problem(run_id: str) -> str | None:
     """Why `run_id` cannot name a run (None when it can): the rule, in one line."""
-    if RUN_ID.match(run_id):
+    if RUN_ID.fullmatch(run_id):
         return None
     return f"invalid run name {run_id!r}: a run name is {RUN_ID_RULE}"
 

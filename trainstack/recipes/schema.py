@@ -729,7 +729,7 @@ class Recipe(Section):
 # recipe travels as dotted keys with JSON values, so the console shows each knob on its own line and
 # the trainer rebuilds exactly the recipe that was planned.
 
-HYPERPARAMETER_KEY = re.compile(r"^[a-z_]+(\.[a-z0-9_]+)*$")
+HYPERPARAMETER_KEY = re.compile(r"[a-z_]+(\.[a-z0-9_]+)*\Z")  # fullmatch: no trailing newline
 
 
 def to_hyperparameters(recipe: Recipe) -> dict[str, str]:
@@ -750,7 +750,7 @@ def from_hyperparameters(hyperparameters: dict[str, str]) -> Recipe:
     """Inverse of `to_hyperparameters`; ignores keys SageMaker adds itself (sagemaker_*)."""
     tree: dict[str, Any] = {}
     for key, raw in hyperparameters.items():
-        if key.startswith("sagemaker_") or not HYPERPARAMETER_KEY.match(key):
+        if key.startswith("sagemaker_") or not HYPERPARAMETER_KEY.fullmatch(key):
             continue
         *parents, leaf = key.split(".")
         node = tree
