@@ -19,6 +19,7 @@ StartJob (started by `trainstack launch` / `resume`, the launch-on-deploy rule, 
 JobEnded (started by the rule on `SageMaker Training Job State Change`, this recipe's jobs,
 Completed | Failed | Stopped, and by the reconciler for an end whose event was lost):
     DescribeJob -> HasReason? -> ReadFailure | NoReason -> Supervised? -> ReadRun -> Registered? -> Numbers
+      -> Progress (the job's step against the previous job's and the run's steps)
       -> Current? (the run's newest job, the run running; else Ignored)
       -> Decide (one Choice rule per row of trainstack.aws.supervisor.RULES, in order) -> Rule<Id> (Pass)
       -> FreshInstances? (Crashed, Stalled, InternalError: ReleaseWarmPool) -> Limits?
@@ -110,6 +111,7 @@ REGISTRY_ATTRIBUTES = {
     "capacity_minutes": "N",  # minutes waited for capacity since launch or resume
     "capacity_wait": "N",  # the last capacity wait in minutes (0 once a job ends another way)
     "capacity_budget": "N",  # compute.capacity_wait_hours of the run's recipe, in minutes
+    "step": "N",  # the step the newest ended job reported (FinalMetricDataList train:step), 0 before any
     "created": "S",
     "updated": "S",
 }

@@ -10,6 +10,7 @@ Notify (e.g. an export when a run completes: `on_complete`).
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from stacks.supervisor.asl import (
@@ -60,13 +61,25 @@ def rule_condition(rule: supervisor.Rule) -> dict[str, Any]:
     if rule.stalled is not None:
         same = {"Variable": "$.Registry.Item.stalled.S", "StringEqualsPath": "$.Ended.Name"}
         tests.append(same if rule.stalled else {"Not": same})
+    if rule.steps_done is not None:
+        tests.append({"Variable": "$.Progress.Done", "BooleanEquals": rule.steps_done})
     assert tests, rule
     return tests[0] if len(tests) == 1 else {"And": tests}
 
 
+# Where each placeholder of a rule's `why` is in the execution (supervisor.why_of fills the same).
+WHY_VALUES = {
+    supervisor.REASON: "$.Failure.Reason",
+    supervisor.STEP: "$.Progress.Step",
+    supervisor.STEPS: "$.Numbers.Steps",
+}
+WHY_PLACEHOLDER = re.compile("|".join(re.escape(p) for p in WHY_VALUES))
+
+
 def _why(text: str) -> dict[str, str]:
-    if supervisor.REASON in text:
-        return {"Why.$": fmt(text.replace(supervisor.REASON, "{}"), "$.Failure.Reason")}
+    arguments = [WHY_VALUES[m.group(0)] for m in WHY_PLACEHOLDER.finditer(text)]
+    if arguments:
+        return {"Why.$": fmt(WHY_PLACEHOLDER.sub("{}", text), *arguments)}
     return {"Why": text}
 
 
@@ -148,6 +161,27 @@ def next_job_state(*, decimal: bool) -> dict[str, Any]:
 
 ON_COMPLETE = "OnComplete"  # the completed-run hook's state
 
+# DescribeJob's output: the input, and the job's plain fields with its step (supervisor.STEP_METRIC's
+# last value in FinalMetricDataList, -1 when none was logged).
+DESCRIBED_OUTPUT = (
+    "{% ($r := $states.result; $s := $r.FinalMetricDataList[MetricName = '"
+    + supervisor.STEP_METRIC
+    + "'].Value; $merge([$states.input, {'Ended': {'Name': $r.TrainingJobName, "
+    "'Status': $r.TrainingJobStatus, 'Secondary': $r.SecondaryStatus, 'Environment': $r.Environment, "
+    "'Step': $exists($s) ? $round($max($s)) : -1}}])) %}"
+)
+# supervisor.progress: Step (the job's, else the record's), Advanced (past the previous job's step),
+# Done (Step reached the run's steps), Kept (the crashes a crash adds to: 0 after progress). A record
+# written before `step` existed counts from 0.
+PROGRESS_OUTPUT = (
+    "{% ($item := $states.input.Registry.Item; $job := $states.input.Ended.Step; "
+    "$before := $exists($item.step.N) ? $number($item.step.N) : 0; "
+    "$step := $job >= 0 ? $job : $before; "
+    "$merge([$states.input, {'Progress': {'Step': $step, 'Advanced': $job > $before, "
+    "'Done': $step >= $number($item.steps.N), "
+    "'Kept': $job > $before ? 0 : $number($item.crashes.N)}}])) %}"
+)
+
 
 def job_ended_definition(
     c: SupervisorConstants, *, on_complete: dict[str, Any] | None = None
@@ -174,22 +208,22 @@ def job_ended_definition(
         ":why": {"S.$": "$.Decision.Why"},
         ":next": {"S.$": "$.Decision.Next"},
         ":now": {"S.$": "$$.State.EnteredTime"},
+        ":step": {"N.$": fmt("{}", "$.Progress.Step")},
     }
     changed_meanwhile = [{"ErrorEquals": [CONDITION_FAILED], "Next": "Ignored", "ResultPath": "$.Error"}]
     checkpoint = {"CheckpointUri.$": "$.Registry.Item.checkpoint_uri.S"}
     states: dict[str, Any] = {
-        "DescribeJob": task(
-            DESCRIBE,
-            describe,
-            ResultSelector={
-                "Name.$": "$.TrainingJobName",
-                "Status.$": "$.TrainingJobStatus",
-                "Secondary.$": "$.SecondaryStatus",
-                "Environment.$": "$.Environment",
-            },
-            ResultPath="$.Ended",
-            Next="HasReason",
-        ),
+        # JSONata: FinalMetricDataList is absent until the trainer logged a metric, and a JSONPath
+        # selector on a missing field fails. Only plain fields are kept (no datetimes: asl.py).
+        "DescribeJob": {
+            "Type": "Task",
+            "QueryLanguage": "JSONata",
+            "Resource": DESCRIBE,
+            "Arguments": {"TrainingJobName": "{% $states.input.detail.TrainingJobName %}"},
+            "Output": DESCRIBED_OUTPUT,
+            "Retry": task(DESCRIBE, {})["Retry"],
+            "Next": "HasReason",
+        },
         "HasReason": {
             "Type": "Choice",
             "Choices": [{"Variable": "$.Ended.Status", "StringEquals": "Failed", "Next": "ReadFailure"}],
@@ -256,8 +290,16 @@ def job_ended_definition(
                 "CapacityMinutes.$": "States.StringToJson($.Registry.Item.capacity_minutes.N)",
                 "CapacityWait.$": "States.StringToJson($.Registry.Item.capacity_wait.N)",
                 "CapacityBudget.$": "States.StringToJson($.Registry.Item.capacity_budget.N)",
+                "Steps.$": "States.StringToJson($.Registry.Item.steps.N)",
             },
             "ResultPath": "$.Numbers",
+            "Next": "Progress",
+        },
+        # supervisor.progress and crashes_after's reset: the job's step against the previous job's.
+        "Progress": {
+            "Type": "Pass",
+            "QueryLanguage": "JSONata",
+            "Output": PROGRESS_OUTPUT,
             "Next": "Current",
         },
         "Current": {
@@ -298,13 +340,20 @@ def job_ended_definition(
     for rule in supervisor.RULES:
         extra: dict[str, Any] = {"Fresh": rule.fresh_instances, **checkpoint}
         if rule.outcome is supervisor.Outcome.NEXT_JOB:
-            crashes = "States.MathAdd($.Numbers.Crashes, 1)" if rule.crash else None
+            # supervisor.crashes_after: a capacity error keeps the count, a crash adds one to what the
+            # job's progress kept (0 when it trained past the previous job's step).
+            if rule.capacity:
+                crashes = "$.Numbers.Crashes"
+            elif rule.crash:
+                crashes = "States.MathAdd($.Progress.Kept, 1)"
+            else:
+                crashes = "$.Progress.Kept"
             parameters = _decision(
                 rule.id,
                 rule.outcome,
                 _why(rule.why),
                 Capacity=rule.capacity,
-                **({"Crashes.$": crashes} if crashes else {"Crashes": 0}),
+                **{"Crashes.$": crashes},
                 **extra,
             )
         else:
@@ -477,7 +526,7 @@ def job_ended_definition(
                     "SET #ended.#job = :entry, #crashes = :crashes, #counted = :counted, "
                     "#capacity_minutes = :spent, #capacity_wait = :wait, #why = :why, #next_step = :next, "
                     "#current_job = :next_job, #job_index = :index, #jobs = list_append(#jobs, :jobs), "
-                    "#stalled = :none, #creator = :creator, #updated = :now"
+                    "#stalled = :none, #creator = :creator, #step = :step, #updated = :now"
                 ),
                 "ExpressionAttributeNames": {
                     **names(
@@ -496,6 +545,7 @@ def job_ended_definition(
                         "updated",
                         "run_state",
                         "stop_requested",
+                        "step",
                     ),
                     "#job.$": "$.Ended.Name",
                 },
@@ -561,10 +611,10 @@ def job_ended_definition(
                 **recorded,
                 "UpdateExpression": (
                     "SET #run_state = :state, #ended.#job = :entry, #why = :why, #next_step = :next, "
-                    "#updated = :now"
+                    "#step = :step, #updated = :now"
                 ),
                 "ExpressionAttributeNames": {
-                    **names("ended", "why", "next_step", "updated", "current_job", "run_state"),
+                    **names("ended", "why", "next_step", "updated", "current_job", "run_state", "step"),
                     "#job.$": "$.Ended.Name",
                 },
                 "ExpressionAttributeValues": {**common_values, ":state": {"S.$": "$.Decision.State"}},

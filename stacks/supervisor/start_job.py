@@ -140,6 +140,7 @@ def registration_states(
         "capacity_minutes": {"N": "0"},
         "capacity_wait": {"N": "0"},
         "capacity_budget": {"N": str(c.capacity_budget_minutes)},
+        "step": {"N": "0"},
         "created": {"S.$": NOW},
         "updated": {"S.$": NOW},
     }

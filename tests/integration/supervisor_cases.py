@@ -26,21 +26,73 @@ class Case:
     capacity_minutes: int = 0  # minutes waited for capacity so far
     capacity_budget: int = 72 * 60
     last_index: bool = False  # the job has the last index a run name has room for
+    final_step: int | None = None  # the train:step the job reported in FinalMetricDataList (None: none)
+    step_before: int = 0  # the step the previous job reported (the record's `step`)
+    crashes_after: int | None = None  # expected crashes in a row recorded with the next job
     outcome: str = ""  # expected trainstack.aws.supervisor.Outcome value
     rule: str = ""  # expected rule id
     wait_minutes: int = 0  # expected capacity wait before the next job
 
 
+STEPS = 24000  # training.steps of 1b-bf16, the recipe of every case's run (supervisor_cloud.RECIPE)
 FATAL = "AlgorithmError: " + failure_line(3, "loss became nan at step 1200 (lr too high?)")
 CAPACITY = (
     "CapacityError: Unable to provision requested ML compute capacity. Please retry using a different "
     "ML instance type."
 )
+# Trainer failure lines (protocol.exit_codes.failure_line) that quote SageMaker's error names inside:
+# botocore's text for a failed S3 read, and a capacity error the trainer's own code reported.
+QUOTES_INTERNAL = "AlgorithmError: " + failure_line(
+    1,
+    "botocore.exceptions.ClientError: An error occurred (InternalServerError) when calling the GetObject "
+    "operation: We encountered an internal error. Please try again.",
+)
+QUOTES_CAPACITY = "AlgorithmError: " + failure_line(
+    1, "RuntimeError: CapacityError: data loader pool exhausted"
+)
 CASES = [
     Case("max-runtime", "Stopped", "MaxRuntimeExceeded", outcome="next_job", rule="MaxRuntime"),
     Case("spot-interrupted", "Stopped", "Interrupted", outcome="next_job", rule="SpotInterrupted"),
     Case("spot-wait", "Failed", "MaxWaitTimeExceeded", "spot capacity", outcome="next_job", rule="SpotWait"),
-    Case("completed", "Completed", "Completed", outcome="completed", rule="Completed"),
+    Case("completed", "Completed", "Completed", final_step=STEPS, outcome="completed", rule="Completed"),
+    Case(  # a training plan's block ends: the trainer saved at step 1234 and exited 0 (trainer.capacity)
+        "capacity-block-end",
+        "Completed",
+        "Completed",
+        final_step=1234,
+        step_before=800,
+        crashes=MAX_CONSECUTIVE_CRASHES - 1,
+        outcome="next_job",
+        rule="CapacityBlockEnd",
+        crashes_after=0,  # it trained past the previous job's step
+    ),
+    Case(  # a job resumed at its last step logs none ("nothing to do"): the record's step decides
+        "completed-nothing-left",
+        "Completed",
+        "Completed",
+        step_before=STEPS,
+        outcome="completed",
+        rule="Completed",
+    ),
+    Case(  # the block ended before the first logged step: not done, and no progress either
+        "capacity-block-end-before-a-step",
+        "Completed",
+        "Completed",
+        step_before=800,
+        crashes=1,
+        outcome="next_job",
+        rule="CapacityBlockEnd",
+        crashes_after=1,
+    ),
+    Case(  # a stop that raced a block's end stops the run (resumable), not a next job
+        "stop-at-capacity-block-end",
+        "Completed",
+        "Completed",
+        final_step=1234,
+        stop_requested=True,
+        outcome="stopped",
+        rule="StopRequested",
+    ),
     Case(
         "stop-requested", "Stopped", "Stopped", stop_requested=True, outcome="stopped", rule="StopRequested"
     ),
@@ -56,6 +108,7 @@ CASES = [
         "stop-but-completed",
         "Completed",
         "Completed",
+        final_step=STEPS,
         stop_requested=True,
         outcome="completed",
         rule="Completed",
@@ -71,6 +124,59 @@ CASES = [
         rule="ClientError",
     ),
     Case("capacity", "Failed", "Failed", CAPACITY, outcome="next_job", rule="Capacity", wait_minutes=15),
+    Case(  # no instance ran: a capacity error never resets the crash count
+        "capacity-keeps-the-crash-count",
+        "Failed",
+        "Failed",
+        CAPACITY,
+        crashes=MAX_CONSECUTIVE_CRASHES - 1,
+        outcome="next_job",
+        rule="Capacity",
+        wait_minutes=15,
+        crashes_after=MAX_CONSECUTIVE_CRASHES - 1,
+    ),
+    Case(  # the trainer's own line quotes SageMaker's error names: a crash, not a retry
+        "trainer-quotes-internal-server-error",
+        "Failed",
+        "Failed",
+        QUOTES_INTERNAL,
+        crashes=MAX_CONSECUTIVE_CRASHES - 1,
+        outcome="failed",
+        rule="CrashLoop",
+    ),
+    Case(
+        "trainer-quotes-capacity-error",
+        "Failed",
+        "Failed",
+        QUOTES_CAPACITY,
+        outcome="next_job",
+        rule="Crashed",
+        crashes_after=1,
+    ),
+    Case(  # a crash after training past the previous job's step: a new count of one
+        "crashed-after-progress",
+        "Failed",
+        "Failed",
+        "AlgorithmError: trainstack exit=1: NCCL watchdog timeout on rank 17",
+        final_step=1500,
+        step_before=1000,
+        crashes=MAX_CONSECUTIVE_CRASHES - 1,
+        outcome="next_job",
+        rule="Crashed",
+        crashes_after=1,
+    ),
+    Case(  # an internal error after the previous crashes, without progress: the count is kept
+        "internal-error-without-progress",
+        "Failed",
+        "Failed",
+        "InternalServerError: We encountered an internal error. Please try again.",
+        final_step=1000,
+        step_before=1000,
+        crashes=MAX_CONSECUTIVE_CRASHES - 1,
+        outcome="next_job",
+        rule="InternalError",
+        crashes_after=MAX_CONSECUTIVE_CRASHES - 1,
+    ),
     Case(  # the second shortage in a row waits longer, and takes no slot: at the job limit, still a job
         "capacity-again-at-job-limit",
         "Failed",
@@ -176,9 +282,12 @@ CASES = [
         "max-runtime-after-crashes",  # a job that trained to its limit: the crashes were not a loop
         "Stopped",
         "MaxRuntimeExceeded",
+        final_step=9000,
+        step_before=1000,
         crashes=MAX_CONSECUTIVE_CRASHES - 1,
         outcome="next_job",
         rule="MaxRuntime",
+        crashes_after=0,
     ),
     Case(
         "job-limit",

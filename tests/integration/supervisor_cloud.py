@@ -130,6 +130,7 @@ def set_up(cloud: Cloud, run: str, case: Case) -> None:
         "capacity_budget": {"N": str(case.capacity_budget)},
         "crashes": {"N": str(case.crashes)},
         "run_state": {"S": case.run_state},
+        "step": {"N": str(case.step_before)},
     }
     if case.at_job_limit:
         values["counted"] = {"N": str(RECIPE.compute.max_jobs)}

@@ -11,7 +11,7 @@ from functools import cache
 from typing import Any
 
 import pytest
-from supervisor_cases import CASES, Case
+from supervisor_cases import CASES, STEPS, Case
 
 from stacks.retries import CAPACITY_ERRORS, TRANSIENT_ERRORS, integration_of
 from stacks.supervisor.asl import REGISTRY_ATTRIBUTES, constants_for
@@ -48,18 +48,26 @@ def run_record(case: Case, run: str = "ts-platform-1b-bf16--abc-r1") -> RunRecor
         capacity_minutes=case.capacity_minutes,
         capacity_wait_minutes=case.capacity_wait,
         capacity_budget_minutes=case.capacity_budget,
+        steps=STEPS,
+        step=case.step_before,
     )
+
+
+def ended(case: Case, run: RunRecord) -> EndedJob:
+    return EndedJob(f"{run.run}-3", case.status, case.secondary, case.reason, case.final_step)
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_every_way_a_job_ends_gets_its_decision(case: Case) -> None:
     run = run_record(case)
-    action = next_action(run, EndedJob(f"{run.run}-3", case.status, case.secondary, case.reason))
+    action = next_action(run, ended(case, run))
     assert (action.outcome.value, action.rule) == (case.outcome, case.rule)
     if action.outcome is Outcome.NEXT_JOB:
         assert action.next_job == 4 and f"{run.run}-4 starts" in action.next_step
         assert action.wait_minutes == case.wait_minutes
         assert action.counted == run.counted + (0 if case.wait_minutes else 1)  # a retry takes no slot
+        if case.crashes_after is not None:
+            assert action.crashes == case.crashes_after
     if case.reason and supervisor.REASON in supervisor.RULE_BY_ID.get(case.rule, supervisor.RULES[0]).why:
         assert case.reason in action.why  # the failure reason reaches the notification
 
@@ -313,21 +321,100 @@ def test_the_decision_choice_is_the_rule_table_in_order() -> None:
         assert decided["Outcome"] == rule.outcome.value and decided["Rule"] == rule.id
 
 
-def test_a_crash_that_repeats_ends_the_run_and_any_other_end_resets_the_count() -> None:
-    crash = "AlgorithmError: ExecuteUserScriptError: IndexError: index out of range"
-    ends = [("Failed", "Failed", crash), ("Stopped", "MaxRuntimeExceeded", None)]
-    ends += [("Failed", "Failed", crash)] * supervisor.MAX_CONSECUTIVE_CRASHES
-    run, outcomes = RunRecord("ts-p-r--x", "running", "ts-p-r--x-1", 1), []
-    for status, secondary, reason in ends:
-        action = next_action(run, EndedJob(run.current_job, status, secondary, reason))
+def drive(ends: list[tuple[str, str, str | None, int | None]]) -> tuple[list[tuple[str, int]], Any]:
+    """Each end in turn through the pure decision, the run's record updated as the registry records it
+    with the next job (its crashes, slots and step); [(rule, crashes)], the last action."""
+    run, outcomes = RunRecord("ts-p-r--x", "running", "ts-p-r--x-1", 1, steps=STEPS), []
+    for status, secondary, reason, step in ends:
+        job = EndedJob(run.current_job, status, secondary, reason, step)
+        action = next_action(run, job)
         outcomes.append((action.rule, action.crashes))
-        if action.outcome is Outcome.NEXT_JOB:  # as the registry records it with the next job
-            index = action.next_job
-            run = RunRecord(
-                run.run, "running", f"{run.run}-{index}", index, action.counted, crashes=action.crashes
-            )
+        if action.outcome is not Outcome.NEXT_JOB:
+            break
+        index = action.next_job
+        run = RunRecord(
+            run.run,
+            "running",
+            f"{run.run}-{index}",
+            index,
+            action.counted,
+            crashes=action.crashes,
+            capacity_minutes=action.capacity_minutes,
+            capacity_wait_minutes=action.wait_minutes,
+            steps=STEPS,
+            step=supervisor.progress(run, job).step,
+        )
+    return outcomes, action
+
+
+CRASH = "AlgorithmError: ExecuteUserScriptError: IndexError: index out of range"
+
+
+def test_a_crash_that_repeats_ends_the_run_and_only_a_job_that_trained_resets_the_count() -> None:
+    crashed = ("Failed", "Failed", CRASH, None)
+    trained = ("Stopped", "MaxRuntimeExceeded", None, 5000)  # it trained past step 0
+    outcomes, action = drive([crashed, trained] + [crashed] * supervisor.MAX_CONSECUTIVE_CRASHES)
     repeats = [("Crashed", n) for n in range(1, supervisor.MAX_CONSECUTIVE_CRASHES)]
     assert outcomes == [("Crashed", 1), ("MaxRuntime", 0), *repeats, (supervisor.CRASH_LOOP, 0)]
     assert action.outcome is Outcome.FAILED
     assert action.why.startswith(f"{supervisor.MAX_CONSECUTIVE_CRASHES} jobs of the run in a row crashed")
-    assert crash in action.why and f"trainstack resume {run.run}" in action.next_step
+    assert CRASH in action.why and "trainstack resume ts-p-r--x" in action.next_step
+
+
+@pytest.mark.parametrize(
+    "between",
+    [
+        ("Failed", "Failed", "CapacityError: Unable to provision requested ML compute capacity.", None),
+        (
+            "Failed",
+            "Failed",
+            "InternalServerError: We encountered an internal error. Please try again.",
+            None,
+        ),
+        ("Stopped", "MaxRuntimeExceeded", None, None),  # a job that logged no step
+        ("Stopped", "Interrupted", None, 0),  # a spot job interrupted before its first step
+    ],
+    ids=["capacity", "internal-error", "max-runtime-no-step", "spot-no-progress"],
+)
+def test_a_bug_alternating_with_ends_that_made_no_progress_stops_after_three_crashes(between) -> None:
+    """The review's case: a bug alternating with capacity errors (a P6 shortage) ran 20 paid crashing
+    jobs, since any other end reset the count. Now it stops at MAX_CONSECUTIVE_CRASHES crashes."""
+    crashed = ("Failed", "Failed", CRASH, None)
+    outcomes, action = drive([crashed, between] * 10)
+    crashes = [rule for rule, _ in outcomes if rule == "Crashed"]
+    assert len(crashes) == supervisor.MAX_CONSECUTIVE_CRASHES - 1
+    assert outcomes[-1][0] == supervisor.CRASH_LOOP and action.outcome is Outcome.FAILED
+
+
+@pytest.mark.parametrize(
+    "reason",
+    [
+        "AlgorithmError: trainstack exit=1: botocore.exceptions.ClientError: An error occurred "
+        "(InternalServerError) when calling the GetObject operation: We encountered an internal error.",
+        "AlgorithmError: trainstack exit=1: RuntimeError: CapacityError while reading shard 17",
+        "AlgorithmError: InternalServerError: CapacityError:",  # quoted after the start, either name
+        "ClientError: CapacityError: the request's instance type",  # SageMaker refused the input
+    ],
+)
+def test_only_a_reason_that_starts_with_sagemakers_error_name_is_retried(reason: str) -> None:
+    """SageMaker writes `CapacityError: ...` and `InternalServerError: ...` at the start of FailureReason
+    (supervisor.py cites where); a trainer's line that quotes them is a crash: 3 jobs, not 20 or 39."""
+    run = RunRecord("ts-p-r--x", "running", "ts-p-r--x-1", 1, steps=STEPS)
+    action = next_action(run, EndedJob(run.current_job, "Failed", "Failed", reason))
+    assert action.rule in ("Crashed", "ClientError"), action
+    assert action.rule != "ClientError" or reason.startswith("ClientError")
+    outcomes, last = drive([("Failed", "Failed", reason, None)] * 25)
+    assert len(outcomes) <= supervisor.MAX_CONSECUTIVE_CRASHES and last.outcome is Outcome.FAILED
+    for pattern in ("CapacityError*", "InternalServerError*"):
+        assert pattern in {r.reason_pattern for r in supervisor.RULES}
+        assert not supervisor.string_matches(reason, pattern)
+
+
+def test_a_completed_job_with_steps_left_starts_the_next_job_and_names_the_block_end() -> None:
+    run = RunRecord("ts-p-r--x", "running", "ts-p-r--x-1", 1, steps=STEPS, step=200)
+    action = next_action(run, EndedJob(run.current_job, "Completed", "Completed", None, 1234))
+    assert (action.outcome, action.rule, action.next_job) == (Outcome.NEXT_JOB, "CapacityBlockEnd", 2)
+    assert action.why.startswith(f"it completed at step 1234 of {STEPS} steps")
+    assert "capacity block" in action.why and action.counted == 2
+    done = next_action(run, EndedJob(run.current_job, "Completed", "Completed", None, STEPS))
+    assert (done.outcome, done.rule) == (Outcome.COMPLETED, "Completed")

@@ -37,7 +37,9 @@ def decided(cloud) -> dict[str, tuple]:
         run, _ = launch(cloud, f"case-{index}")
         set_up(cloud, run, case)
         before = read_run(cloud.ddb, "runs", run)
-        emulator_events.end_training_job(cloud.env, f"{run}-1", case.status, case.secondary, case.reason)
+        emulator_events.end_training_job(
+            cloud.env, f"{run}-1", case.status, case.secondary, case.reason, final_step=case.final_step
+        )
         cloud.messages()
         decision, _ = job_ended(cloud, f"{run}-1")
         found[case.id] = (run, before, decision, read_run(cloud.ddb, "runs", run), cloud.messages())
@@ -62,8 +64,10 @@ def test_the_state_machine_decides_every_case_as_the_pure_function_does(cloud, d
         before.capacity_minutes,
         before.capacity_wait,
         before.capacity_budget,
+        steps=before.steps,
+        step=before.step,
     )
-    expected = next_action(record, EndedJob(job, case.status, case.secondary, case.reason))
+    expected = next_action(record, EndedJob(job, case.status, case.secondary, case.reason, case.final_step))
     assert (decision["Outcome"], decision["Rule"]) == (expected.outcome.value, expected.rule)
     assert (decision["Outcome"], decision["Rule"]) == (case.outcome, case.rule)
     assert decision["Why"] == expected.why and decision["Next"] == expected.next_step
@@ -74,6 +78,7 @@ def test_the_state_machine_decides_every_case_as_the_pure_function_does(cloud, d
     assert after.state == RUN_STATE[expected.outcome]
     assert after.why == expected.why and after.next_step == expected.next_step
     assert {j.name: j.status for j in after.jobs}[job] == case.status
+    assert after.step == (case.final_step if case.final_step is not None else before.step)
     (note,) = notes
     assert f"trainstack run {run} " in note and f"job {job} ended {case.status} ({case.secondary})" in note
     assert f"Next: {expected.next_step}." in note and f"Checkpoints: {before.checkpoint_uri}." in note
@@ -87,7 +92,8 @@ def test_the_state_machine_decides_every_case_as_the_pure_function_does(cloud, d
         )
         assert nxt["Environment"]["TRAINSTACK_RUN"] == run
         assert after.current_job == f"{run}-2" and after.job_index == 2
-        assert after.crashes == expected.crashes  # counted by a crash, reset by any other end
+        assert after.crashes == expected.crashes  # counted by a crash, reset only by a job that trained
+        assert case.crashes_after is None or after.crashes == case.crashes_after
         assert (after.counted, after.capacity_minutes, after.capacity_wait) == (
             expected.counted,
             expected.capacity_minutes,

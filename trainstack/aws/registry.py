@@ -101,6 +101,7 @@ class Run:
     # (the Export state machine appends them: stacks/export.py).
     exports: tuple[dict[str, Any], ...] = ()
     mlflow_run_id: str = ""  # the MLflow run launch created (trainstack.aws.tracking), "" when none
+    step: int = 0  # the step the newest ended job reported (its final train:step), 0 before any
 
     @property
     def name(self) -> RunName | None:
@@ -181,6 +182,7 @@ def run_from_item(item: dict[str, Any]) -> Run:
         capacity_budget=int(a.get("capacity_budget", 0)),
         exports=tuple(a.get("exports", [])),
         mlflow_run_id=a.get("mlflow_run_id", ""),
+        step=int(a.get("step", 0)),
     )
 
 

@@ -10,8 +10,17 @@ What a job's end says (SageMaker API reference: DescribeTrainingJob `TrainingJob
 Downloading, Training, Uploading, Stopping, Stopped, MaxRuntimeExceeded, Completed, Failed, Interrupted,
 MaxWaitTimeExceeded, ...):
 
-- `Completed`: the trainer exited 0 on its own, i.e. it trained the run's steps (it exits 0 after a
-  SIGTERM too, but a SIGTERM comes from SageMaker stopping the job, which ends it `Stopped`);
+- `Completed`: the trainer exited 0 on its own. Either it trained the run's steps, or (with a training
+  plan) it saved and exited before its capacity block ended (training_image/trainer/capacity.py): the
+  steps decide which. A job's step is the last `train:step` SageMaker parsed from the trainer's metric
+  line, DescribeTrainingJob `FinalMetricDataList` ("the names, values, and dates and times that the
+  training algorithm emitted", SageMaker API reference). Chosen over the checkpoint marker and the
+  failure file: it is in the description the decision reads anyway (no S3 read, no extra permission,
+  no key), it exists for a job of any end (the failure file only for a failed one), and the trainer
+  prints the line at its last step and at every stop (training_image/trainer/train.py). Without one
+  (no step logged: "nothing to do", or a block that ended before the first step) the run's recorded
+  step decides. The run's steps are done when that step reaches `training.steps`; a `Completed` job
+  short of them is a capacity-block end (CAPACITY_BLOCK_END) and the next job continues;
 - `Stopped` / `MaxRuntimeExceeded`: the job reached `StoppingCondition.MaxRuntimeInSeconds` (at most 28
   days); SageMaker sent SIGTERM and the trainer saved. The next job continues;
 - `Interrupted` (managed spot) and `MaxWaitTimeExceeded`: spot capacity went away or never came back in
@@ -26,13 +35,22 @@ MaxWaitTimeExceeded, ...):
   (a mistake in the recipe or data, a diverged loss, no EFA). `ClientError: ...` is SageMaker refusing
   the job's own input (role, image, data channel). SageMaker Pipelines' retry policy documents
   `InternalServerError` and EC2 `InsufficientCapacityError` (`CapacityError: ...`) as worth a new job
-  (SageMaker developer guide, "Retry Policy for Pipeline Steps"); a capacity error waits first, longer
-each time in a row (CAPACITY_BACKOFF_MINUTES), spends no slot of `compute.max_jobs`, and the run's
-waits are bounded by `compute.capacity_wait_hours`. Any
-  other failure (a node or a collective lost, the trainer killed) is worth the next job, which resumes
-  from the newest complete checkpoint on new instances. A crash that repeats is not a lost node: after
-  MAX_CONSECUTIVE_CRASHES such jobs in a row the run fails and waits for a person (CRASH_LOOP), and
-  `compute.max_jobs` bounds every other repetition.
+  (SageMaker developer guide, "Retry Policy for Pipeline Steps"). Both are matched only at the start of
+  the reason, where SageMaker writes them: AWS Batch's guide reads a SageMaker capacity failure as
+  "failedReason begins with CapacityError" (AWS Batch user guide, "Jobs stuck in RUNNABLE due to
+  capacity"), and SageMaker's internal failure reads `InternalServerError: We encountered an internal
+  error. Please try again.` (aws/sagemaker-python-sdk#70, #2496). The trainer's own failure line
+  (`AlgorithmError: trainstack exit=1: ... (InternalServerError) when calling the GetObject operation`)
+  may quote either name anywhere after its start: that is a crash, not a retry. A capacity error waits
+  first, longer each time in a row (CAPACITY_BACKOFF_MINUTES), spends no slot of `compute.max_jobs`,
+  and the run's waits are bounded by `compute.capacity_wait_hours`. Any other failure (a node or a
+  collective lost, the trainer killed) is worth the next job, which resumes from the newest complete
+  checkpoint on new instances. A crash that repeats is not a lost node: after MAX_CONSECUTIVE_CRASHES
+  such jobs in a row the run fails and waits for a person (CRASH_LOOP), and
+  `compute.max_jobs` bounds every other repetition. Only a job that trained resets the count: one whose
+  step advanced past the step the previous job reported. A capacity error (no instance ever ran) never
+  resets it, nor does any end without progress, so a bug alternating with capacity errors or internal
+  errors still stops after MAX_CONSECUTIVE_CRASHES paid crashes.
 
 The patterns are Step Functions `StringMatches` globs (only `*` is special), so the deployed Choice
 states apply them exactly as `string_matches` below does.
@@ -46,6 +64,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from trainstack.protocol.exit_codes import FATAL_MARKER
+from trainstack.protocol.metrics import FIELD_BY_KEY
 from trainstack.recipes.naming import JOB_INDEX_MAX, job_of_run
 
 # After a capacity failure the next job waits before it asks again, longer each time in a row (minutes):
@@ -81,6 +100,8 @@ RUN_STATE = {
 }
 RUN_STATES = ("running", "stopped", "completed", "failed")
 REASON = "{reason}"  # where a rule's `why` puts the job's FailureReason
+STEP, STEPS = "{step}", "{steps}"  # ... the step the job reached, and the run's training.steps
+STEP_METRIC = FIELD_BY_KEY["step"].metric_name  # train:step: the FinalMetricDataList entry of a job's step
 
 
 @dataclass(frozen=True)
@@ -95,9 +116,10 @@ class Rule:
     reason_pattern: str | None = None  # FailureReason StringMatches this glob
     stop_requested: bool | None = None  # the run's record asks to stop
     stalled: bool | None = None  # the record names this job as the one the supervisor stopped as stalled
+    steps_done: bool | None = None  # the run's steps are done (the job's step, else the record's)
     # NEXT_JOB only:
     capacity: bool = False  # wait with the capacity back-off first; the next job takes this job's slot
-    crash: bool = False  # counts toward MAX_CONSECUTIVE_CRASHES (any other end resets the count)
+    crash: bool = False  # counts toward MAX_CONSECUTIVE_CRASHES (a job that trained resets the count)
     # The ended job's instances are suspect: its warm pool is released (UpdateTrainingJob
     # KeepAlivePeriodInSeconds=0) so that no later job of the run is placed on them.
     fresh_instances: bool = False
@@ -113,6 +135,8 @@ class Rule:
             return False
         if self.stalled is not None and (run.stalled_job == job.name) != self.stalled:
             return False
+        if self.steps_done is not None and progress(run, job).done != self.steps_done:
+            return False
         return self.stop_requested is None or self.stop_requested == run.stop_requested
 
 
@@ -121,7 +145,13 @@ class Rule:
 # end (and its reason) even when `trainstack stop` raced it. Rules that read FailureReason name status
 # Failed, the only status with a reason.
 RULES: tuple[Rule, ...] = (
-    Rule("Completed", Outcome.COMPLETED, "the trainer finished the steps of the run", status=("Completed",)),
+    Rule(
+        "Completed",
+        Outcome.COMPLETED,
+        "the trainer finished the steps of the run",
+        status=("Completed",),
+        steps_done=True,
+    ),
     Rule(
         "Fatal",
         Outcome.FAILED,
@@ -137,6 +167,14 @@ RULES: tuple[Rule, ...] = (
         reason_pattern="ClientError*",
     ),
     Rule("StopRequested", Outcome.STOPPED, "it was stopped by trainstack stop", stop_requested=True),
+    Rule(
+        "CapacityBlockEnd",
+        Outcome.NEXT_JOB,
+        f"it completed at step {STEP} of {STEPS} steps: the trainer saved and exited before its "
+        "capacity block (training plan) ended",
+        status=("Completed",),
+        steps_done=False,
+    ),
     Rule(
         "Stalled",
         Outcome.NEXT_JOB,
@@ -173,7 +211,7 @@ RULES: tuple[Rule, ...] = (
         Outcome.NEXT_JOB,
         f"SageMaker could not provision its instances: {REASON}",
         status=("Failed",),
-        reason_pattern="*CapacityError*",
+        reason_pattern="CapacityError*",
         capacity=True,
     ),
     Rule(
@@ -181,7 +219,7 @@ RULES: tuple[Rule, ...] = (
         Outcome.NEXT_JOB,
         f"SageMaker had an internal error: {REASON}",
         status=("Failed",),
-        reason_pattern="*InternalServerError*",
+        reason_pattern="InternalServerError*",
         fresh_instances=True,
     ),
     Rule(
@@ -198,6 +236,7 @@ assert all(rule.id.isalpha() for rule in RULES) and len(RULE_BY_ID) == len(RULES
 assert all(REASON not in r.why or r.status == ("Failed",) for r in RULES)  # only Failed has a reason
 assert all(r.outcome is Outcome.NEXT_JOB or not (r.capacity or r.crash) for r in RULES)
 
+CAPACITY_BLOCK_END = "CapacityBlockEnd"
 JOB_LIMIT = "JobLimit"  # the id of the decision that ends a run at compute.max_jobs
 CRASH_LOOP = "CrashLoop"  # the id of the decision that ends a run after repeated crashes
 CAPACITY_BUDGET = "CapacityBudget"  # ... after waiting compute.capacity_wait_hours for capacity
@@ -234,6 +273,7 @@ class EndedJob:
     status: str
     secondary_status: str
     failure_reason: str | None = None
+    final_step: int | None = None  # the last train:step of FinalMetricDataList; None: none was logged
 
 
 @dataclass(frozen=True)
@@ -252,6 +292,8 @@ class RunRecord:
     capacity_minutes: int = 0  # minutes waited for capacity since launch or resume
     capacity_wait_minutes: int = 0  # the last capacity wait, when the previous job also lacked capacity
     capacity_budget_minutes: int = 72 * 60  # compute.capacity_wait_hours of the run's recipe
+    steps: int = 0  # training.steps of the run (0: unknown, as in records before steps were read)
+    step: int = 0  # the step the previous job reported (its final train:step), 0 before any
 
 
 @dataclass(frozen=True)
@@ -270,6 +312,39 @@ class Action:
     @property
     def run_state(self) -> str | None:
         return RUN_STATE.get(self.outcome)
+
+
+@dataclass(frozen=True)
+class Progress:
+    """What the ended job's step says: the run's step now, whether the job trained past the previous
+    job's step, and whether the run's steps are done."""
+
+    step: int  # the job's step, or the record's when it logged none (recorded for the next decision)
+    advanced: bool
+    done: bool
+
+
+def progress(run: RunRecord, job: EndedJob) -> Progress:
+    step = job.final_step if job.final_step is not None else run.step
+    advanced = job.final_step is not None and job.final_step > run.step
+    return Progress(step, advanced, step >= run.steps)
+
+
+def crashes_after(rule: Rule, run: RunRecord, job: EndedJob) -> int:
+    """The crashes in a row after `job`'s end: a crash adds one; a job that trained resets the count
+    first; a capacity error never resets it (no instance ran)."""
+    if rule.capacity:
+        return run.crashes
+    kept = 0 if progress(run, job).advanced else run.crashes
+    return kept + 1 if rule.crash else kept
+
+
+def why_of(rule: Rule, run: RunRecord, job: EndedJob) -> str:
+    return (
+        rule.why.replace(REASON, job.failure_reason or "")
+        .replace(STEPS, str(run.steps))
+        .replace(STEP, str(progress(run, job).step))
+    )
 
 
 def string_matches(value: str, pattern: str) -> bool:
@@ -298,13 +373,13 @@ def next_action(run: RunRecord, job: EndedJob) -> Action:
     if job.name != run.current_job or run.state != "running":
         return Action(Outcome.IGNORED, "Ignored", IGNORED_WHY, NEXT[Outcome.IGNORED])
     rule = next(r for r in RULES if r.matches(job, run))  # Crashed or Stopped* catch all
-    why = rule.why.replace(REASON, job.failure_reason or "")
+    why = why_of(rule, run, job)
     fresh = rule.fresh_instances
     if rule.outcome is not Outcome.NEXT_JOB:
         return Action(
             rule.outcome, rule.id, why, NEXT[rule.outcome].format(run=run.run), fresh_instances=fresh
         )
-    crashes = run.crashes + 1 if rule.crash else 0
+    crashes = crashes_after(rule, run, job)
     if crashes >= MAX_CONSECUTIVE_CRASHES:
         return _failed(
             CRASH_LOOP, CRASH_LOOP_WHY.format(crashes=crashes) + f"; this job ended because {why}", run, fresh

@@ -68,8 +68,16 @@ def _transition(job: Any, status: str, secondary: str, message: str) -> None:
             pool["Status"] = "Available"
 
 
-def end_job(backend: Any, name: str, status: str, secondary: str, reason: str | None) -> dict[str, Any]:
-    """End job `name` in `backend` the way SageMaker does (server side)."""
+STEP_METRIC = "train:step"  # trainstack.aws.supervisor.STEP_METRIC (the emulator imports no aws code)
+TRAINED = "trained"  # end_job's final_step: the job's own training.steps when it ended Completed
+
+
+def end_job(
+    backend: Any, name: str, status: str, secondary: str, reason: str | None, final_step: Any = TRAINED
+) -> dict[str, Any]:
+    """End job `name` in `backend` the way SageMaker does (server side). `final_step`: the last
+    `train:step` the trainer logged, in FinalMetricDataList as SageMaker parses it (None: none logged;
+    TRAINED: a Completed job logged its hyperparameter `training.steps`, the trainer's last step)."""
     if status not in TERMINAL:
         raise ValueError(f"status must be one of {TERMINAL}, got {status!r}")
     job = backend.training_jobs.get(name)
@@ -78,6 +86,15 @@ def end_job(backend: Any, name: str, status: str, secondary: str, reason: str | 
     _transition(job, status, secondary, reason or f"Training job {status.lower()}")
     if reason:
         job.failure_reason = reason
+    if final_step == TRAINED:
+        steps = (job.hyper_parameters or {}).get("training.steps")
+        final_step = int(steps) if status == "Completed" and steps and steps.isdigit() else None
+    metrics = [m for m in (job.final_metric_data_list or []) if m.get("MetricName") != STEP_METRIC]
+    if final_step is not None:
+        metrics.append(
+            {"MetricName": STEP_METRIC, "Value": float(final_step), "Timestamp": datetime.now(UTC)}
+        )
+    job.final_metric_data_list = metrics
     return {"TrainingJobName": name, "TrainingJobStatus": status, "SecondaryStatus": secondary}
 
 
@@ -258,6 +275,7 @@ def _routes(app: Any) -> Any:
                     body["status"],
                     body["secondary_status"],
                     body.get("failure_reason"),
+                    body.get("final_step", TRAINED),
                 )
             else:
                 raise KeyError(path)
@@ -322,10 +340,16 @@ def wait_for_status(
 
 
 def end_training_job(
-    env: dict[str, str], name: str, status: str, secondary_status: str, failure_reason: str | None = None
+    env: dict[str, str],
+    name: str,
+    status: str,
+    secondary_status: str,
+    failure_reason: str | None = None,
+    final_step: int | str | None = TRAINED,
 ) -> None:
     """End a job as SageMaker would: e.g. Stopped/MaxRuntimeExceeded, Stopped/Interrupted (spot),
-    Failed/Failed with its FailureReason, Completed/Completed."""
+    Failed/Failed with its FailureReason, Completed/Completed. `final_step`: the `train:step` it
+    reports in FinalMetricDataList (None: none; TRAINED: its training.steps when Completed)."""
     _post(
         env,
         "end-training-job",
@@ -334,6 +358,7 @@ def end_training_job(
             "status": status,
             "secondary_status": secondary_status,
             "failure_reason": failure_reason,
+            "final_step": final_step,
         },
     )
 
