@@ -48,10 +48,22 @@ ENDED = ("Completed", "Failed", "Stopped")
 EVENT_SOURCE = "trainstack.reconciler"
 
 # ListTrainingJobs names no missing job an error (DescribeTrainingJob would, under a name Step Functions
-# also gives throttling): NameContains the job's name, then the exact name picked out in JSONata.
+# also gives throttling): NameContains the job's name, then the exact name picked out in JSONata, page
+# after page. NameContains is a substring filter ("A string in the training job name", SageMaker API
+# reference), so `<run>-1` also finds `<run>-10` ... and every job of a run whose id extends this one's
+# (`x` and `x-1`); a page holds at most LIST_PAGE_MAX of them, and the exact name may be on any page.
+LIST_PAGE_MAX = 100  # ListTrainingJobs MaxResults: 1-100 (botocore's model pins it: test_aws_limits.py)
+FIND_JOB_ARGUMENTS = (
+    "{% $merge([{'NameContains': $states.input.Job, 'MaxResults': "
+    + str(LIST_PAGE_MAX)
+    + "}, $exists($states.input.Token) ? {'NextToken': $states.input.Token} : {}]) %}"
+)
 FIND_JOB_OUTPUT = (
     "{% ($found := $states.result.TrainingJobSummaries[TrainingJobName = $states.input.Job]"
-    ".TrainingJobStatus; $merge([$states.input, {'Status': $exists($found) ? $found[0] : 'NotCreated'}])) %}"
+    ".TrainingJobStatus; $token := $states.result.NextToken; "
+    "$merge([$states.input, "
+    "$exists($found) ? {'Status': $found[0]} : $exists($token) ? {'Status': 'More', 'Token': $token} "
+    ": {'Status': 'NotCreated'}])) %}"
 )
 
 
@@ -124,10 +136,17 @@ def run_states(table_name: str, *, start_job_arn: str, job_ended_arn: str) -> di
             "Type": "Task",
             "QueryLanguage": "JSONata",
             "Resource": LIST_JOBS,
-            "Arguments": {"NameContains": "{% $states.input.Job %}", "MaxResults": 100},
+            "Arguments": FIND_JOB_ARGUMENTS,
             "Output": FIND_JOB_OUTPUT,
             "Retry": task(LIST_JOBS, {})["Retry"],
-            "Next": "Route",
+            "Next": "Found",
+        },
+        # Not on this page, and there are more: the next one (bounded by the account's jobs whose names
+        # contain this one, LIST_PAGE_MAX a page).
+        "Found": {
+            "Type": "Choice",
+            "Choices": [{"Variable": "$.Status", "StringEquals": "More", "Next": "FindJob"}],
+            "Default": "Route",
         },
         "Route": {
             "Type": "Choice",

@@ -238,3 +238,21 @@ def test_every_teams_mlflow_app_is_one_sagemaker_accepts(vpc_tracking_templates:
     longest = {**request, "Name": mlflow_app_name("t" * TEAM_NAME_MAX)}
     assert check_against_model("sagemaker", "CreateMlflowApp", longest) == []
     assert check_against_model("sagemaker", "CreateMlflowApp", {**request, "Name": "team_1"}) != []
+
+
+def test_the_reconcilers_job_lookup_is_one_list_training_jobs_accepts_page_by_page() -> None:
+    """ListTrainingJobs (SageMaker API reference): MaxResults 1-100, NameContains "a string in the
+    training job name" of at most 63 characters, NextToken for the next page. The reconciler asks for
+    the largest page, with the longest job name, and follows NextToken (stacks/supervisor/reconcile.py)."""
+    from stacks.supervisor.reconcile import FIND_JOB_ARGUMENTS, FIND_JOB_OUTPUT, LIST_PAGE_MAX
+
+    longest = max((longest_job_name(resolve(n, t).recipe, t) for n, t in ALL), key=len)
+    assert len(longest) <= 63
+    page = {"NameContains": longest, "MaxResults": LIST_PAGE_MAX}
+    assert check_against_model("sagemaker", "ListTrainingJobs", page) == []
+    assert check_against_model("sagemaker", "ListTrainingJobs", {**page, "NextToken": "t" * 8192}) == []
+    assert check_against_model("sagemaker", "ListTrainingJobs", {**page, "MaxResults": LIST_PAGE_MAX + 1})
+    assert check_against_model("sagemaker", "ListTrainingJobs", {**page, "NameContains": "x" * 64})
+    assert f"'MaxResults': {LIST_PAGE_MAX}" in FIND_JOB_ARGUMENTS and "'NextToken'" in FIND_JOB_ARGUMENTS
+    # NameContains finds more than the job: the exact name is compared, never the first summary taken.
+    assert "TrainingJobName = $states.input.Job" in FIND_JOB_OUTPUT and "NextToken" in FIND_JOB_OUTPUT

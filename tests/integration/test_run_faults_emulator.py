@@ -245,3 +245,38 @@ def test_resume_with_changes_records_them_and_job_101_is_named_past_two_digits(c
     later = job(cloud, f"{run}-a2")
     assert later["HyperParameters"]["training.lr"] == "0.0001" and RESUME_STEP_ENV not in later["Environment"]
     assert PREFIX in later["TrainingJobName"]
+
+
+def test_the_reconciler_finds_a_job_by_its_exact_name_behind_a_hundred_lookalikes(cloud) -> None:
+    """ListTrainingJobs' NameContains is a substring filter and MaxResults at most 100 a page: with
+    more than 100 jobs whose names contain the current one (job `-1` and a run id that extends this
+    one's), the job is not on the first page, whichever order the pages come in (AWS: newest first;
+    moto: oldest first). The reconciler reads page after page and compares names exactly."""
+    from stacks.supervisor.reconcile import LIST_PAGE_MAX
+
+    run = f"{PREFIX}lookalike"
+    first = f"{run}-1"
+    template = job(cloud, f"{launch(cloud, 'lookalike-seed')[0]}-1")
+
+    def lookalikes(tag: str) -> None:
+        for i in range(LIST_PAGE_MAX + 10):
+            cloud.sagemaker.create_training_job(
+                TrainingJobName=f"{first}{tag}{i}",
+                AlgorithmSpecification={"TrainingImage": "img:1", "TrainingInputMode": "File"},
+                RoleArn=template["RoleArn"],
+                OutputDataConfig={"S3OutputPath": "s3://bucket/out"},
+                ResourceConfig={"InstanceType": "ml.m5.large", "InstanceCount": 1, "VolumeSizeInGB": 1},
+                StoppingCondition={"MaxRuntimeInSeconds": 60},
+            )
+
+    lookalikes("0")  # older than the run's job
+    launch(cloud, "lookalike")
+    lookalikes("9")  # newer
+    page = cloud.sagemaker.list_training_jobs(NameContains=first, MaxResults=LIST_PAGE_MAX)
+    assert first not in [j["TrainingJobName"] for j in page["TrainingJobSummaries"]] and page.get("NextToken")
+    emulator_events.end_training_job(cloud.env, first, "Stopped", "MaxRuntimeExceeded")  # its event lost
+    actions, _ = reconcile(cloud)
+    assert {"Run": run, "Action": "decide"} in actions
+    assert read_run(cloud.ddb, TABLE, run).current_job == f"{run}-2"
+    for name in (f"{first}09", f"{first}95"):  # never driven: they are no job of a run
+        assert job(cloud, name)["TrainingJobStatus"] == "InProgress"
