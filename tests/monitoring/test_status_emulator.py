@@ -205,3 +205,42 @@ def test_a_launch_still_waiting_for_its_job_shows_as_pending(emulator):
     assert report["pending_executions"][0]["status"] == "RUNNING"
     shown = cli(emulator, "status", RECIPE)
     assert "no training job yet" in shown.stdout and pending in shown.stdout
+
+
+def test_a_launch_that_created_its_job_is_not_shown_as_one_that_did_not(emulator):
+    """`launch` names each attempt `<job>-<token>` (naming.execution_name): an execution that created
+    its job must be matched to it, not reported as "SUCCEEDED ... without creating the training job"
+    (the demo's `status` said so of the job it had just created)."""
+    import time
+
+    from trainstack.recipes.naming import execution_name, stack_prefix
+
+    recipe = resolve("1b-bf16").recipe
+    sfn = emulator.client("stepfunctions")
+    machine = sfn.create_state_machine(
+        name="launcher-created",
+        roleArn="arn:aws:iam::123456789012:role/launcher",
+        definition=json.dumps({"StartAt": "Created", "States": {"Created": {"Type": "Succeed"}}}),
+    )["stateMachineArn"]
+    template = {
+        "Resources": {"Placeholder": {"Type": "AWS::CloudFormation::WaitConditionHandle"}},
+        "Outputs": {"StateMachineArn": {"Value": machine}},
+    }
+    emulator.client("cloudformation").create_stack(
+        StackName=f"{stack_prefix(recipe, None)}-Launcher", TemplateBody=json.dumps(template)
+    )
+    job = f"{job_name(recipe, None, 'made')}-1"
+    create_job(emulator, job, recipe)
+    arn = sfn.start_execution(
+        stateMachineArn=machine, name=execution_name(job, "a1b2c3d4e5f6"), input="{}"
+    )["executionArn"]
+    while sfn.describe_execution(executionArn=arn)["status"] == "RUNNING":
+        time.sleep(0.2)
+
+    report = json.loads(cli(emulator, "status", "1b-bf16", "--json").stdout)
+    assert report["pending_executions"] == []
+    assert [r["execution"]["name"] for r in report["runs"] if r.get("execution")] == [
+        execution_name(job, "a1b2c3d4e5f6")
+    ]
+    shown = cli(emulator, "status", "1b-bf16")
+    assert shown.returncode == 0 and "without creating" not in shown.stdout and job in shown.stdout

@@ -179,6 +179,15 @@ def execution_name(job: str, token: str) -> str:
     return name
 
 
+def job_of_execution(name: str) -> str:
+    """The job an execution named by `execution_name` starts (`<job>-<token>` -> `<job>`); any other
+    name as it is (an execution named after its job, as before attempt tokens)."""
+    job, sep, token = name.rpartition("-")
+    if sep and len(token) == ATTEMPT_TOKEN_LEN and token.isalnum() and index_of_job(job) is not None:
+        return job
+    return name
+
+
 def index_of_job(name: str) -> int | None:
     """The index of a job from its name `<run>-<suffix>` (None when the name has no job suffix)."""
     return job_index(name.rpartition("-")[2])

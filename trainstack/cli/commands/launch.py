@@ -19,7 +19,16 @@ from typing import Annotated, Any
 import typer
 
 from trainstack.cli.commands.plan_options import RecipeArg, RecipesDirOpt, TeamOpt
-from trainstack.cli.commands.run_access import JsonOpt, answer, caller, deploy_hint, deployed, execution_name
+from trainstack.cli.commands.run_access import (
+    JsonOpt,
+    answer,
+    caller,
+    deploy_hint,
+    deployed,
+    execution_name,
+    registration_won,
+    winner_line,
+)
 from trainstack.cli.commands.status import LocalOpt
 from trainstack.errors import RecipeError, TrainstackError
 
@@ -85,8 +94,9 @@ def launch(
     execution} (with --dry-run: {"request": ...}).
 
     Exit status 0 when the run started, 1 when --wait saw no training job in time (the run did start),
-    2 when the recipe or --name is invalid, not deployed or changed since, a run of that name exists, or
-    AWS refuses (one line saying which).
+    2 when the recipe or --name is invalid, not deployed or changed since, a run of that name exists
+    (also when a concurrent launch of the name won: the line names it and its settings), or AWS
+    refuses (one line saying which).
 
     Examples:
 
@@ -175,6 +185,11 @@ def launch(
         started = aws.client("stepfunctions").start_execution(
             stateMachineArn=stacks.start_job, name=execution_name(job), input=json.dumps(execution_input)
         )
+        # Two launches of one name both passed the check above: the one whose registration won says so,
+        # the other exits 2 naming the winner and its settings (never both exit 0).
+        if not registration_won(aws, started["executionArn"], "launch"):
+            winner = read_run(aws.client("dynamodb"), stacks.table, run)
+            raise TrainstackError(winner_line(winner, "launch", what) if winner else f"run {run} exists")
     except (ClientError, BotoCoreError) as exc:
         raise TrainstackError(f"could not start run {run} in {aws.where}: {explain(exc)}") from None
     answer(

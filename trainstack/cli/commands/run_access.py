@@ -111,3 +111,71 @@ def caller(aws: Any) -> str:
         return aws.client("sts").get_caller_identity()["Arn"]
     except (ClientError, BotoCoreError):
         return "unknown caller"
+
+
+# The StartJob states that tell whether an execution's registration won (stacks/supervisor/start_job.py):
+# it goes on to create the job, or the registry's conditional write sent it to one of these.
+CREATED_AT = "CreateTrainingJob"
+LOST_AT = {"launch": "AlreadyLaunched", "resume": "NotStarted"}
+HISTORY_PAGE_MAX = 1000  # GetExecutionHistory maxResults: 0-1000 (Step Functions API reference)
+
+
+class _Undecided(TrainstackError):
+    """The registration was not seen within the wait; the command did start an execution (exit 1)."""
+
+    exit_code = 1
+
+
+def registration_won(aws: Any, execution_arn: str, how: str, timeout_s: float = 90.0) -> bool:
+    """Whether this StartJob execution's registration won the run registry's conditional write (True:
+    it creates the job) or lost it to a concurrent launch or resume of the same run (False).
+
+    One winner per run name (RegisterRun: `attribute_not_exists(run)`) and per resume (RegisterResume:
+    the run stopped or failed at the job index this resume read): DynamoDB evaluates a
+    ConditionExpression atomically with its write, so of two concurrent writers exactly one succeeds
+    and the other gets ConditionalCheckFailedException (DynamoDB developer guide, "Condition
+    expressions"). The execution's own history says which state followed."""
+    import time
+
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    from trainstack.aws.session import explain
+
+    sfn = aws.client("stepfunctions")
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            status = sfn.describe_execution(executionArn=execution_arn)["status"]
+            entered = {
+                event["stateEnteredEventDetails"]["name"]
+                for page in sfn.get_paginator("get_execution_history").paginate(
+                    executionArn=execution_arn, PaginationConfig={"PageSize": HISTORY_PAGE_MAX}
+                )
+                for event in page["events"]
+                if "stateEnteredEventDetails" in event
+            }
+        except (ClientError, BotoCoreError) as error:
+            raise TrainstackError(f"could not read execution {execution_arn}: {explain(error)}") from None
+        if LOST_AT[how] in entered:
+            return False
+        if CREATED_AT in entered:
+            return True
+        if status != "RUNNING":
+            raise TrainstackError(f"the {how} execution {execution_arn} ended {status} before registering")
+        if time.monotonic() > deadline:
+            raise _Undecided(
+                f"the {how} started execution {execution_arn}, which has not registered the run after "
+                f"{timeout_s:.0f} s; see `trainstack runs`"
+            )
+        time.sleep(0.5)
+
+
+def winner_line(record: Any, how: str, mine: str) -> str:
+    """One line for the losing caller: which launch or resume won, and its settings (the run's history
+    records who asked and what, with the changes; trainstack.aws.registry.history_with)."""
+    won = record.history[0] if how == "launch" else record.history[-1] if record.history else None
+    said = f"{won.what} by {won.who} at {won.at}" if won is not None else f"{record.why} ({record.state})"
+    return (
+        f"run {record.run}: another {how} won ({said}); this {how} ({mine}) was not applied: see "
+        f"`trainstack runs {record.recipe}`"
+    )

@@ -150,7 +150,7 @@ def status(
 @dataclass(frozen=True)
 class Snapshot:
     reports: list[RunReport]
-    executions: dict[str, Execution]  # by name (= job name)
+    executions: dict[str, Execution]  # by the name of the job each starts (its newest attempt)
     pending: list[Execution]  # launcher executions that have not created their job (yet)
     launcher_deployed: bool
     trends: dict[str, dict[str, list]] = field(default_factory=dict)  # job -> metric -> [(t, v)]
@@ -184,12 +184,21 @@ def _collect(clients: Any, prefix: str, recipe: Any, team: str | None, plan: Any
         )
     except (BotoCoreError, ClientError) as error:
         raise TrainstackError(f"reading runs from {clients.where} failed: {explain(error)}") from None
+    from trainstack.recipes.naming import job_of_execution
+
+    # An execution is named `<job>-<attempt token>` (naming.execution_name): matched to its job by that,
+    # or every execution that did create its job would show as one that did not.
     names = {job.name for job in jobs}
     oldest_job = min((job.created for job in jobs), default=None)
     pending = [
-        e for e in executions if e.name not in names and (oldest_job is None or e.started >= oldest_job)
+        e
+        for e in executions
+        if job_of_execution(e.name) not in names and (oldest_job is None or e.started >= oldest_job)
     ]
-    return Snapshot(reports, {e.name: e for e in executions}, pending, machine is not None, trends, restarts)
+    by_job: dict[str, Execution] = {}
+    for e in sorted(executions, key=lambda e: e.started):  # the newest attempt per job
+        by_job[job_of_execution(e.name)] = e
+    return Snapshot(reports, by_job, pending, machine is not None, trends, restarts)
 
 
 def measured_restarts(sagemaker: Any, jobs: list, trends: dict[str, dict[str, list]]) -> dict[str, Any]:

@@ -24,7 +24,16 @@ from typing import Annotated, Any
 
 import typer
 
-from trainstack.cli.commands.run_access import JsonOpt, RunArg, answer, caller, execution_name, find_run
+from trainstack.cli.commands.run_access import (
+    JsonOpt,
+    RunArg,
+    answer,
+    caller,
+    execution_name,
+    find_run,
+    registration_won,
+    winner_line,
+)
 from trainstack.cli.commands.status import LocalOpt
 from trainstack.errors import TrainstackError
 
@@ -200,7 +209,8 @@ def resume(
     again. --json prints {run, job, execution}.
 
     Exit status 0 when the next job was started, 1 when a --from-step was not confirmed, 2 when RUN is
-    unknown, running or completed, a --set key may not change mid-run or its value is invalid, the
+    unknown, running or completed (also when a concurrent resume won: the line names it and its
+    changes), a --set key may not change mid-run or its value is invalid, the
     checkpoint of --from-step is not complete, or AWS refuses.
 
     Examples:
@@ -225,7 +235,10 @@ def resume(
     aws = Aws(local=local)
     record, where = find_run(aws, run)
     if record.state not in ("stopped", "failed"):
-        hint = " (still stopping: wait for its job to end)" if record.stop_requested else ""
+        # A stop asked of a run that then completed (its job finished first) stops nothing: only a
+        # running run is still stopping.
+        still_stopping = record.state == "running" and record.stop_requested
+        hint = " (still stopping: wait for its job to end)" if still_stopping else ""
         raise TrainstackError(
             f"run {run} is {record.state}{hint}: only a stopped or failed run can be resumed"
         )
@@ -283,6 +296,13 @@ def resume(
         started = aws.client("stepfunctions").start_execution(
             stateMachineArn=where.start_job, name=execution_name(job), input=json.dumps(execution_input)
         )
+        # Two resumes read the same stopped run: the registry lets one register job n+1; the other
+        # exits 2 naming the resume that won and its changes.
+        if not registration_won(aws, started["executionArn"], "resume"):
+            from trainstack.aws.registry import read_run
+
+            winner = read_run(aws.client("dynamodb"), where.table, run) or record
+            raise TrainstackError(winner_line(winner, "resume", "; ".join(what)))
     except (ClientError, BotoCoreError) as error:
         raise TrainstackError(f"could not resume run {run} in {aws.where}: {explain(error)}") from None
     deployed_hash = where.launcher.get("RecipeHash")
