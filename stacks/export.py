@@ -27,6 +27,7 @@ from stacks.state_machine import logged_state_machine
 from stacks.supervisor.asl import CREATE, GET_ITEM, UPDATE_ITEM, fmt, task
 from trainstack.aws.export_job import EXPORTS_PER_RUN, STEP_ARGUMENT, export_job_request, exports_prefix
 from trainstack.aws.request import Runtime
+from trainstack.aws.supervisor import EXPORT_OF_ENV
 from trainstack.recipes.schema import Recipe
 
 START_EXECUTION = "arn:aws:states:::states:startExecution"
@@ -48,13 +49,21 @@ def export_definition(request: dict[str, Any], table_name: str, exports_base: st
             ),
             "Registered": {
                 "Type": "Choice",
-                "Choices": [{"Variable": "$.Registry.Item", "IsPresent": True, "Next": "HasExports"}],
+                "Choices": [{"Variable": "$.Registry.Item.request", "IsPresent": True, "Next": "Recorded"}],
                 "Default": "NoSuchRun",
             },
             "NoSuchRun": {
                 "Type": "Fail",
                 "Error": "NoSuchRun",
-                "Cause": "the run is not in the run registry",
+                "Cause": "the run is not in the run registry (or has no recorded request)",
+            },
+            # Every export setting (export.dtype, export.tokenizer, the model) is the run's own recorded
+            # request's, as resumes changed it: never the recipe deployed since.
+            "Recorded": {
+                "Type": "Pass",
+                "Parameters": {"Request.$": "States.StringToJson($.Registry.Item.request.S)"},
+                "ResultPath": "$.Recorded",
+                "Next": "HasExports",
             },
             "HasExports": {
                 "Type": "Choice",
@@ -133,6 +142,18 @@ def export_definition(request: dict[str, Any], table_name: str, exports_base: st
     }
 
 
+RECORDED_HYPERPARAMETERS = "$.Recorded.Request.HyperParameters"
+
+
+def recorded_export_request(request: dict[str, Any]) -> dict[str, Any]:
+    """The deployed export request with the run's recorded hyperparameters (its export settings) and
+    its run named in the environment (EXPORT_OF_ENV: the supervisor records a failed export)."""
+    out = {k: v for k, v in request.items() if k != "HyperParameters"}
+    out["HyperParameters.$"] = RECORDED_HYPERPARAMETERS
+    out["Environment"] = {**request.get("Environment", {}), f"{EXPORT_OF_ENV}.$": "$.Run"}
+    return out
+
+
 class ExportMachine(Construct):
     """The Export state machine and its least-privilege role."""
 
@@ -153,18 +174,20 @@ class ExportMachine(Construct):
     ) -> None:
         super().__init__(scope, id)
         stack = Stack.of(self)
-        request = export_job_request(
-            recipe,
-            team,
-            job_name=Runtime("$.Export.Job"),
-            checkpoint_uri=Runtime("$.Export.Checkpoint"),
-            out_parent=Runtime("$.Export.OutParent"),
-            step=STEP_ARGUMENT,
-            role_arn=execution_role.role_arn,
-            image_uri=image_uri,
-            bucket_name=bucket_name,
-            kms_key_arn=key.key_arn,
-            region=stack.region,
+        request = recorded_export_request(
+            export_job_request(
+                recipe,
+                team,
+                job_name=Runtime("$.Export.Job"),
+                checkpoint_uri=Runtime("$.Export.Checkpoint"),
+                out_parent=Runtime("$.Export.OutParent"),
+                step=STEP_ARGUMENT,
+                role_arn=execution_role.role_arn,
+                image_uri=image_uri,
+                bucket_name=bucket_name,
+                kms_key_arn=key.key_arn,
+                region=stack.region,
+            )
         )
         definition = export_definition(
             request, table_name, f"s3://{bucket_name}/{exports_prefix(recipe, team)}/"

@@ -105,10 +105,10 @@ class LauncherStack(Stack):
             key=key,
             table=table,
             topic=self.monitoring.topic,
-            on_complete=on_complete if recipe.export.on_complete else None,
+            # Deployed whatever the recipe says: each run's recorded request decides (export.on_complete).
+            on_complete=on_complete,
         )
-        if recipe.export.on_complete:
-            self.export.allow_start(self.supervisor.job_ended)
+        self.export.allow_start(self.supervisor.job_ended)
         self.state_machine = self.supervisor.start_job
         self.monitoring.watch(
             {

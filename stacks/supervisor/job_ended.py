@@ -17,6 +17,7 @@ from stacks.supervisor.asl import (
     CONDITION_FAILED,
     DESCRIBE,
     GET_ITEM,
+    PUBLISH,
     UPDATE_ITEM,
     UPDATE_JOB,
     SupervisorConstants,
@@ -183,6 +184,163 @@ PROGRESS_OUTPUT = (
 )
 
 
+def export_failure_entry(job: str, status: str, reason: str) -> dict[str, Any]:
+    """One entry of the record's `export_failures` (JSONPath values)."""
+    return {
+        "M": {
+            "job": {"S.$": job},
+            "status": {"S.$": status} if status.startswith("$") else {"S": status},
+            "reason": {"S.$": reason},
+            "at": {"S.$": "$$.State.EnteredTime"},
+        }
+    }
+
+
+def record_export_failure(c: SupervisorConstants, run: str, entry: dict[str, Any], then: str) -> dict:
+    """Append `entry` to the run's `export_failures` (a run gone from the registry: nothing to record)."""
+    return task(
+        UPDATE_ITEM,
+        {
+            "TableName": c.table_name,
+            "Key": {"run": {"S.$": run}},
+            "UpdateExpression": (
+                "SET #export_failures = list_append(if_not_exists(#export_failures, :none), :failure)"
+            ),
+            "ConditionExpression": "attribute_exists(#run)",
+            "ExpressionAttributeNames": names("export_failures", "run"),
+            "ExpressionAttributeValues": {":none": {"L": []}, ":failure": {"L": [entry]}},
+        },
+        ResultPath=None,
+        Catch=[{"ErrorEquals": [CONDITION_FAILED], "Next": then, "ResultPath": None}],
+        Next=then,
+    )
+
+
+def notify_export_failure(c: SupervisorConstants, run: str, what: str, then: str) -> dict:
+    template = supervisor.export_failed_template(c.recipe, c.team, c.team_option)
+    return task(
+        PUBLISH,
+        {
+            "TopicArn": c.topic_arn,
+            "Subject.$": fmt(supervisor.EXPORT_SUBJECT, run),
+            "Message.$": fmt(template, run, what, run),
+        },
+        ResultPath=None,
+        Catch=[{"ErrorEquals": ["States.ALL"], "Next": "NotificationFailed", "ResultPath": "$.NotifyError"}],
+        Next=then,
+    )
+
+
+def export_end_states(c: SupervisorConstants) -> dict[str, Any]:
+    """An export job of a run ended (its environment names the run): a failure is recorded in the run's
+    `export_failures` and notified; the run itself is not changed."""
+    run = f"$.Ended.Environment.{supervisor.EXPORT_OF_ENV}"
+    what = supervisor.EXPORT_JOB_FAILED.replace("{job}", "{}").replace("{status}", "{}")
+    return {
+        "ExportEnded": {
+            "Type": "Choice",
+            "Choices": [{"Variable": "$.Ended.Status", "StringEquals": "Failed", "Next": "ExportFailed"}],
+            "Default": "ExportFine",
+        },
+        "ExportFailed": {
+            "Type": "Pass",
+            "Parameters": {
+                **_decision(
+                    "ExportFailed",
+                    supervisor.Outcome.IGNORED,
+                    {
+                        "Why.$": fmt(
+                            what.replace("{reason}", "{}"),
+                            "$.Ended.Name",
+                            "$.Ended.Status",
+                            "$.Failure.Reason",
+                        )
+                    },
+                    Next="trainstack export tries again; the run is unchanged",
+                ),
+            },
+            "ResultPath": "$.Decision",
+            "Next": "RecordExportFailed",
+        },
+        "RecordExportFailed": record_export_failure(
+            c, run, export_failure_entry("$.Ended.Name", "$.Ended.Status", "$.Failure.Reason"), "NotifyExport"
+        ),
+        "NotifyExport": notify_export_failure(c, run, "$.Decision.Why", "Decided"),
+        "ExportFine": {
+            "Type": "Pass",
+            "Parameters": _decision(
+                "ExportEnded",
+                supervisor.Outcome.IGNORED,
+                {"Why": "an export job of the run ended without failing"},
+                Next=supervisor.NEXT[supervisor.Outcome.IGNORED],
+            ),
+            "ResultPath": "$.Decision",
+            "Next": "Decided",
+        },
+    }
+
+
+def on_complete_states(c: SupervisorConstants, on_complete: dict[str, Any]) -> dict[str, Any]:
+    """After a completed run is recorded: the on-complete export when the run's own recorded request
+    asks for it (`export.on_complete` among its hyperparameters: what the run was launched or resumed
+    with, never what is deployed now), then the notification. An export that cannot start is recorded
+    in the run's `export_failures` and said in the notification."""
+    wanted = f"$states.input.Recorded.Request.HyperParameters.`{supervisor.EXPORT_ON_COMPLETE_KEY}` = 'true'"
+    not_started = supervisor.EXPORT_NOT_STARTED.replace("{cause}", "{}")
+    return {
+        "Ended": {
+            "Type": "Choice",
+            "Choices": [
+                {
+                    "Variable": "$.Decision.Outcome",
+                    "StringEquals": supervisor.Outcome.COMPLETED.value,
+                    "Next": "RecordedExport",
+                }
+            ],
+            "Default": "Notify",
+        },
+        "RecordedExport": {
+            "Type": "Pass",
+            "Parameters": {"Request.$": "States.StringToJson($.Registry.Item.request.S)"},
+            "ResultPath": "$.Recorded",
+            "Next": "ExportWanted",
+        },
+        "ExportWanted": {
+            "Type": "Choice",
+            "QueryLanguage": "JSONata",
+            "Choices": [{"Condition": "{% " + wanted + " %}", "Next": ON_COMPLETE}],
+            "Default": "Notify",
+        },
+        ON_COMPLETE: {
+            **on_complete,
+            "Catch": [
+                {"ErrorEquals": ["States.ALL"], "ResultPath": "$.ExportError", "Next": "ExportNotStarted"}
+            ],
+            "Next": "Notify",
+        },
+        "ExportNotStarted": {
+            "Type": "Pass",
+            "Parameters": {
+                "Outcome.$": "$.Decision.Outcome",
+                "Headline.$": "$.Decision.Headline",
+                "Rule.$": "$.Decision.Rule",
+                "State.$": "$.Decision.State",
+                "Why.$": "$.Decision.Why",
+                "Next.$": fmt("{}; " + not_started, "$.Decision.Next", "$.ExportError.Cause"),
+                "CheckpointUri.$": "$.Decision.CheckpointUri",
+            },
+            "ResultPath": "$.Decision",
+            "Next": "RecordExportNotStarted",
+        },
+        "RecordExportNotStarted": record_export_failure(
+            c,
+            "$.Numbers.Run",
+            export_failure_entry("$.Ended.Name", "NotStarted", "$.ExportError.Cause"),
+            "Notify",
+        ),
+    }
+
+
 def job_ended_definition(
     c: SupervisorConstants, *, on_complete: dict[str, Any] | None = None
 ) -> dict[str, Any]:
@@ -202,8 +360,12 @@ def job_ended_definition(
     common_values = {
         ":job": {"S.$": "$.Ended.Name"},
         ":running": {"S": "running"},
-        ":entry": {
-            "M": {"job_status": {"S.$": "$.Ended.Status"}, "secondary_status": {"S.$": "$.Ended.Secondary"}}
+        ":entry": {  # the rule too: `runs` names a capacity-block end (a Completed job) as such
+            "M": {
+                "job_status": {"S.$": "$.Ended.Status"},
+                "secondary_status": {"S.$": "$.Ended.Secondary"},
+                "rule": {"S.$": "$.Decision.Rule"},
+            }
         },
         ":why": {"S.$": "$.Decision.Why"},
         ":next": {"S.$": "$.Decision.Next"},
@@ -246,10 +408,16 @@ def job_ended_definition(
         "Supervised": {
             "Type": "Choice",
             "Choices": [
-                {"Variable": "$.Ended.Environment.TRAINSTACK_RUN", "IsPresent": True, "Next": "ReadRun"}
+                {"Variable": "$.Ended.Environment.TRAINSTACK_RUN", "IsPresent": True, "Next": "ReadRun"},
+                {
+                    "Variable": f"$.Ended.Environment.{supervisor.EXPORT_OF_ENV}",
+                    "IsPresent": True,
+                    "Next": "ExportEnded",
+                },
             ],
             "Default": "NotSupervised",
         },
+        **export_end_states(c),
         "NotSupervised": {
             "Type": "Pass",
             "Parameters": _decision(
@@ -638,18 +806,7 @@ def job_ended_definition(
         "Decided": {"Type": "Succeed", "OutputPath": "$.Decision"},
     }
     if on_complete:
-        states[ON_COMPLETE] = {**on_complete, "Next": "Notify"}
-        states["Ended"] = {
-            "Type": "Choice",
-            "Choices": [
-                {
-                    "Variable": "$.Decision.Outcome",
-                    "StringEquals": supervisor.Outcome.COMPLETED.value,
-                    "Next": ON_COMPLETE,
-                }
-            ],
-            "Default": "Notify",
-        }
+        states |= on_complete_states(c, on_complete)
     return {
         "Comment": f"A job of a {c.team}/{c.recipe} run ended: decide what the run does next.",
         "StartAt": "DescribeJob",

@@ -141,6 +141,7 @@ def registration_states(
         "capacity_wait": {"N": "0"},
         "capacity_budget": {"N": str(c.capacity_budget_minutes)},
         "step": {"N": "0"},
+        "export_failures": {"L": []},
         "created": {"S.$": NOW},
         "updated": {"S.$": NOW},
     }

@@ -438,7 +438,7 @@ def test_resume_of_an_unknown_run_and_stop_of_a_run_not_running_change_nothing(c
     completed = one_line_error(cloud.cli("resume", "ts-platform-1b-bf16--done-run", "--local"))
     assert "is completed: only a stopped or failed run can be resumed" in completed
     taken = one_line_error(cloud.cli("launch", "1b-bf16", "--local", "--name", "done-run"))
-    assert "a run named ts-platform-1b-bf16--done-run exists (completed)" in taken
+    assert "a run named ts-platform-1b-bf16--done-run exists (completed; launch of recipe " in taken
     after = len(cloud.sfn.list_executions(stateMachineArn=machine)["executions"])
     assert after == before + 1  # only the launch of done-run itself
 
@@ -519,3 +519,61 @@ def test_stop_never_overwrites_an_end_and_releases_the_warm_pool(cloud: Cloud) -
     assert cloud.run_of("1b-bf16", run)["state"] == "running"  # nothing recorded over the end
     assert cloud.deliver(done)["Rule"] == "Completed"
     assert cloud.run_of("1b-bf16", run)["state"] == "completed"
+    # `stop` was asked of a run that then completed: resume says it is completed, not "still stopping".
+    refused = one_line_error(cloud.cli("resume", run, "--local"))
+    assert "is completed: only a stopped or failed run can be resumed" in refused
+    assert "still stopping" not in refused
+
+
+def concurrently(cloud: Cloud, *commands: tuple[str, ...]) -> list[subprocess.CompletedProcess]:
+    """The CLI commands run at the same moment, each its own process (as two people would)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(len(commands)) as pool:
+        return list(pool.map(lambda args: cloud.cli(*args), commands))
+
+
+def test_concurrent_launches_and_resumes_have_one_winner_the_loser_names_it(cloud: Cloud) -> None:
+    """Two `launch --name` of one name and two `resume` with different --set, at the same moment: the
+    run registry's conditional writes let one register; the other caller exits 2 with one line naming
+    the launch or resume that won and its settings (before: both exited 0, each printing its own).
+    Between them, `resume --set` values the run cannot continue with are refused in one line."""
+    cloud.deploy("1b-bf16")
+    run = "ts-platform-1b-bf16--race"
+    launches = concurrently(
+        cloud,
+        ("launch", "1b-bf16", "--local", "--name", "race", "--max-steps", "50"),
+        ("launch", "1b-bf16", "--local", "--name", "race"),
+    )
+    assert sorted(r.returncode for r in launches) == [0, 2], [r.stderr for r in launches]
+    (won,) = [r for r in launches if r.returncode == 0]
+    lost = one_line_error(next(r for r in launches if r.returncode == 2))
+    listed = cloud.run_of("1b-bf16", run)
+    winner = listed["history"][0]["what"]
+    assert winner in lost and run in lost, lost  # the winner's settings, whichever it was
+    assert ("training.steps=50" in winner) == ("--max-steps" in won.args)
+    assert [j["name"] for j in listed["jobs"]] == [f"{run}-1"]
+
+    cloud.cli_json("stop", run, "--local")
+    emulator_events.wait_for_status(cloud.env, f"{run}-1", ("Stopped",))
+    cloud.deliver(f"{run}-1")
+    put_checkpoint(cloud, listed["checkpoint_uri"], 40, complete=True)
+    below = one_line_error(cloud.cli("resume", run, "--local", "--set", "training.steps=10"))
+    assert below.startswith("error: --set training.steps=10: training.steps: 10 is below the run's step 40")
+    warmup = one_line_error(cloud.cli("resume", run, "--local", "--set", "training.warmup_steps=999999"))
+    assert "--set training.warmup_steps=999999: training.warmup_steps: 999,999 is not below" in warmup
+    assert cloud.run_of("1b-bf16", run)["state"] == "stopped"  # nothing started
+
+    resumes = concurrently(
+        cloud,
+        ("resume", run, "--local", "--set", "training.lr=0.0001"),
+        ("resume", run, "--local", "--set", "training.lr=0.0002"),
+    )
+    assert sorted(r.returncode for r in resumes) == [0, 2], [r.stderr for r in resumes]
+    lost = one_line_error(next(r for r in resumes if r.returncode == 2))
+    listed = cloud.run_of("1b-bf16", run)
+    change = listed["history"][-1]["what"]
+    assert "training.lr" in change and change in lost, (change, lost)
+    assert [j["name"] for j in listed["jobs"]] == [f"{run}-1", f"{run}-2"]  # one job 2, not two
+    sent = cloud.sagemaker.describe_training_job(TrainingJobName=f"{run}-2")["HyperParameters"]
+    assert sent["training.lr"] in change

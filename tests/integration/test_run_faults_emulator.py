@@ -280,3 +280,116 @@ def test_the_reconciler_finds_a_job_by_its_exact_name_behind_a_hundred_lookalike
     assert read_run(cloud.ddb, TABLE, run).current_job == f"{run}-2"
     for name in (f"{first}09", f"{first}95"):  # never driven: they are no job of a run
         assert job(cloud, name)["TrainingJobStatus"] == "InProgress"
+
+
+def export_machines(cloud) -> tuple[str, str, str]:
+    """(Export, JobEnded with the on-complete hook, JobEnded whose hook starts a machine that does not
+    exist) in the emulator, built as the launcher stack builds them (literal values for CDK tokens)."""
+    from supervisor_cloud import RECIPE
+    from test_supervisor_decisions import constants_for_tests
+
+    from stacks.export import export_definition, export_on_complete_state, recorded_export_request
+    from stacks.supervisor.job_ended import job_ended_definition
+    from trainstack.aws.export_job import STEP_ARGUMENT, export_job_request
+    from trainstack.aws.request import Runtime
+
+    if hasattr(cloud, "export_machines"):
+        return cloud.export_machines
+    request = recorded_export_request(
+        export_job_request(
+            RECIPE,
+            None,
+            job_name=Runtime("$.Export.Job"),
+            checkpoint_uri=Runtime("$.Export.Checkpoint"),
+            out_parent=Runtime("$.Export.OutParent"),
+            step=STEP_ARGUMENT,
+            role_arn="arn:aws:iam::123456789012:role/x",
+            image_uri="img:1",
+            bucket_name="bucket",
+            region="us-east-1",
+        )
+    )
+    role = "arn:aws:iam::123456789012:role/supervisor"
+
+    def machine(name: str, definition: dict) -> str:
+        return cloud.sfn.create_state_machine(name=name, definition=json.dumps(definition), roleArn=role)[
+            "stateMachineArn"
+        ]
+
+    export = machine("Export", export_definition(request, TABLE, "s3://bucket/exports/platform/1b-bf16/"))
+    missing = export.replace(":Export", ":NoSuchExport")
+    hooked = [
+        job_ended_definition(constants_for_tests(), on_complete=export_on_complete_state(arn))
+        for arn in (export, missing)
+    ]
+    for d in hooked:
+        d["States"]["WaitForCapacity"] = {"Type": "Wait", "Seconds": 1, "Next": "NextInput"}  # EMULATOR
+    cloud.export_machines = (
+        export,
+        machine("JobEndedExport", hooked[0]),
+        machine("JobEndedNoExport", hooked[1]),
+    )
+    return cloud.export_machines
+
+
+def record_request(cloud, run: str, *sets: str) -> None:
+    """Change the run's recorded request as `resume --set` does (run_request.changed_request)."""
+    record = read_run(cloud.ddb, TABLE, run)
+    before = run_request.recipe_of(record.request)
+    after = run_request.apply_sets(before, list(sets))
+    changed = run_request.changed_request(record.request, before, after, None)
+    update(cloud, run, {"request": {"S": json.dumps(changed)}})
+
+
+def complete(cloud, run: str, machine: str) -> dict:
+    emulator_events.end_training_job(cloud.env, f"{run}-1", "Completed", "Completed")
+    done = cloud.wait(start_job_ended(cloud, f"{run}-1", machine=machine))
+    assert done["status"] == "SUCCEEDED", done
+    return json.loads(done["output"])
+
+
+def test_every_export_setting_is_the_runs_recorded_one_and_a_failed_export_is_told(cloud) -> None:
+    """export.on_complete and the export's own settings come from the run's recorded request (what
+    `resume --set` changed), never from what is deployed at completion time; an export job that fails,
+    and an on-complete export that cannot start, reach the notification topic and the run's record."""
+    export, hooked, broken = export_machines(cloud)
+    # Deployed with export.on_complete false (1b-bf16); this run's record asks for it, as bf16 -> fp32.
+    wanted, _ = launch(cloud, "export-on")
+    record_request(cloud, wanted, "export.on_complete=true", "export.dtype=fp32")
+    cloud.messages()
+    assert complete(cloud, wanted, hooked)["Outcome"] == "completed"
+    (started,) = [e for e in cloud.sfn.list_executions(stateMachineArn=export)["executions"]]
+    assert cloud.wait(started["executionArn"])["status"] == "SUCCEEDED"
+    exported = job(cloud, f"{wanted}-X1")
+    assert exported["HyperParameters"]["export.dtype"] == '"fp32"'  # the record's, not the deployed bf16
+    assert exported["Environment"]["TRAINSTACK_EXPORT_OF"] == wanted
+    assert [e["reason"] for e in read_run(cloud.ddb, TABLE, wanted).exports] == ["on_complete"]
+
+    # The deployed recipe would export (a redeploy with export.on_complete true); this run's record says
+    # false: no export.
+    unwanted, _ = launch(cloud, "export-off")
+    assert complete(cloud, unwanted, hooked)["Outcome"] == "completed"
+    assert len(cloud.sfn.list_executions(stateMachineArn=export)["executions"]) == 1
+
+    # The export job fails: recorded in the run's export_failures and published to the topic.
+    cloud.messages()
+    reason = "AlgorithmError: trainstack-fatal exit=2: tokenizer files not found"
+    emulator_events.end_training_job(cloud.env, f"{wanted}-X1", "Failed", "Failed", reason)
+    decided, _ = job_ended(cloud, f"{wanted}-X1")
+    assert (decided["Outcome"], decided["Rule"]) == ("ignored", "ExportFailed")
+    record = read_run(cloud.ddb, TABLE, wanted)
+    assert record.state == "completed"  # the run itself is unchanged
+    ((failure),) = record.export_failures
+    assert (failure["job"], failure["status"], failure["reason"]) == (f"{wanted}-X1", "Failed", reason)
+    (note,) = cloud.messages()
+    assert f"export job {wanted}-X1 ended Failed: {reason}" in note and f"trainstack export {wanted}" in note
+
+    # The on-complete export cannot start (its machine is gone): the run completes, the failure is told.
+    gone, _ = launch(cloud, "export-gone")
+    record_request(cloud, gone, "export.on_complete=true")
+    decided = complete(cloud, gone, broken)
+    assert decided["Outcome"] == "completed" and "on-complete export did not start" in decided["Next"]
+    record = read_run(cloud.ddb, TABLE, gone)
+    assert record.state == "completed" and [f["status"] for f in record.export_failures] == ["NotStarted"]
+    (note,) = cloud.messages()
+    assert "its on-complete export did not start" in note

@@ -154,10 +154,10 @@ def test_the_message_names_run_job_why_next_and_the_runs_checkpoints() -> None:
 
 
 @cache
-def definitions(sets: tuple[str, ...] = ()) -> dict[str, dict[str, Any]]:
-    """The supervisor's definitions for 1b-bf16 (with `sets`: as a redeploy with them would build them)."""
+def constants_for_tests(sets: tuple[str, ...] = ()):
+    """The supervisor's constants for 1b-bf16 with literal values (table `runs`, topic `t`)."""
     recipe = resolve("1b-bf16", None, sets).recipe
-    constants = constants_for(
+    return constants_for(
         recipe,
         None,
         plan(recipe),
@@ -165,6 +165,13 @@ def definitions(sets: tuple[str, ...] = ()) -> dict[str, dict[str, Any]]:
         topic_arn="arn:aws:sns:us-east-1:123456789012:t",
         bucket_name="bucket",
     )
+
+
+@cache
+def definitions(sets: tuple[str, ...] = ()) -> dict[str, dict[str, Any]]:
+    """The supervisor's definitions for 1b-bf16 (with `sets`: as a redeploy with them would build them)."""
+    recipe = resolve("1b-bf16", None, sets).recipe
+    constants = constants_for_tests(sets)
     request = create_training_job_request(
         recipe,
         None,

@@ -53,3 +53,24 @@ def test_a_change_prints_key_before_and_after():
 
 def test_keys_not_listed_are_unsafe_by_default():
     assert not changes.is_safe("model.some_future_key") and changes.is_safe("data.sources.3.weight")
+
+
+def test_resume_refuses_steps_below_the_runs_step_and_warmup_at_or_above_steps():
+    """Safe keys, values a run cannot continue with: `training.steps=10` on a run at step 1234 made the
+    trainer exit 0 with nothing to do and the run completed for good; a warm-up past the run's end."""
+    before = _recipe()  # 30b-fp8
+    end_there = _recipe("training.steps=1234", "training.warmup_steps=100")
+    assert changes.resume_problem(before, end_there, 1234) is None  # end right there
+    assert changes.resume_problem(before, _recipe("training.steps=60000"), 1234) is None
+    key, why = changes.resume_problem(before, _recipe("training.steps=10", "training.warmup_steps=5"), 1234)
+    assert key == "training.steps" and "10 is below the run's step 1,234" in why and "at least 1,234" in why
+    steps = before.training.steps
+    key, why = changes.resume_problem(before, _recipe(f"training.warmup_steps={steps}"), 0)
+    assert key == "training.warmup_steps" and f"not below training.steps {steps:,}" in why
+    key, _ = changes.resume_problem(before, _recipe("training.warmup_steps=999999"), 0)
+    assert key == "training.warmup_steps"
+    lowered = _recipe(f"training.steps={before.training.warmup_steps}")  # steps down onto the warm-up
+    assert changes.resume_problem(before, lowered, 0)[0] == "training.warmup_steps"
+    assert (
+        changes.resume_problem(before, _recipe("training.lr=1e-4"), 10**9) is None
+    )  # untouched: no judgment

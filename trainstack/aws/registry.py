@@ -54,6 +54,7 @@ class JobRecord:
     index: int
     status: str  # as the registry recorded its end, or "InProgress" until then
     secondary_status: str = ""
+    rule: str = ""  # the supervisor's rule for its end (trainstack.aws.supervisor.RULES), once decided
 
 
 @dataclass(frozen=True)
@@ -102,6 +103,8 @@ class Run:
     exports: tuple[dict[str, Any], ...] = ()
     mlflow_run_id: str = ""  # the MLflow run launch created (trainstack.aws.tracking), "" when none
     step: int = 0  # the step the newest ended job reported (its final train:step), 0 before any
+    # exports that failed, oldest first: {job, status, reason, at} (stacks/supervisor/job_ended.py)
+    export_failures: tuple[dict[str, Any], ...] = ()
 
     @property
     def name(self) -> RunName | None:
@@ -144,6 +147,7 @@ def run_from_item(item: dict[str, Any]) -> Run:
             index,
             ended.get(name, {}).get("job_status", "InProgress"),
             ended.get(name, {}).get("secondary_status", ""),
+            ended.get(name, {}).get("rule", ""),
         )
         for index, name in ((index_of_job(n) or 0, n) for n in a.get("jobs", []))
     )
@@ -183,6 +187,7 @@ def run_from_item(item: dict[str, Any]) -> Run:
         exports=tuple(a.get("exports", [])),
         mlflow_run_id=a.get("mlflow_run_id", ""),
         step=int(a.get("step", 0)),
+        export_failures=tuple(a.get("export_failures", [])),
     )
 
 
@@ -251,7 +256,13 @@ class RunView:
             "stop_requested": r.stop_requested,
             "crashes_in_a_row": r.crashes,
             "jobs": [
-                {"name": j.name, "index": j.index, "status": j.status, "secondary_status": j.secondary_status}
+                {
+                    "name": j.name,
+                    "index": j.index,
+                    "status": j.status,
+                    "secondary_status": j.secondary_status,
+                    "rule": j.rule,
+                }
                 for j in self.jobs
             ],
             "current_job": r.current_job,
@@ -276,6 +287,8 @@ class RunView:
             "history": [{"at": h.at, "who": h.who, "what": h.what} for h in r.history],
             "notes": list(self.notes),
             "exports": list(r.exports),
+            "export_failures": list(r.export_failures),
+            "step_reported": r.step,
             "mlflow_run_id": r.mlflow_run_id,
         }
 
@@ -288,7 +301,7 @@ def view(
     The notes never advise an action that would lose information: an end with no decision yet is the
     supervisor's (or the reconciler's) to decide, and a job waiting to be created is waiting."""
     jobs = tuple(
-        JobRecord(j.name, j.index, described[j.name].status, described[j.name].secondary_status)
+        JobRecord(j.name, j.index, described[j.name].status, described[j.name].secondary_status, j.rule)
         if j.name in described
         else j
         for j in run.jobs

@@ -465,3 +465,29 @@ def message(
 
 def subject(run: str, outcome: Outcome) -> str:
     return SUBJECT.format(run, OUTCOME_WORDS[outcome])
+
+
+# --- Exports ------------------------------------------------------------------------------------------
+# The run's own recorded request decides its on-complete export (resume --set export.on_complete=...
+# changes it; a redeploy does not), and an export that fails reaches the topic and the run's record.
+EXPORT_ON_COMPLETE_KEY = "export.on_complete"  # the recorded request's hyperparameter ("true"/"false")
+EXPORT_OF_ENV = "TRAINSTACK_EXPORT_OF"  # an export job's environment: the run it exports
+EXPORT_SUBJECT = "trainstack: run {} export failed"
+EXPORT_FAILED_MESSAGE = (
+    "trainstack run {run} ({team}/{recipe}): {what}. Next: `trainstack export {run}` tries again; the run "
+    "itself is unchanged. Details: trainstack runs {recipe}{team_option}"
+)
+EXPORT_JOB_FAILED = "export job {job} ended {status}: {reason}"
+EXPORT_NOT_STARTED = "its on-complete export did not start: {cause}"
+
+
+def export_failed_template(recipe: str, team: str, team_option: str) -> str:
+    """EXPORT_FAILED_MESSAGE with the deployment's constants and a `{}` for the run, the failure and the
+    run again (States.Format's arguments, in that order)."""
+    return (
+        EXPORT_FAILED_MESSAGE.replace("{recipe}", recipe)
+        .replace("{team_option}", team_option)
+        .replace("{team}", team)
+        .replace("{run}", "{}")
+        .replace("{what}", "{}")
+    )

@@ -118,3 +118,27 @@ def changes(before: Recipe, after: Recipe) -> list[Change]:
 
 def unsafe(found: Iterable[Change]) -> list[Change]:
     return [change for change in found if not change.safe]
+
+
+def resume_problem(before: Recipe, after: Recipe, step: int) -> tuple[str, str] | None:
+    """(key, why) when a changed recipe cannot continue a run whose next job starts at `step` (the
+    checkpoint it resumes from), else None. Safe keys can still hold values the run cannot train on:
+    - `training.steps` below `step`: the trainer has nothing to do, exits 0, and the run is completed
+      at a step it had already passed, with no way to resume it;
+    - `training.warmup_steps` at or above `training.steps`: the schedule never leaves its warm-up.
+    Only a value the change touches is judged (an unchanged recipe trains as it was launched)."""
+    steps, warmup = after.training.steps, after.training.warmup_steps
+    touched = {c.key for c in changes(before, after)}
+    if "training.steps" in touched and steps < step:
+        return (
+            "training.steps",
+            f"{steps:,} is below the run's step {step:,} (the checkpoint its next job resumes from): the "
+            f"job would have nothing to train and end the run; set at least {step:,}",
+        )
+    if touched & {"training.steps", "training.warmup_steps"} and warmup >= steps:
+        return (
+            "training.warmup_steps",
+            f"{warmup:,} is not below training.steps {steps:,}: the learning rate would still be warming "
+            "up when the run ends",
+        )
+    return None

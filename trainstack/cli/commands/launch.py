@@ -162,8 +162,10 @@ def launch(
     try:
         existing = read_run(aws.client("dynamodb"), stacks.table, run)
         if existing is not None:
+            launched = existing.history[0] if existing.history else None
+            by = f"; {launched.what} by {launched.who} at {launched.at}" if launched else ""
             raise TrainstackError(
-                f"a run named {run} exists ({existing.state}): `trainstack resume {run}` continues it, "
+                f"a run named {run} exists ({existing.state}{by}): `trainstack resume {run}` continues it, "
                 "or pick another --name"
             )
         what = f"launch of recipe {local_hash}" + (

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from trainstack.aws.supervisor import CAPACITY_BLOCK_END
 from trainstack.cli.commands.plan_options import RecipesDirOpt, TeamOpt
 from trainstack.cli.commands.status import LocalOpt
 from trainstack.errors import TrainstackError
@@ -170,6 +171,10 @@ def _tokens(n: int | None) -> str:
     return f"{n:,}"
 
 
+# How the jobs column names an end that its status alone would misname (trainstack.aws.supervisor).
+JOB_END_WORDS = {CAPACITY_BLOCK_END: " (capacity block end)"}
+
+
 def render(views: list[RunView], where: str, recipe: str | None, team: str | None) -> None:
     from rich.table import Table
     from rich.text import Text
@@ -205,7 +210,7 @@ def render(views: list[RunView], where: str, recipe: str | None, team: str | Non
         if v.deployment_changed:
             state.append(" (deployment changed)", style="magenta")
         step = f"{v.step:,}" if v.step is not None else "-"
-        jobs = ", ".join(f"{j.index}:{j.status}" for j in v.jobs)
+        jobs = ", ".join(f"{j.index}:{j.status}{JOB_END_WORDS.get(j.rule, '')}" for j in v.jobs)
         table.add_row(
             r.run,
             state,
@@ -224,6 +229,11 @@ def render(views: list[RunView], where: str, recipe: str | None, team: str | Non
             step = f"step {export['step']}" if export.get("step") else "newest step"
             line = f"  export {export['job']} ({step}, {export['reason']}) -> {export['out_parent']}step-N/"
             console.print(Text(line, style="dim"), soft_wrap=True)
+        for failed in v.run.export_failures:  # an export job that failed, or one that never started
+            line = (
+                f"  export failed: {failed.get('job') or 'on-complete export'} {failed.get('status', '')}: "
+            )
+            console.print(Text(line + str(failed.get("reason", "")), style="red"), soft_wrap=True)
         for note in v.notes:
             console.print(Text(f"  note: {note}", style="yellow"), soft_wrap=True)
         for change in v.run.history:

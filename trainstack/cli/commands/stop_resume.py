@@ -35,7 +35,7 @@ from trainstack.cli.commands.run_access import (
     winner_line,
 )
 from trainstack.cli.commands.status import LocalOpt
-from trainstack.errors import TrainstackError
+from trainstack.errors import RecipeError, TrainstackError
 
 RUNNING_JOB = ("InProgress", "Stopping")
 ENDED_JOB = ("Completed", "Failed", "Stopped")
@@ -175,6 +175,20 @@ def stop(run: RunArg, local: LocalOpt = False, as_json: JsonOpt = False) -> None
     answer(as_json, run=run, job=job, execution=stopped_execution, lines=lines)
 
 
+def _resume_point(aws: Any, run: str, checkpoint_uri: str) -> int:
+    """The step the run's next job starts at: its newest complete checkpoint (0 when it has none)."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    from trainstack.aws.checkpoints import S3Location, list_checkpoints, resumable
+    from trainstack.aws.session import explain
+
+    try:
+        newest = resumable(list_checkpoints(S3Location(aws.client("s3"), checkpoint_uri)))
+    except (ClientError, BotoCoreError) as error:
+        raise TrainstackError(f"could not read the checkpoints of {run}: {explain(error)}") from None
+    return newest.step if newest is not None else 0
+
+
 def resume(
     run: RunArg,
     sets: Annotated[
@@ -239,8 +253,10 @@ def resume(
         # running run is still stopping.
         still_stopping = record.state == "running" and record.stop_requested
         hint = " (still stopping: wait for its job to end)" if still_stopping else ""
+        last = record.history[-1] if record.history else None
+        since = f"; its last change: {last.what} by {last.who} at {last.at}" if last else ""
         raise TrainstackError(
-            f"run {run} is {record.state}{hint}: only a stopped or failed run can be resumed"
+            f"run {run} is {record.state}{hint}: only a stopped or failed run can be resumed{since}"
         )
     if not record.request:
         raise TrainstackError(
@@ -250,6 +266,13 @@ def resume(
     before = run_request.recipe_of(record.request)
     after = run_request.apply_sets(before, assignments) if assignments else before
     found = recipe_changes.changes(before, after)
+    if {c.key for c in found} & {"training.steps", "training.warmup_steps"}:
+        start = from_step if from_step is not None else _resume_point(aws, run, record.checkpoint_uri)
+        if (problem := recipe_changes.resume_problem(before, after, start)) is not None:
+            key, why = problem
+            keys = (key, "training.steps", "training.warmup_steps")  # the one judged, else what moved it
+            label = next((a for k in keys for a in assignments if a.partition("=")[0].strip() == k), None)
+            raise RecipeError(f"--set {label}" if label else "--set", key, why)
     changed = (
         run_request.changed_request(record.request, before, after, record.team) if found else record.request
     )
