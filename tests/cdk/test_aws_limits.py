@@ -131,9 +131,10 @@ def test_the_largest_run_record_fits_one_dynamodb_item() -> None:
     import json
 
     from stacks.supervisor.asl import REGISTRY_ATTRIBUTES
+    from trainstack.aws.export_job import EXPORTS_PER_RUN
     from trainstack.aws.registry import HISTORY_MAX, ITEM_MAX, WHAT_MAX, WHO_MAX, item_bytes
     from trainstack.aws.request_check import longest_run_id, requests_for
-    from trainstack.aws.supervisor import CAPACITY_BUDGET_WHY, JOB_LIMIT_WHY, NEXT, Outcome
+    from trainstack.aws.supervisor import CAPACITY_BUDGET_WHY, JOB_LIMIT_WHY, NEXT, RULES, Outcome
     from trainstack.protocol.exit_codes import FAILURE_REASON_MAX
     from trainstack.recipes import naming
     from trainstack.recipes.schema import to_hyperparameters
@@ -162,7 +163,13 @@ def test_the_largest_run_record_fits_one_dynamodb_item() -> None:
         "jobs": {"L": [{"S": j} for j in jobs]},
         "ended": {
             "M": {
-                j: {"M": {"job_status": text(10), "secondary_status": {"S": "MaxWaitTimeExceeded"}}}
+                j: {
+                    "M": {
+                        "job_status": text(10),
+                        "secondary_status": {"S": "MaxWaitTimeExceeded"},
+                        "rule": text(max(len(r.id) for r in RULES) + len("NoJobNames")),
+                    }
+                }
                 for j in jobs
             }
         },
@@ -188,6 +195,22 @@ def test_the_largest_run_record_fits_one_dynamodb_item() -> None:
         "capacity_wait": {"N": "120"},
         "capacity_budget": {"N": "40320"},
         "mlflow_run_id": text(32),  # MLflow run ids are 32 hex digits
+        "step": {"N": "9" * 10},
+        # Every export job of the run failed (at most EXPORTS_PER_RUN), and its on-complete start too,
+        # each with SageMaker's longest FailureReason.
+        "export_failures": {
+            "L": [
+                {
+                    "M": {
+                        "job": {"S": jobs[-1] + "-X9"},
+                        "status": text(10),
+                        "reason": text(FAILURE_REASON_MAX),
+                        "at": text(32),
+                    }
+                }
+            ]
+            * (EXPORTS_PER_RUN + 1)
+        },
         "created": text(32),
         "updated": text(32),
     }

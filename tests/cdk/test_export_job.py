@@ -77,7 +77,9 @@ def test_only_a_base_in_s3_becomes_an_input_channel():
         assert check_request(request) == []
 
 
-def test_on_complete_adds_one_state_after_a_completed_run_and_nothing_else():
+def test_on_complete_runs_after_a_completed_run_when_the_runs_recorded_request_asks_and_nothing_else():
+    """The hook is deployed for every recipe; the run's recorded request's export.on_complete decides
+    (what the run was launched or resumed with), and a start that fails is recorded and notified."""
     recipe = resolve("30b-fp8").recipe
     c = constants_for(
         recipe, None, plan(recipe), table_name="runs", topic_arn="arn:aws:sns:us-west-2:1:t", bucket_name="b"
@@ -87,15 +89,28 @@ def test_on_complete_adds_one_state_after_a_completed_run_and_nothing_else():
         c, on_complete=export_on_complete_state("arn:aws:states:us-west-2:1:stateMachine:Export")
     )
     added = set(hooked["States"]) - set(plain["States"])
-    assert added == {"OnComplete", "Ended"}  # the export, and the choice that runs it for completed runs
+    hook = {
+        "Ended",
+        "RecordedExport",
+        "ExportWanted",
+        "OnComplete",
+        "ExportNotStarted",
+        "RecordExportNotStarted",
+    }
+    assert added == hook
     state = hooked["States"]["OnComplete"]
     assert state["Resource"] == "arn:aws:states:::states:startExecution" and state["Next"] == "Notify"
     assert state["Parameters"]["Input"]["Reason"] == "on_complete"
-    assert state["Catch"][0]["Next"] == "Notify"  # a failed start still notifies the run's end
+    assert state["Catch"][0]["Next"] == "ExportNotStarted"  # recorded, then the run's end is notified
+    assert hooked["States"]["RecordExportNotStarted"]["Next"] == "Notify"
     (choice,) = hooked["States"]["Ended"]["Choices"]
-    assert choice == {"Variable": "$.Decision.Outcome", "StringEquals": "completed", "Next": "OnComplete"}
+    assert choice == {"Variable": "$.Decision.Outcome", "StringEquals": "completed", "Next": "RecordedExport"}
     assert hooked["States"]["Ended"]["Default"] == "Notify"
+    (wanted,) = hooked["States"]["ExportWanted"]["Choices"]
+    assert "Recorded.Request.HyperParameters.`export.on_complete` = 'true'" in wanted["Condition"]
+    assert hooked["States"]["ExportWanted"]["Default"] == "Notify"
     unhooked = copy.deepcopy(hooked)
-    del unhooked["States"]["OnComplete"], unhooked["States"]["Ended"]
+    for name in hook:
+        del unhooked["States"][name]
     unhooked["States"]["RecordEnd"]["Next"] = "Notify"
     assert unhooked == plain
