@@ -279,3 +279,18 @@ def test_the_reconcilers_job_lookup_is_one_list_training_jobs_accepts_page_by_pa
     assert f"'MaxResults': {LIST_PAGE_MAX}" in FIND_JOB_ARGUMENTS and "'NextToken'" in FIND_JOB_ARGUMENTS
     # NameContains finds more than the job: the exact name is compared, never the first summary taken.
     assert "TrainingJobName = $states.input.Job" in FIND_JOB_OUTPUT and "NextToken" in FIND_JOB_OUTPUT
+
+
+def test_the_cli_reads_its_executions_history_in_pages_step_functions_accepts() -> None:
+    """`launch` and `resume` read their StartJob execution's history to learn whether its registration
+    won (run_access.registration_won): GetExecutionHistory maxResults is 0-1000 (Step Functions API
+    reference); the execution ARN at its longest (256 characters: an 80-character state machine and
+    execution name each)."""
+    from trainstack.cli.commands.run_access import HISTORY_PAGE_MAX
+
+    request = {"executionArn": "arn:aws:states:us-west-2:123456789012:execution:" + "m" * 80 + ":" + "e" * 80}
+    page = {**request, "maxResults": HISTORY_PAGE_MAX}
+    assert check_against_model("stepfunctions", "GetExecutionHistory", page) == []
+    assert check_against_model(
+        "stepfunctions", "GetExecutionHistory", {**page, "maxResults": HISTORY_PAGE_MAX + 1}
+    )

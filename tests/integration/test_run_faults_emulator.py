@@ -28,6 +28,7 @@ from trainstack.recipes import naming
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("supervisor-emulator")]
 CAPACITY = "CapacityError: Unable to provision requested ML compute capacity."
+FATAL_REASON = "AlgorithmError: trainstack-fatal exit=2: training.lr: must be positive"
 
 
 @pytest.fixture(scope="module")
@@ -393,3 +394,82 @@ def test_every_export_setting_is_the_runs_recorded_one_and_a_failed_export_is_to
     assert record.state == "completed" and [f["status"] for f in record.export_failures] == ["NotStarted"]
     (note,) = cloud.messages()
     assert "its on-complete export did not start" in note
+
+
+def test_concurrent_registrations_of_one_run_have_exactly_one_winner(cloud) -> None:
+    """What `launch` and `resume` rely on (run_access.registration_won): a ConditionExpression is
+    evaluated atomically with its write, so of concurrent conditional writes to one item exactly one
+    succeeds and the others fail with ConditionalCheckFailedException (DynamoDB developer guide,
+    "Condition expressions"; API reference PutItem/UpdateItem). Pinned against the emulator under real
+    concurrency: 8 PutItems racing `attribute_not_exists`, then 4 StartJob resumes of one failed run
+    started at once, each with its own change: one registers job 2 and creates it, the others end at
+    NotStarted and create nothing."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from trainstack.cli.commands.run_access import CREATED_AT, LOST_AT
+
+    key = f"race-{uuid.uuid4().hex[:8]}"
+
+    def put(i: int) -> bool:
+        try:
+            cloud.ddb.put_item(
+                TableName=TABLE,
+                Item={"run": {"S": key}, "writer": {"N": str(i)}},
+                ConditionExpression="attribute_not_exists(#run)",
+                ExpressionAttributeNames={"#run": "run"},
+            )
+            return True
+        except cloud.ddb.exceptions.ConditionalCheckFailedException:
+            return False
+
+    with ThreadPoolExecutor(8) as pool:
+        won = list(pool.map(put, range(8)))
+    assert won.count(True) == 1
+    item = cloud.ddb.get_item(TableName=TABLE, Key={"run": {"S": key}}, ConsistentRead=True)["Item"]
+    assert item["writer"]["N"] == str(won.index(True))
+    cloud.ddb.delete_item(TableName=TABLE, Key={"run": {"S": key}})
+
+    run, _ = launch(cloud, "resume-race")
+    emulator_events.end_training_job(cloud.env, f"{run}-1", "Failed", "Failed", FATAL_REASON)
+    assert job_ended(cloud, f"{run}-1")[0]["Rule"] == "Fatal"
+    record = read_run(cloud.ddb, TABLE, run)
+    before = run_request.recipe_of(record.request)
+
+    def start(lr: str) -> str:
+        after = run_request.apply_sets(before, [f"training.lr={lr}"])
+        payload = execution_input(
+            run,
+            record.run_id,
+            2,
+            after.training.steps,
+            record.overrides,
+            0,
+            "resume",
+            request=run_request.changed_request(record.request, before, after, record.team),
+            limits=run_limits(after),
+            history=history_with(record, "2026-12-01T00:00:00+00:00", "tester", f"resume lr={lr}"),
+        )
+        return cloud.sfn.start_execution(
+            stateMachineArn=cloud.start_job,
+            name=f"{run}-2-{uuid.uuid4().hex[:12]}",
+            input=json.dumps(payload),
+        )["executionArn"]
+
+    rates = ["0.0001", "0.0002", "0.0003", "0.0004"]
+    with ThreadPoolExecutor(len(rates)) as pool:
+        arns = list(pool.map(start, rates))
+    entered = []
+    for arn in arns:
+        assert cloud.wait(arn)["status"] == "SUCCEEDED"
+        names = {
+            e["stateEnteredEventDetails"]["name"]
+            for e in cloud.events(arn)
+            if "stateEnteredEventDetails" in e
+        }
+        entered.append(CREATED_AT in names and LOST_AT["resume"] not in names)
+    assert entered.count(True) == 1
+    winner = rates[entered.index(True)]
+    record = read_run(cloud.ddb, TABLE, run)
+    assert [h.what for h in record.history][-1] == f"resume lr={winner}"
+    assert job(cloud, f"{run}-2")["HyperParameters"]["training.lr"] == winner
+    assert [j.name for j in record.jobs] == [f"{run}-1", f"{run}-2"]

@@ -172,6 +172,29 @@ def _pascal_step_functions_calls() -> None:
         cls._eval_service_task = translated
 
 
+def _atomic_dynamodb_writes() -> None:
+    """DynamoDB evaluates a write's ConditionExpression atomically with the write ("Condition
+    expressions", DynamoDB developer guide): of concurrent conditional writes to one item, exactly one
+    succeeds. moto checks, then writes, in whichever server thread serves the request, so two concurrent
+    UpdateItems could both pass their condition (seen: two resumes of one run both registered). One
+    lock around every write makes each check-and-write one step, as on AWS."""
+    import functools
+    import threading
+
+    from moto.dynamodb.models import DynamoDBBackend
+
+    lock = threading.RLock()
+    for name in ("put_item", "update_item", "delete_item", "transact_write_items"):
+        original = getattr(DynamoDBBackend, name)
+
+        @functools.wraps(original)
+        def atomic(self: Any, *args: Any, _original: Any = original, **kwargs: Any) -> Any:
+            with lock:
+                return _original(self, *args, **kwargs)
+
+        setattr(DynamoDBBackend, name, atomic)
+
+
 def install() -> None:
     """Patch moto's SageMaker responses and wrap the server's WSGI app (called by serve())."""
     import threading
@@ -183,6 +206,7 @@ def install() -> None:
 
     _use_python_jsonata()
     _pascal_step_functions_calls()
+    _atomic_dynamodb_writes()
     create = SageMakerResponse.create_training_job
 
     def create_training_job(self: Any) -> Any:
