@@ -18,25 +18,88 @@ from aws_cdk import aws_dynamodb as dynamodb
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_logs as logs
+from aws_cdk import aws_sns as sns
 from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
 from stacks import nag
 from stacks.retries import retriers
 from stacks.state_machine import logged_state_machine
-from stacks.supervisor.asl import CREATE, GET_ITEM, UPDATE_ITEM, fmt, task
+from stacks.supervisor.asl import CREATE, GET_ITEM, PUBLISH, UPDATE_ITEM, fmt, task
 from trainstack.aws.export_job import EXPORTS_PER_RUN, STEP_ARGUMENT, export_job_request, exports_prefix
 from trainstack.aws.request import Runtime
-from trainstack.aws.supervisor import EXPORT_OF_ENV
+from trainstack.aws.supervisor import EXPORT_OF_ENV, EXPORT_SUBJECT, export_failed_template
 from trainstack.recipes.schema import Recipe
 
 START_EXECUTION = "arn:aws:states:::states:startExecution"
 
 
-def export_definition(request: dict[str, Any], table_name: str, exports_base: str) -> dict[str, Any]:
+def export_definition(
+    request: dict[str, Any],
+    table_name: str,
+    exports_base: str,
+    topic_arn: str | None = None,
+    message_template: str = "",
+) -> dict[str, Any]:
     """The ASL document; `request` is export_job_request with the Runtime markers below, `exports_base`
-    `s3://<bucket>/exports/<team>/<recipe>/` (each run's exports go under its run id there)."""
+    `s3://<bucket>/exports/<team>/<recipe>/` (each run's exports go under its run id there). When
+    SageMaker refuses the export job, the refusal is appended to the run's `export_failures` and, with
+    `topic_arn`, published there (an on-complete export has no one waiting on it) before it fails;
+    `message_template`: trainstack.aws.supervisor.export_failed_template of the deployment."""
     key = {"run": {"S.$": "$.Run"}}
+    refused = "export job {} was not created: {}"
+    not_created: dict[str, Any] = {
+        "RecordNotCreated": task(
+            UPDATE_ITEM,
+            {
+                "TableName": table_name,
+                "Key": key,
+                "UpdateExpression": (
+                    "SET #failures = list_append(if_not_exists(#failures, :none), :failure)"
+                ),
+                "ExpressionAttributeNames": {"#failures": "export_failures"},
+                "ExpressionAttributeValues": {
+                    ":none": {"L": []},
+                    ":failure": {
+                        "L": [
+                            {
+                                "M": {
+                                    "job": {"S.$": "$.Export.Job"},
+                                    "status": {"S": "NotCreated"},
+                                    "reason": {"S.$": "$.Error.Cause"},
+                                    "at": {"S.$": "$$.State.EnteredTime"},
+                                }
+                            }
+                        ]
+                    },
+                },
+            },
+            ResultPath=None,
+            Catch=[
+                {
+                    "ErrorEquals": ["States.ALL"],
+                    "Next": "NotifyNotCreated" if topic_arn else "NotCreated",
+                    "ResultPath": None,
+                }
+            ],
+            Next="NotifyNotCreated" if topic_arn else "NotCreated",
+        ),
+        "NotCreated": {"Type": "Fail", "Error": "ExportNotCreated", "CausePath": "$.Error.Cause"},
+    }
+    if topic_arn:
+        not_created["NotifyNotCreated"] = task(
+            PUBLISH,
+            {
+                "TopicArn": topic_arn,
+                "Subject.$": fmt(EXPORT_SUBJECT, "$.Run"),
+                "Message.$": fmt(
+                    message_template, "$.Run", fmt(refused, "$.Export.Job", "$.Error.Cause"), "$.Run"
+                ),
+            },
+            ResultPath=None,
+            Catch=[{"ErrorEquals": ["States.ALL"], "Next": "NotCreated", "ResultPath": None}],
+            Next="NotCreated",
+        )
     return {
         "Comment": "Export a run's checkpoint as a Hugging Face folder (a CPU training job)",
         "StartAt": "ReadRun",
@@ -109,7 +172,14 @@ def export_definition(request: dict[str, Any], table_name: str, exports_base: st
                 "ResultPath": "$.Export",
                 "Next": "CreateExportJob",
             },
-            "CreateExportJob": task(CREATE, request, ResultPath=None, Next="Record"),
+            "CreateExportJob": task(
+                CREATE,
+                request,
+                ResultPath=None,
+                Catch=[{"ErrorEquals": ["States.ALL"], "Next": "RecordNotCreated", "ResultPath": "$.Error"}],
+                Next="Record",
+            ),
+            **not_created,
             "Record": task(
                 UPDATE_ITEM,
                 {
@@ -171,7 +241,9 @@ class ExportMachine(Construct):
         key: kms.IKey,
         table: dynamodb.ITable,
         table_name: str,
+        topic: sns.ITopic | None = None,
     ) -> None:
+        """`topic`: where a refused export job is published (the deployment's notifications)."""
         super().__init__(scope, id)
         stack = Stack.of(self)
         request = recorded_export_request(
@@ -190,7 +262,11 @@ class ExportMachine(Construct):
             )
         )
         definition = export_definition(
-            request, table_name, f"s3://{bucket_name}/{exports_prefix(recipe, team)}/"
+            request,
+            table_name,
+            f"s3://{bucket_name}/{exports_prefix(recipe, team)}/",
+            topic.topic_arn if topic is not None else None,
+            export_failed_template(recipe.name, team or recipe.tags.team, f" --team {team}" if team else ""),
         )
         _, self.state_machine = logged_state_machine(
             self,
@@ -223,6 +299,19 @@ class ExportMachine(Construct):
                 actions=["kms:Decrypt", "kms:Encrypt", "kms:GenerateDataKey"],
                 resources=[key.key_arn],
                 conditions={"StringEquals": {"kms:ViaService": f"dynamodb.{region}.amazonaws.com"}},
+            ),
+            # A refused export is published to the deployment's topic, encrypted with the same key.
+            *(
+                [
+                    iam.PolicyStatement(actions=["sns:Publish"], resources=[topic.topic_arn]),
+                    iam.PolicyStatement(
+                        actions=["kms:Decrypt", "kms:GenerateDataKey"],
+                        resources=[key.key_arn],
+                        conditions={"StringEquals": {"kms:ViaService": f"sns.{region}.amazonaws.com"}},
+                    ),
+                ]
+                if topic is not None
+                else []
             ),
             # The export's EBS volume is encrypted with the key: SageMaker creates a grant for it.
             iam.PolicyStatement(

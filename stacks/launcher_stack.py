@@ -85,6 +85,7 @@ class LauncherStack(Stack):
             key=key,
             table=table,
             table_name=data.exports.value("RunTableName"),
+            topic=self.monitoring.topic,
         )
         on_complete = export_on_complete_state(self.export.state_machine.state_machine_arn)
         self.supervisor = RunSupervisor(

@@ -114,3 +114,27 @@ def test_on_complete_runs_after_a_completed_run_when_the_runs_recorded_request_a
         del unhooked["States"][name]
     unhooked["States"]["RecordEnd"]["Next"] = "Notify"
     assert unhooked == plain
+
+
+def test_a_refused_export_job_is_recorded_then_published_then_the_execution_fails():
+    """SageMaker refusing CreateTrainingJob for an export (an on-complete export has no one waiting on
+    it): the refusal goes to the run's export_failures, then to the deployment's topic, and the
+    execution fails (ExportNotCreated). Structural: moto accepts any export request (a duplicate name
+    included), and a malformed one is a States.Runtime error that no Catch takes."""
+    from stacks.export import export_definition
+
+    states = export_definition({}, "runs", "s3://b/exports/t/r/", "arn:aws:sns:us-west-2:1:t", "x {} {} {}")[
+        "States"
+    ]
+    (catch,) = states["CreateExportJob"]["Catch"]
+    assert catch == {"ErrorEquals": ["States.ALL"], "Next": "RecordNotCreated", "ResultPath": "$.Error"}
+    record = states["RecordNotCreated"]["Parameters"]
+    assert record["ExpressionAttributeNames"] == {"#failures": "export_failures"}
+    entry = record["ExpressionAttributeValues"][":failure"]["L"][0]["M"]
+    assert entry["status"] == {"S": "NotCreated"} and entry["reason"] == {"S.$": "$.Error.Cause"}
+    assert states["RecordNotCreated"]["Next"] == "NotifyNotCreated"
+    assert states["NotifyNotCreated"]["Parameters"]["TopicArn"] == "arn:aws:sns:us-west-2:1:t"
+    assert states["NotifyNotCreated"]["Next"] == "NotCreated"
+    assert states["NotCreated"] == {"Type": "Fail", "Error": "ExportNotCreated", "CausePath": "$.Error.Cause"}
+    without = export_definition({}, "runs", "s3://b/exports/t/r/")["States"]
+    assert "NotifyNotCreated" not in without and without["RecordNotCreated"]["Next"] == "NotCreated"

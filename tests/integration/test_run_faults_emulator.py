@@ -286,13 +286,14 @@ def test_the_reconciler_finds_a_job_by_its_exact_name_behind_a_hundred_lookalike
 def export_machines(cloud) -> tuple[str, str, str]:
     """(Export, JobEnded with the on-complete hook, JobEnded whose hook starts a machine that does not
     exist) in the emulator, built as the launcher stack builds them (literal values for CDK tokens)."""
-    from supervisor_cloud import RECIPE
+    from supervisor_cloud import RECIPE, TOPIC
     from test_supervisor_decisions import constants_for_tests
 
     from stacks.export import export_definition, export_on_complete_state, recorded_export_request
     from stacks.supervisor.job_ended import job_ended_definition
     from trainstack.aws.export_job import STEP_ARGUMENT, export_job_request
     from trainstack.aws.request import Runtime
+    from trainstack.aws.supervisor import export_failed_template
 
     if hasattr(cloud, "export_machines"):
         return cloud.export_machines
@@ -317,7 +318,16 @@ def export_machines(cloud) -> tuple[str, str, str]:
             "stateMachineArn"
         ]
 
-    export = machine("Export", export_definition(request, TABLE, "s3://bucket/exports/platform/1b-bf16/"))
+    export = machine(
+        "Export",
+        export_definition(
+            request,
+            TABLE,
+            "s3://bucket/exports/platform/1b-bf16/",
+            TOPIC,
+            export_failed_template("1b-bf16", "platform", ""),
+        ),
+    )
     missing = export.replace(":Export", ":NoSuchExport")
     hooked = [
         job_ended_definition(constants_for_tests(), on_complete=export_on_complete_state(arn))

@@ -231,9 +231,9 @@ def test_a_launch_that_created_its_job_is_not_shown_as_one_that_did_not(emulator
     )
     job = f"{job_name(recipe, None, 'made')}-1"
     create_job(emulator, job, recipe)
-    arn = sfn.start_execution(
-        stateMachineArn=machine, name=execution_name(job, "a1b2c3d4e5f6"), input="{}"
-    )["executionArn"]
+    arn = sfn.start_execution(stateMachineArn=machine, name=execution_name(job, "a1b2c3d4e5f6"), input="{}")[
+        "executionArn"
+    ]
     while sfn.describe_execution(executionArn=arn)["status"] == "RUNNING":
         time.sleep(0.2)
 

@@ -31,6 +31,7 @@ from trainstack.aws.request import Runtime
 from trainstack.recipes.hf_config import hf_config_from_shape
 from trainstack.recipes.loader import resolve
 from trainstack.recipes.naming import job_name_prefix, run_checkpoint_prefix, run_name
+from trainstack.recipes.schema import to_hyperparameters
 
 pytestmark = pytest.mark.slow
 BUCKET = "trainstack-data"
@@ -115,21 +116,25 @@ def test_base_in_s3_to_export_in_s3_through_the_export_state_machine(
         "last_job": {"N": "20"}, "jobs": {"L": [{"S": f"{run}-1"}]}, "checkpoint_uri": {"S": checkpoint_uri},
         "steps": {"N": "5"}, "tokens_per_step": {"N": "512"}, "usd_per_hour": {"N": "55"},
         "created": {"S": now}, "updated": {"S": now},
+        # the run's recorded request: the export takes its hyperparameters from it (stacks/export.py)
+        "request": {"S": json.dumps({"HyperParameters": to_hyperparameters(recipe)})},
     }  # fmt: skip
     dynamodb = cloud.client("dynamodb")
     dynamodb.put_item(TableName="runs", Item=item)
-    from stacks.export import export_definition
+    from stacks.export import export_definition, recorded_export_request
 
-    request = export_job_request(
-        recipe,
-        None,
-        job_name=Runtime("$.Export.Job"),
-        checkpoint_uri=Runtime("$.Export.Checkpoint"),
-        out_parent=Runtime("$.Export.OutParent"),
-        step=Runtime("States.Format('{}', $.Step)"),
-        role_arn="arn:aws:iam::123456789012:role/execution",
-        image_uri="123456789012.dkr.ecr.us-east-1.amazonaws.com/trainstack:test",
-        bucket_name=BUCKET,
+    request = recorded_export_request(
+        export_job_request(
+            recipe,
+            None,
+            job_name=Runtime("$.Export.Job"),
+            checkpoint_uri=Runtime("$.Export.Checkpoint"),
+            out_parent=Runtime("$.Export.OutParent"),
+            step=Runtime("States.Format('{}', $.Step)"),
+            role_arn="arn:aws:iam::123456789012:role/execution",
+            image_uri="123456789012.dkr.ecr.us-east-1.amazonaws.com/trainstack:test",
+            bucket_name=BUCKET,
+        )
     )
     exports_base = f"s3://{BUCKET}/exports/platform/{recipe.name}/"
     sfn = cloud.client("stepfunctions")
