@@ -425,3 +425,17 @@ def test_a_completed_job_with_steps_left_starts_the_next_job_and_names_the_block
     assert "capacity block" in action.why and action.counted == 2
     done = next_action(run, EndedJob(run.current_job, "Completed", "Completed", None, STEPS))
     assert (done.outcome, done.rule) == (Outcome.COMPLETED, "Completed")
+
+
+def test_the_states_the_cli_reads_a_registration_from_are_the_start_job_definitions() -> None:
+    """`launch` / `resume` tell a won registration from a lost one by the state their execution entered
+    next (trainstack.cli.commands.run_access; the CLI imports no CDK code, so the names are pinned here)."""
+    from stacks.supervisor.start_job import CREATE_AT
+    from trainstack.cli.commands.run_access import CREATED_AT, LOST_AT
+
+    states = definitions()["StartJob"]["States"]
+    assert CREATED_AT == CREATE_AT
+    assert states["RegisterRun"]["Next"] == CREATE_AT and states["RegisterResume"]["Next"] == CREATE_AT
+    assert states["RegisterRun"]["Catch"][0]["Next"] == LOST_AT["launch"]
+    assert states["RegisterResume"]["Catch"][0]["Next"] == LOST_AT["resume"]
+    assert all(states[s]["Type"] == "Succeed" for s in LOST_AT.values())
