@@ -526,11 +526,19 @@ def test_stop_never_overwrites_an_end_and_releases_the_warm_pool(cloud: Cloud) -
 
 
 def concurrently(cloud: Cloud, *commands: tuple[str, ...]) -> list[subprocess.CompletedProcess]:
-    """The CLI commands run at the same moment, each its own process (as two people would)."""
+    """The CLI commands run together, each its own process (as two people would), started 0.5 s apart:
+    EMULATOR: moto's Step Functions can leave executions started in the same instant RUNNING with no
+    history (seen with and without the DynamoDB lock). Both still pass the CLI's own check before
+    either registers (a process takes seconds to get there), or the second names the first there."""
+    import time
     from concurrent.futures import ThreadPoolExecutor
 
+    def run(indexed: tuple[int, tuple[str, ...]]) -> subprocess.CompletedProcess:
+        time.sleep(0.5 * indexed[0])
+        return cloud.cli(*indexed[1])
+
     with ThreadPoolExecutor(len(commands)) as pool:
-        return list(pool.map(lambda args: cloud.cli(*args), commands))
+        return list(pool.map(run, enumerate(commands)))
 
 
 def test_concurrent_launches_and_resumes_have_one_winner_the_loser_names_it(cloud: Cloud) -> None:
