@@ -55,7 +55,7 @@ CASES = [
     Case("spot-interrupted", "Stopped", "Interrupted", outcome="next_job", rule="SpotInterrupted"),
     Case("spot-wait", "Failed", "MaxWaitTimeExceeded", "spot capacity", outcome="next_job", rule="SpotWait"),
     Case("completed", "Completed", "Completed", final_step=STEPS, outcome="completed", rule="Completed"),
-    Case(  # a training plan's block ends: the trainer saved at step 1234 and exited 0 (trainer.capacity)
+    Case(  # a plan's capacity block ends: the trainer saved at 1234 and exited 0 (trainer.runtime.capacity)
         "capacity-block-end",
         "Completed",
         "Completed",

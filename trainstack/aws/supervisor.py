@@ -11,7 +11,7 @@ Downloading, Training, Uploading, Stopping, Stopped, MaxRuntimeExceeded, Complet
 MaxWaitTimeExceeded, ...):
 
 - `Completed`: the trainer exited 0 on its own. Either it trained the run's steps, or (with a training
-  plan) it saved and exited before its capacity block ended (training_image/trainer/capacity.py): the
+  plan) it saved and exited before its capacity block ended (training_image/trainer/runtime/capacity.py): the
   steps decide which. A job's step is the last `train:step` SageMaker parsed from the trainer's metric
   line, DescribeTrainingJob `FinalMetricDataList` ("the names, values, and dates and times that the
   training algorithm emitted", SageMaker API reference). Chosen over the checkpoint marker and the
