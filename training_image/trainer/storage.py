@@ -75,6 +75,10 @@ class CheckpointStorage(Protocol):
         """A context manager: the file as a stream read front to back; FileNotFoundError when absent."""
         ...
 
+    def open_ranges(self, step: int, name: str) -> BinaryIO:
+        """The file as a seekable stream for reads of byte ranges (the export's per-tensor reads)."""
+        ...
+
     def delete(self, step: int) -> None: ...
 
     def prepare(self, step: int) -> None:
@@ -120,6 +124,9 @@ class LocalStorage:
     def open_read(self, step: int, name: str) -> Iterator[BinaryIO]:
         with (self._dir(step) / name).open("rb") as stream:
             yield stream
+
+    def open_ranges(self, step: int, name: str) -> BinaryIO:
+        return (self._dir(step) / name).open("rb", buffering=0)
 
     def write(self, step: int, name: str, data: bytes) -> None:
         path = self._dir(step) / name
@@ -223,6 +230,15 @@ class S3Storage:
             if is_missing_key(exc):
                 raise FileNotFoundError(f"{self.checkpoint_id(step)}{name}") from None
             raise
+
+    def open_ranges(self, step: int, name: str) -> BinaryIO:
+        from s3torchconnector import S3ReaderConstructor
+
+        # Ranged reads: each read of a byte range is one GET of that range (the CRT splits large ones
+        # into parallel parts), nothing else of the object is fetched or buffered.
+        return self.client.get_object(
+            self.bucket, self._key(step, name), reader_constructor=S3ReaderConstructor.range_based()
+        )
 
     def write(self, step: int, name: str, data: bytes) -> None:
         with self.client.put_object(self.bucket, self._key(step, name)) as stream:
