@@ -43,9 +43,9 @@ class Counts:
 
     def line(self, name: str) -> str:
         return (
-            f"tracking {name}: {self.delivered} of {self.queued} records delivered, {self.kept} kept for a "
-            f"later delivery, {self.dropped} dropped (buffer full), {self.undelivered} undelivered at exit, "
-            f"{self.failed_attempts} failed attempts"
+            f"tracking {name}: {self.delivered} of {self.queued} records delivered, {self.dropped} dropped "
+            f"(buffer full), {self.undelivered} undelivered at exit, {self.failed_attempts} failed attempts, "
+            f"{self.kept} kept for a later delivery"
         )
 
 
