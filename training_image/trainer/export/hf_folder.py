@@ -9,14 +9,14 @@ own config carried over when the run started from one), `generation_config.json`
 (what was exported, from where): a folder without it is unfinished. Weights are BF16 unless told
 otherwise; Transformer Engine's `_extra_state` and the optimizer state are not exported.
 
-Memory: one tensor at a time. The checkpoint's FP32 tensors are read one by one with
-torch.distributed.checkpoint (only that tensor's byte ranges, from a local directory or straight from
-S3), split into the Hugging Face tensors they hold (Q/K/V, gate/up), cast, and collected into one
-output file of at most --max-shard-gb, which DCP's HuggingFaceStorageWriter writes before the next
-file is started. Peak host memory is about twice one output file (its tensors
-and their serialised bytes) plus twice the largest FP32 tensor
-(bench/hf_export_import.py measures it). With an s3:// --out each file is uploaded as soon as it is
-written and removed locally, so local disk holds one file too.
+Speed and memory: each of our parameters is read once from the checkpoint's files (CheckpointTensors:
+the byte ranges DCP's metadata names; a local file's page-cache pages mapped, not copied; one ranged
+GET per saved chunk on S3), split into the Hugging Face tensors it holds (Q/K/V, gate/up), cast in
+blocks of WRITE_CHUNK_BYTES and written behind a safetensors header computed before any tensor is
+read, a writer thread writing one block while the next is cast. No output file is held whole: peak
+host memory is about the largest FP32 parameter plus two blocks (bench/hf_export_import.py measures it
+beside `safetensors.save_file` and a naive whole-model export). With an s3:// --out each file is
+uploaded as soon as it is written and removed locally, so local disk holds one file too.
 
 Exit codes: 0 written; 2 a mistake in the input (no complete checkpoint, a recipe that does not match
 it, a bad location), one line naming it.
