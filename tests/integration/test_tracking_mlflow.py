@@ -20,7 +20,7 @@ from trainer_helpers import TINY, metric_lines, trainer_ranks  # noqa: E402
 
 from trainstack.aws import tracking  # noqa: E402
 from trainstack.emulator.mlflow_server import MlflowServer, free_port  # noqa: E402
-from trainstack.protocol.kept_metrics import KEPT_DIR, is_kept_name  # noqa: E402
+from trainstack.protocol.kept_metrics import KEPT_DIR, encode, is_kept_name, kept_name  # noqa: E402
 from trainstack.protocol.metrics import parse_line  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("mlflow")]
@@ -168,9 +168,10 @@ def test_the_docs_comparison_example_runs_against_the_local_server(server, two_j
     assert "recipe differences: {'recipe.training.lr': ('0.001', '0.003')}" in printed
 
 
-def test_runs_mlflow_finds_the_run_and_writes_the_registrys_final_word(server, two_jobs):
+def test_runs_mlflow_finds_the_run_and_writes_the_registrys_final_word(server, two_jobs, tmp_path):
     """`trainstack runs --mlflow`'s per-run step (trainstack.cli.commands.mlflow_access.describe) on a run
-    record as the registry holds it: a stopped run, its two jobs' ends as SageMaker reported them."""
+    record as the registry holds it: a stopped run, its two jobs' ends as SageMaker reported them, and a
+    file of records its last job kept beside its checkpoints (here a local directory), delivered."""
     from datetime import UTC, datetime
 
     from mlflow.tracking import MlflowClient
@@ -187,14 +188,23 @@ def test_runs_mlflow_finds_the_run_and_writes_the_registrys_final_word(server, t
     )
     record = Run(
         run=RUN, run_id="mlflow1", recipe="tiny-cpu", team="platform", state="stopped",
-        current_job=f"{RUN}-2", job_index=2, jobs=jobs, checkpoint_uri="s3://b/c/", steps=60,
+        current_job=f"{RUN}-2", job_index=2, jobs=jobs, checkpoint_uri=str(tmp_path), steps=60,
         tokens_per_step=512,
         usd_per_hour=1.0, overrides={}, keep_alive=0, stop_requested=True, why="trainstack stop was asked",
         next_step="trainstack resume", recipe_hash="0", max_jobs=20, creator="", created=now, updated=now,
         mlflow_run_id=launched.run_id,
     )  # fmt: skip
+    kept = tmp_path / KEPT_DIR / kept_name(1_700_000_000_000, "2")
+    kept.parent.mkdir(parents=True)
+    kept.write_bytes(
+        encode(
+            [{"step": s, "values": {"kept_probe": s / 10}, "wall_ms": 1_700_000_000_000 + s} for s in (7, 6)]
+        )
+    )
     line, found = describe(view(record, {}, 6, now), server.url, resolve(str(TINY)).recipe, None)
-    assert found.run_id == launched.run_id and line == f"mlflow: {found.url}"
+    assert found.run_id == launched.run_id and line == f"mlflow: {found.url} (2 kept records delivered)"
+    probe = MlflowClient(tracking_uri=server.url).get_metric_history(launched.run_id, "kept_probe")
+    assert sorted((m.step, m.value) for m in probe) == [(6, 0.6), (7, 0.7)] and not kept.exists()
     tags = MlflowClient(tracking_uri=server.url).get_run(launched.run_id).data.tags
     assert (tags["trainstack.state"], tags["trainstack.why"]) == ("stopped", "trainstack stop was asked")
     assert tags["trainstack.job.1.status"] == "Stopped (MaxRuntimeExceeded)"

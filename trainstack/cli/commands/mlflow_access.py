@@ -79,9 +79,10 @@ def describe(view: Any, uri: str | None, recipe: Any, team: str | None, s3: Any 
     if found is None:
         return f"mlflow: no run tagged trainstack.run={run.run} in {uri} yet", None
     kept_line = ""
-    if getattr(run, "checkpoint_uri", None):
+    where = getattr(run, "checkpoint_uri", None) or ""
+    if where and (s3 is not None or not where.startswith("s3://")):
         try:
-            delivered = tracking.deliver_kept(found, run.checkpoint_uri, s3)
+            delivered = tracking.deliver_kept(found, where, s3)
             kept_line = f" ({delivered} kept records delivered)" if delivered else ""
         except Exception as error:
             typer.echo(f"warning: kept tracking records not delivered: {type(error).__name__}", err=True)
