@@ -16,7 +16,7 @@ blocks of WRITE_CHUNK_BYTES and written behind a safetensors header computed bef
 read, a writer thread writing one block while the next is cast. No output file is held whole: peak
 host memory is about the largest FP32 parameter plus two blocks (bench/hf_export_import.py measures it
 beside `safetensors.save_file` and a naive whole-model export). With an s3:// --out each file is
-uploaded as soon as it is written and removed locally, so local disk holds one file too.
+uploaded while the next is written and removed once uploaded, so local disk holds two files at most.
 
 Exit codes: 0 written; 2 a mistake in the input (no complete checkpoint, a recipe that does not match
 it, a bad location), one line naming it.
@@ -492,17 +492,26 @@ def _export(recipe, checkpoint, out, step, dtype, tokenizer, max_shard_gb, bos_t
     staging = Path(tempfile.mkdtemp(prefix="trainstack-export-")) if target.is_s3 else target.root
     staging.mkdir(parents=True, exist_ok=True)
     weight_map, written = {}, 0
+    # s3:// --out: file i is uploaded (and then removed) while file i + 1 is written: local disk holds
+    # two files at most, and the upload's time hides behind the reading and casting.
+    uploads = ThreadPoolExecutor(1, thread_name_prefix="export-upload") if target.is_s3 else None
+    uploading: Future | None = None
     try:
         for index, group in enumerate(files, start=1):
             name = f"model-{index:05d}-of-{len(files):05d}.safetensors"
             written += _write_file(staging / name, group, source, torch_dtype)
             weight_map.update(dict.fromkeys((piece.hf for piece in group), name))
-            if target.is_s3:
-                target.upload(staging / name, name)
-                (staging / name).unlink()
+            if uploads is not None:
+                if uploading is not None:
+                    uploading.result()
+                uploading = uploads.submit(_upload_and_remove, target, staging / name, name)
             log.info("wrote %s (%d of %d, %.2f GB so far)", name, index, len(files), written / 1e9)
+        if uploading is not None:
+            uploading.result()
     finally:
         source.close()
+        if uploads is not None:
+            uploads.shutdown(wait=True)
     target.write(INDEX, _json({"metadata": {"total_size": written}, "weight_map": weight_map}))
 
     base, base_folder = _base_config(recipe)
@@ -533,6 +542,11 @@ def _export(recipe, checkpoint, out, step, dtype, tokenizer, max_shard_gb, bos_t
     )
     target.write(RECORD, _json(asdict(result)))
     return result
+
+
+def _upload_and_remove(target: Folder, local: Path, name: str) -> None:
+    target.upload(local, name)
+    local.unlink()
 
 
 def _copy_tokenizer(location: str | None, base: Folder | None, target: Folder, staging: Path) -> str | None:
