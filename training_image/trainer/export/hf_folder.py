@@ -303,6 +303,9 @@ class _BufferFile(io.RawIOBase):
         return n
 
 
+_META_BY_PICKLE: dict[bytes, Any] = {}
+
+
 def _archived_tensor(buffer: bytearray, size: tuple[int, ...]) -> torch.Tensor | None:
     """The FP32 tensor a `torch.save` archive in `buffer` holds, as a view of the buffer; None when the
     archive is not one little-endian FP32 storage of the expected size."""
@@ -311,10 +314,19 @@ def _archived_tensor(buffer: bytearray, size: tuple[int, ...]) -> torch.Tensor |
         names = archive.get_all_records()
         records = [r for r in names if r.startswith("data/") or "/data/" in r]
         byteorder = next((r for r in names if r.endswith("byteorder")), None)
-        if len(records) != 1 or (byteorder and bytes(archive.get_record(byteorder)) != b"little"):
+        pickle = next((r for r in names if r.endswith("data.pkl")), None)
+        if len(records) != 1 or pickle is None:
             return None
-        # The tensor's shape, strides and offset without its data: the archive's pickle, on the meta device.
-        meta = torch.load(_BufferFile(buffer), map_location="meta", weights_only=True)
+        if byteorder and bytes(archive.get_record(byteorder)) != b"little":
+            return None
+        # The tensor's shape, strides and offset without its data: the archive's pickle, loaded on the meta
+        # device; the same pickle (every layer's tensor of one shape) is loaded once.
+        key = bytes(archive.get_record(pickle))
+        meta = _META_BY_PICKLE.get(key)
+        if meta is None:
+            meta = torch.load(_BufferFile(buffer), map_location="meta", weights_only=True)
+            if len(_META_BY_PICKLE) < 4096:
+                _META_BY_PICKLE[key] = meta
     except Exception:  # not the form DCP writes today: dcp.load reads it
         return None
     nbytes = archive.get_record_size(records[0])
