@@ -4,8 +4,8 @@
 For each size: random Llama-shaped weights are written as a trainer checkpoint (DCP, one rank), then
 timed in a fresh process each, side by side in one run:
 
-- ours: `trainer.export.hf_folder.export` (the checkpoint's FP32 tensors read per parameter -> BF16 safetensors
-  files of 2 GB at most);
+- ours: `trainer.export.hf_folder.export` (the checkpoint's FP32 tensors read per parameter -> BF16
+  safetensors files of 2 GB at most);
 - naive: the whole-model export one would write first: `dcp.load` every model tensor (FP32), split
   into the Hugging Face tensors, cast to BF16, `safetensors.torch.save_file` per output file;
 - raw: `safetensors.torch.save_file` of the same BF16 tensors already in memory (the writer alone: the

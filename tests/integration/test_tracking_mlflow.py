@@ -213,7 +213,7 @@ def test_runs_mlflow_finds_the_run_and_writes_the_registrys_final_word(server, t
 # --- No metric lost at a job's end (issue 29, item 12) --------------------------------------------------
 # The CPU trainer's first job of a run (4 steps) runs while its MLflow store is not up (nothing listens on
 # the port it is given); the second (steps 5-8) runs against this module's server. Then the same kept file
-# is delivered again by both deliverers at once, the next job's (trainer.tracking.KeptRecords) and the
+# is delivered again by both deliverers at once, the next job's (trainer.metrics.tracking.KeptRecords) and the
 # CLI's (`trainstack runs --mlflow`: trainstack.aws.tracking), from the emulator's S3 (s3torchconnector on
 # the trainer's side, boto3 on the CLI's): the history still holds each step once.
 KEPT_RUN = "ts-platform-tiny-cpu--kept1"
@@ -270,7 +270,8 @@ def test_a_first_job_against_an_mlflow_not_yet_up_loses_no_point(server, tmp_pat
 def _deliver_twice_from_s3(found, kept_bytes: bytes) -> None:
     import os
 
-    from trainer.tracking import JobContext, KeptRecords, MlflowSink
+    from trainer.metrics.tracking import JobContext, KeptRecords, MlflowSink
+    from trainer.storage import open_storage
 
     from trainstack.emulator.endpoint import Emulator
 
@@ -293,7 +294,7 @@ def _deliver_twice_from_s3(found, kept_bytes: bytes) -> None:
                 previous_end=None,
                 image=None,
             )
-            trainer_side = KeptRecords(location, job)
+            trainer_side = KeptRecords(location, job, open_storage)
             sink = MlflowSink(job, {}, {}, trainer_side)
             sink.client, sink.run_id = tracking.client(found.tracking_uri), found.run_id
             trainer_side.storage().write_run_file(f"{KEPT_DIR}/0000000000001-1.jsonl", kept_bytes)

@@ -195,6 +195,7 @@ def _train(
         data_source=token_source.name,
         data_dir=data_dir,
         keep_at=storage.location,  # undelivered metrics are kept beside the checkpoints
+        open_store=open_storage,
     )
 
     torch.manual_seed(recipe.training.seed)

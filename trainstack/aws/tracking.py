@@ -270,7 +270,8 @@ def deliver_kept(found: MlflowRun, checkpoint_uri: str, s3: Any = None) -> int:
     return delivered
 
 
-MLFLOW_BATCH_METRICS = 1000  # Log Batch's limit per request (mlflow.org REST API), as trainer.tracking
+# Log Batch's limit per request (mlflow.org REST API), as trainer.metrics.tracking
+MLFLOW_BATCH_METRICS = 1000
 
 
 class _KeptFiles:

@@ -1,9 +1,10 @@
 """Tracking records a job could not deliver, kept beside the run's checkpoints until someone delivers them.
 
-The trainer (trainer.tracking) writes them when its MLflow tracker could not take them in time: records
-pushed out of its full buffer, and what was still buffered or in flight at the job's end. The run's next
-job (before its own records) and `trainstack runs --mlflow` (trainstack.aws.tracking) deliver them, each
-file in the order the files were written, each file's records in step order, then delete the file.
+The trainer (trainer.metrics.tracking) writes them when its MLflow tracker could not take them in time:
+records pushed out of its full buffer, and what was still buffered or in flight at the job's end. The
+run's next job (before its own records) and `trainstack runs --mlflow` (trainstack.aws.tracking)
+deliver them, each file in the order the files were written, each file's records in step order, then
+delete the file.
 
 Exactly once without a lock: a record keeps the wall-clock time it was measured at, and an MLflow SQL
 store (the tracking server's, SageMaker's managed MLflow) takes a metric it already holds with the same
@@ -43,7 +44,7 @@ def is_kept_name(name: str) -> bool:
 
 
 def keepable(record: tuple) -> dict[str, Any] | None:
-    """A tracking record (trainer.tracking's tuples) as a kept line, or None when it is not kept."""
+    """A tracking record (trainer.metrics.tracking's tuples) as a kept line, or None when it is not kept."""
     kind = record[0]
     if kind == "metrics":
         _, step, values, wall_ms = record

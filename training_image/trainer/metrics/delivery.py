@@ -4,7 +4,7 @@ throttling or unreachable tracker never costs the training loop more than an app
 `put` never blocks and never raises: it appends to a deque of at most `capacity` records under a lock.
 When the buffer is full the OLDEST record is pushed out (and counted): while a tracker is down the newest
 points are the ones worth having when it comes back (they show where the run is now). With `keep` (the
-MLflow tracker: trainer.tracking keeps them beside the run's checkpoints for the run's next job or
+MLflow tracker: trainer.metrics.tracking keeps them beside the run's checkpoints for the run's next job or
 `trainstack runs --mlflow` to deliver) a pushed-out record is handed to `keep` on the thread, and so is
 whatever is still buffered or in flight when `close` gives up: nothing is lost, only late. Without
 `keep` a pushed-out record is dropped (every value also stays in the job's log as the metric line).

@@ -35,7 +35,7 @@ import os
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -331,12 +331,13 @@ class MlflowSink:
 
 
 class KeptRecords:
-    """What the MLflow delivery could not deliver (trainer.delivery's `keep`), spooled to a local file as
-    it comes (memory stays bounded however long the tracker is down), written at the job's end as one
+    """What the MLflow delivery could not deliver (trainer.metrics.delivery's `keep`), spooled to a local
+    file as it comes (memory stays bounded however long the tracker is down), written at the job's end as one
     file beside the run's checkpoints; and the delivery of the files earlier jobs left there."""
 
-    def __init__(self, location: str, job: JobContext) -> None:
-        self.location, self.job = location, job
+    def __init__(self, location: str, job: JobContext, open_store: Callable[[str], Any]) -> None:
+        # open_store: trainer.storage.open_storage, given by the caller (metrics sits below storage)
+        self.location, self.job, self._open_store = location, job, open_store
         self._lock = threading.Lock()
         self._spool: Any = None
         self.count = 0
@@ -344,9 +345,7 @@ class KeptRecords:
 
     def storage(self) -> Any:
         if self._storage is None:  # its own client: the checkpoint manager's is the training thread's
-            from trainer.storage import open_storage
-
-            self._storage = open_storage(self.location)
+            self._storage = self._open_store(self.location)
         return self._storage
 
     def keep(self, records: list[Any]) -> None:
@@ -509,18 +508,20 @@ def open_tracking(
     environ: Mapping[str, str] | None = None,
     capacity: int = 10_000,
     keep_at: str | None = None,
+    open_store: Callable[[str], Any] | None = None,
 ) -> tuple[Tracking, JobContext]:
     """The trackers this job logs to: MLflow when MLFLOW_TRACKING_URI is set, TensorBoard when the recipe
-    says so; nothing on other ranks. `keep_at` (the run's checkpoint location) is where what MLflow could
-    not take is kept, and where earlier jobs' kept records are delivered from. Never raises: a tracker
-    that cannot be set up is logged and skipped."""
+        says so; nothing on other ranks. `keep_at` (the run's checkpoint location, opened with `open_store`:
+    trainer.storage.open_storage) is where what MLflow could
+        not take is kept, and where earlier jobs' kept records are delivered from. Never raises: a tracker
+        that cannot be set up is logged and skipped."""
     job = JobContext.from_environment(recipe, environ)
     tracking = Tracking()
     if rank != 0:
         return tracking, job
     try:
         if job.tracking_uri:
-            kept = KeptRecords(keep_at, job) if keep_at else None
+            kept = KeptRecords(keep_at, job, open_store) if keep_at and open_store else None
             sink = MlflowSink(
                 job, run_params(recipe, plan, job, data_source, data_dir), job_tags(recipe, job), kept
             )
