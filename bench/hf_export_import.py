@@ -2,11 +2,18 @@
 """Export and import throughput and peak host memory against model size, on CPU (docs/benchmarks.md).
 
 For each size: random Llama-shaped weights are written as a trainer checkpoint (DCP, one rank), then
-timed in a fresh process each:
+timed in a fresh process each, side by side in one run:
 
-- export: `trainer.export.hf_folder.export` (one FP32 tensor at a time -> BF16 safetensors files of 2 GB at
-  most),
-  GB of BF16 output per second and the process's peak resident memory;
+- ours: `trainer.export.hf_folder.export` (the checkpoint's FP32 tensors read per parameter -> BF16
+  safetensors files of 2 GB at most);
+- naive: the whole-model export one would write first: `dcp.load` every model tensor (FP32), split
+  into the Hugging Face tensors, cast to BF16, `safetensors.torch.save_file` per output file;
+- raw: `safetensors.torch.save_file` of the same BF16 tensors already in memory (the writer alone: the
+  ceiling of any export);
+
+each as GB of BF16 output per second of wall time and per CPU-second (user + system: the machine is
+shared, so CPU time is the steadier figure), and the process's peak resident memory; then the ratios
+ours/raw and ours/naive;
 - import: `trainer.hf.conversion.load_base` of that folder into the FSDP-sharded model (a world of one, FP32
   masters), GB of BF16 read per second and peak resident memory (which holds the model itself: one
   rank of a world of one holds every shard).
@@ -22,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -31,6 +39,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 SHAPES = {  # billions of parameters -> a Llama-style shape of about that size (vocab 32000)
     0.1: dict(layers=8, hidden=768, heads=12, kv_heads=4, ffn=2048, vocab=32000),
+    0.2: dict(layers=12, hidden=1024, heads=16, kv_heads=4, ffn=2816, vocab=32000),
     0.4: dict(layers=12, hidden=1536, heads=12, kv_heads=4, ffn=4096, vocab=32000),
     1.0: dict(layers=16, hidden=2048, heads=16, kv_heads=8, ffn=5632, vocab=32000),
 }
@@ -76,10 +85,69 @@ def make_checkpoint(shape: dict, where: Path) -> None:
 def run_export(shape: dict, where: Path) -> dict:
     from trainer.export.hf_folder import export
 
-    started = time.perf_counter()
+    shutil.rmtree(where / "hf", ignore_errors=True)
+    started, cpu = time.perf_counter(), _cpu_s()
     result = export(_recipe(shape), str(where / "ck"), str(where / "hf"))
-    seconds = time.perf_counter() - started
-    return {"seconds": seconds, "gb": result.bytes_written / 1e9, "peak_gb": _peak_gb()}
+    return _figures(started, cpu, result.bytes_written)
+
+
+def run_naive(shape: dict, where: Path) -> dict:
+    """dcp.load everything, split, cast, save_file per output file (the same files as ours)."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from safetensors.torch import save_file
+    from trainer.export.hf_folder import DEFAULT_MAX_SHARD_GB, plan_files
+    from trainer.hf.conversion import parameter_shapes, pieces, to_hf
+    from trainer.storage import LocalStorage, step_dir_name
+
+    recipe = _recipe(shape)
+    shutil.rmtree(where / "naive", ignore_errors=True)
+    (where / "naive").mkdir()
+    started, cpu = time.perf_counter(), _cpu_s()
+    storage = LocalStorage(where / "ck")
+    state = {f"model.{k}": torch.empty(v) for k, v in parameter_shapes(recipe.model).items()}
+    dcp.load(state, checkpoint_id=str(where / "ck" / step_dir_name(storage.steps()[0])), no_dist=True)
+    hf = to_hf({k[len("model.") :]: v for k, v in state.items()}, recipe.model)
+    hf = {k: v.to(torch.bfloat16) for k, v in hf.items()}
+    del state
+    files = plan_files(pieces(recipe.model), 2, DEFAULT_MAX_SHARD_GB * 1e9)
+    written = 0
+    for index, group in enumerate(files, start=1):
+        part = {p.hf: hf[p.hf] for p in group}
+        save_file(part, str(where / "naive" / f"model-{index:05d}-of-{len(files):05d}.safetensors"))
+        written += sum(t.numel() * 2 for t in part.values())
+    return _figures(started, cpu, written)
+
+
+def run_raw(shape: dict, where: Path) -> dict:
+    """save_file of the same BF16 tensors, files as ours; only the writes are timed. The tensors are
+    our export's output read back (so ours must have run first)."""
+    from safetensors.torch import load_file, save_file
+
+    shutil.rmtree(where / "raw", ignore_errors=True)
+    (where / "raw").mkdir()
+    files = sorted((where / "hf").glob("*.safetensors"))
+    parts = [{k: v.clone() for k, v in load_file(str(f)).items()} for f in files]
+    started, cpu = time.perf_counter(), _cpu_s()
+    written = 0
+    for f, part in zip(files, parts, strict=True):
+        save_file(part, str(where / "raw" / f.name))
+        written += sum(t.numel() * t.element_size() for t in part.values())
+    return _figures(started, cpu, written)
+
+
+def _cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _figures(started: float, cpu: float, written: int) -> dict:
+    return {
+        "seconds": time.perf_counter() - started,
+        "cpu_s": _cpu_s() - cpu,
+        "gb": written / 1e9,
+        "peak_gb": _peak_gb(),
+    }
 
 
 def run_import(shape: dict, where: Path) -> dict:
@@ -120,26 +188,58 @@ def _child(step: str, size: float, where: Path, quiet: bool = False) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--sizes", default="0.1,0.4,1.0")
+    parser.add_argument(
+        "--sizes",
+        default="0.1,0.2,0.4",
+        help="1.0 writes its checkpoint from a process of about 16 GB: not on a shared 24 GiB machine",
+    )
     parser.add_argument("--work", type=Path, default=None)
+    parser.add_argument("--no-import", action="store_true", help="export figures only")
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
     from trainstack.recipes.schema import ModelShape
 
-    columns = ("model", "params", "export GB/s (BF16 out)", "export peak RSS", "import GB/s (BF16 in)")
-    print("| " + " | ".join(columns) + " | import peak RSS (model itself) |")
-    print("|---|---|---|---|---|---|")
+    rows, imports = [], []
     for size in (float(s) for s in args.sizes.split(",")):
         where = Path(tempfile.mkdtemp(prefix=f"hfbench-{size}-", dir=args.work))
         _child("make_checkpoint", size, where, quiet=True)
-        out, into = _child("run_export", size, where), _child("run_import", size, where)
+        ours = _child("run_export", size, where)
+        naive = _child("run_naive", size, where)
+        raw = _child("run_raw", size, where)
         params = ModelShape(**SHAPES[size]).total_params
-        export_rate = f"{out['gb'] / out['seconds']:.2f} ({out['gb']:.2f} GB in {out['seconds']:.1f} s)"
-        import_rate = f"{into['gb'] / into['seconds']:.2f} ({into['seconds']:.1f} s)"
+        rows.append((size, params, ours, naive, raw))
+        if not args.no_import:
+            imports.append((size, params, _child("run_import", size, where)))
+        shutil.rmtree(where, ignore_errors=True)
+
+    def rate(r: dict) -> str:
+        return f"{r['gb'] / r['seconds']:.2f} / {r['gb'] / r['cpu_s']:.2f}"
+
+    print("Export, BF16 output: GB/s of wall time / per CPU-second; peak RSS")
+    print(
+        "| model | params | GB out | raw save_file | naive whole-model | ours | ours/raw (wall, CPU) "
+        "| ours/naive (wall, CPU) | peak RSS raw / naive / ours |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
+    for size, params, ours, naive, raw in rows:
+
+        def ratio(a: dict, b: dict) -> str:
+            return f"{b['seconds'] / a['seconds']:.2f}x, {b['cpu_s'] / a['cpu_s']:.2f}x"
+
         print(
-            f"| {size}B-class | {params / 1e9:.2f} B | {export_rate} | {out['peak_gb']:.2f} GB "
-            f"| {import_rate} | {into['peak_gb']:.2f} GB ({into['model_gb']:.2f} before the load) |"
+            f"| {size}B-class | {params / 1e9:.2f} B | {ours['gb']:.2f} | {rate(raw)} | {rate(naive)} "
+            f"| {rate(ours)} | {ratio(ours, raw)} | {ratio(ours, naive)} "
+            f"| {raw['peak_gb']:.2f} / {naive['peak_gb']:.2f} / {ours['peak_gb']:.2f} GB |"
         )
+    if imports:
+        print("\n| model | params | import GB/s (BF16 in) | import peak RSS (model itself) |")
+        print("|---|---|---|---|")
+        for size, params, into in imports:
+            print(
+                f"| {size}B-class | {params / 1e9:.2f} B | {into['gb'] / into['seconds']:.2f} "
+                f"({into['seconds']:.1f} s) | {into['peak_gb']:.2f} GB "
+                f"({into['model_gb']:.2f} before the load) |"
+            )
     from trainstack.planner.models_io import plan_export
     from trainstack.recipes.loader import resolve
 

@@ -77,8 +77,9 @@ def train(steps: int, env: dict[str, str], work: Path) -> tuple[list[float], str
     return times[WARMUP:], report.split("trainer.tracking: ")[-1]
 
 
-def per_call_costs() -> tuple[float, float]:
-    """The training thread's cost of one log step's record, tracker unreachable: (log_line us, put us)."""
+def per_call_costs() -> tuple[float, float, float]:
+    """The training thread's cost of one log step's record, tracker unreachable: (log_line us, put us,
+    put us with `keep` and the buffer full: every put pushes the oldest record out to be kept)."""
     from trainer.metrics.delivery import Delivery
     from trainer.metrics.tracking import Tracking
 
@@ -98,9 +99,18 @@ def per_call_costs() -> tuple[float, float]:
     for i in range(n):
         delivery.put(i)
     put_us = (time.perf_counter() - started) / n * 1e6
+    kept: list = []
+    keeping = Delivery("bench-keep", lambda batch: hung.wait(30), keep=kept.extend, capacity=1_000)
+    for i in range(1_000):  # full from here on
+        keeping.put(i)
+    started = time.perf_counter()
+    for i in range(n):
+        keeping.put(i)
+    keep_put_us = (time.perf_counter() - started) / n * 1e6
     hung.set()
     delivery.close(0.1)
-    return log_line_us, put_us
+    keeping.close(0.1)
+    return log_line_us, put_us, keep_put_us
 
 
 def main() -> int:
@@ -110,8 +120,11 @@ def main() -> int:
     args = parser.parse_args()
     from trainstack.emulator.mlflow_server import MlflowServer
 
-    log_line_us, put_us = per_call_costs()
-    print(f"training thread, per log step: log_line {log_line_us:.1f} us (parse + put), put {put_us:.2f} us")
+    log_line_us, put_us, keep_put_us = per_call_costs()
+    print(
+        f"training thread, per log step: log_line {log_line_us:.1f} us (parse + put), put {put_us:.2f} us, "
+        f"put with the buffer full and the pushed-out record kept {keep_put_us:.2f} us"
+    )
     throttler = http.server.ThreadingHTTPServer(("127.0.0.1", free_port()), Throttling)
     threading.Thread(target=throttler.serve_forever, daemon=True).start()
     results: dict[str, list[float]] = {}

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
 import urllib.parse
 import urllib.request
 from pathlib import Path
@@ -18,7 +19,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "trainer"))
 from trainer_helpers import TINY, metric_lines, trainer_ranks  # noqa: E402
 
 from trainstack.aws import tracking  # noqa: E402
-from trainstack.emulator.mlflow_server import MlflowServer  # noqa: E402
+from trainstack.emulator.mlflow_server import MlflowServer, free_port  # noqa: E402
+from trainstack.protocol.kept_metrics import KEPT_DIR, encode, is_kept_name, kept_name  # noqa: E402
 from trainstack.protocol.metrics import parse_line  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("mlflow")]
@@ -166,9 +168,10 @@ def test_the_docs_comparison_example_runs_against_the_local_server(server, two_j
     assert "recipe differences: {'recipe.training.lr': ('0.001', '0.003')}" in printed
 
 
-def test_runs_mlflow_finds_the_run_and_writes_the_registrys_final_word(server, two_jobs):
+def test_runs_mlflow_finds_the_run_and_writes_the_registrys_final_word(server, two_jobs, tmp_path):
     """`trainstack runs --mlflow`'s per-run step (trainstack.cli.commands.mlflow_access.describe) on a run
-    record as the registry holds it: a stopped run, its two jobs' ends as SageMaker reported them."""
+    record as the registry holds it: a stopped run, its two jobs' ends as SageMaker reported them, and a
+    file of records its last job kept beside its checkpoints (here a local directory), delivered."""
     from datetime import UTC, datetime
 
     from mlflow.tracking import MlflowClient
@@ -185,14 +188,132 @@ def test_runs_mlflow_finds_the_run_and_writes_the_registrys_final_word(server, t
     )
     record = Run(
         run=RUN, run_id="mlflow1", recipe="tiny-cpu", team="platform", state="stopped",
-        current_job=f"{RUN}-2", job_index=2, jobs=jobs, checkpoint_uri="s3://b/c/", steps=60,
+        current_job=f"{RUN}-2", job_index=2, jobs=jobs, checkpoint_uri=str(tmp_path), steps=60,
         tokens_per_step=512,
         usd_per_hour=1.0, overrides={}, keep_alive=0, stop_requested=True, why="trainstack stop was asked",
         next_step="trainstack resume", recipe_hash="0", max_jobs=20, creator="", created=now, updated=now,
         mlflow_run_id=launched.run_id,
     )  # fmt: skip
+    kept = tmp_path / KEPT_DIR / kept_name(1_700_000_000_000, "2")
+    kept.parent.mkdir(parents=True)
+    kept.write_bytes(
+        encode(
+            [{"step": s, "values": {"kept_probe": s / 10}, "wall_ms": 1_700_000_000_000 + s} for s in (7, 6)]
+        )
+    )
     line, found = describe(view(record, {}, 6, now), server.url, resolve(str(TINY)).recipe, None)
-    assert found.run_id == launched.run_id and line == f"mlflow: {found.url}"
+    assert found.run_id == launched.run_id and line == f"mlflow: {found.url} (2 kept records delivered)"
+    probe = MlflowClient(tracking_uri=server.url).get_metric_history(launched.run_id, "kept_probe")
+    assert sorted((m.step, m.value) for m in probe) == [(6, 0.6), (7, 0.7)] and not kept.exists()
     tags = MlflowClient(tracking_uri=server.url).get_run(launched.run_id).data.tags
     assert (tags["trainstack.state"], tags["trainstack.why"]) == ("stopped", "trainstack stop was asked")
     assert tags["trainstack.job.1.status"] == "Stopped (MaxRuntimeExceeded)"
+
+
+# --- No metric lost at a job's end (issue 29, item 12) --------------------------------------------------
+# The CPU trainer's first job of a run (4 steps) runs while its MLflow store is not up (nothing listens on
+# the port it is given); the second (steps 5-8) runs against this module's server. Then the same kept file
+# is delivered again by both deliverers at once, the next job's (trainer.metrics.tracking.KeptRecords) and the
+# CLI's (`trainstack runs --mlflow`: trainstack.aws.tracking), from the emulator's S3 (s3torchconnector on
+# the trainer's side, boto3 on the CLI's): the history still holds each step once.
+KEPT_RUN = "ts-platform-tiny-cpu--kept1"
+
+
+def _job(index: int, steps: int, url: str, checkpoints: Path):
+    env = {
+        "MLFLOW_TRACKING_URI": url,
+        "MLFLOW_EXPERIMENT_NAME": EXPERIMENT,
+        "TRAINSTACK_RUN": KEPT_RUN,
+        "TRAINING_JOB_NAME": f"{KEPT_RUN}-{index}",
+    }
+    args = ("--recipe", str(TINY), "--max-steps", str(steps), "--checkpoint-dir", str(checkpoints))
+    done = trainer_ranks(1, *args, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+def _history(server: MlflowServer, run_id: str) -> list[tuple[int, float, int]]:
+    from mlflow.tracking import MlflowClient
+
+    found = MlflowClient(tracking_uri=server.url).get_metric_history(run_id, "loss")
+    return sorted((m.step, m.value, m.timestamp) for m in found)
+
+
+def test_a_first_job_against_an_mlflow_not_yet_up_loses_no_point(server, tmp_path):
+    down = f"http://127.0.0.1:{free_port()}"  # the store not up yet: nothing listens there
+    checkpoints = tmp_path / "checkpoints"
+    first = _job(1, 4, down, checkpoints)
+    assert "records the tracker did not take are kept in" in first.stderr
+    kept = [p for p in (checkpoints / KEPT_DIR).iterdir() if is_kept_name(p.name)]
+    assert len(kept) == 1
+    kept_bytes = kept[0].read_bytes()
+    second = _job(2, 8, server.url, checkpoints)  # the store is up now
+    printed = [parse_line(line) for out in (first, second) for line in metric_lines(out.stdout)]
+    assert [int(p["step"]) for p in printed] == list(range(1, 9))
+    found = tracking.find_run(server.url, EXPERIMENT, KEPT_RUN)
+    assert found is not None
+    history = _history(server, found.run_id)
+    # every step of both jobs, once, in step order, with the values the jobs printed
+    assert [step for step, _, _ in history] == list(range(1, 9))
+    assert [value for _, value, _ in history] == pytest.approx([p["loss"] for p in printed], rel=1e-6)
+    timestamps = [t for _, _, t in history]
+    assert timestamps == sorted(timestamps)  # job 1's points carry the time they were measured
+    assert found.tags["trainstack.job.1.exit"] == "completed"  # job 1's own tag, delivered late
+    assert not list((checkpoints / KEPT_DIR).iterdir())  # delivered, then deleted
+    assert "delivered" in second.stderr and "earlier job kept" in second.stderr
+
+    # Both deliverers at once on the same kept file, from the emulator's S3: nothing doubles.
+    _deliver_twice_from_s3(found, kept_bytes)
+    assert _history(server, found.run_id) == history
+
+
+def _deliver_twice_from_s3(found, kept_bytes: bytes) -> None:
+    import os
+
+    from trainer.metrics.tracking import JobContext, KeptRecords, MlflowSink
+    from trainer.storage import open_storage
+
+    from trainstack.emulator.endpoint import Emulator
+
+    with Emulator().start(timeout_s=180) as emulator:  # a loaded 2-core machine starts moto slowly
+        env, s3 = emulator.env(), emulator.client("s3")
+        s3.create_bucket(Bucket="trainstack-checkpoints")
+        location = "s3://trainstack-checkpoints/checkpoints/platform/tiny-cpu/kept1/"
+        saved = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+        try:
+            job = JobContext(
+                tracking_uri=found.tracking_uri,
+                run=KEPT_RUN,
+                run_id=found.run_id,
+                experiment=EXPERIMENT,
+                run_name=KEPT_RUN,
+                team="platform",
+                job_index=3,
+                job_name=None,
+                previous_end=None,
+                image=None,
+            )
+            trainer_side = KeptRecords(location, job, open_storage)
+            sink = MlflowSink(job, {}, {}, trainer_side)
+            sink.client, sink.run_id = tracking.client(found.tracking_uri), found.run_id
+            trainer_side.storage().write_run_file(f"{KEPT_DIR}/0000000000001-1.jsonl", kept_bytes)
+            results: dict[str, int] = {}
+            threads = [
+                threading.Thread(target=lambda: results.update(trainer=trainer_side.deliver(sink.send))),
+                threading.Thread(
+                    target=lambda: results.update(cli=tracking.deliver_kept(found, location, s3))
+                ),
+            ]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join(timeout=120)
+            assert set(results) == {"trainer", "cli"} and results["trainer"] + results["cli"] >= 5
+            assert trainer_side.storage().run_files(KEPT_DIR) == []
+        finally:
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value

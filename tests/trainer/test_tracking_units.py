@@ -66,6 +66,28 @@ def test_a_failing_tracker_is_retried_and_what_never_arrives_is_counted_at_close
     assert counts.delivered == 0 and counts.undelivered == 30 and counts.dropped == 0
 
 
+def test_with_keep_what_is_pushed_out_or_left_at_close_is_kept_not_dropped():
+    release = threading.Event()
+    sent: list[int] = []
+    kept: list[int] = []
+
+    def hanging(batch):
+        release.wait(10)  # a tracker that does not answer in time
+        sent.extend(batch)
+
+    delivery = Delivery("test", hanging, keep=kept.extend, capacity=5, batch=100, interval_s=0.01)
+    time.sleep(0.05)
+    started = time.perf_counter()
+    for i in range(1000):
+        delivery.put(i)
+    assert (time.perf_counter() - started) / 1000 < 1e-3  # still an append: keeping happens on the thread
+    counts = delivery.close(timeout_s=0.2)
+    release.set()  # the in-flight batch may still arrive: kept too (a second delivery of it adds nothing)
+    assert counts.dropped == 0 and counts.undelivered == 0
+    assert counts.kept == len(kept) and set(kept) | set(sent) == set(range(1000))
+    assert set(range(1000)) - set(sent) <= set(kept)  # whatever the tracker did not take is kept
+
+
 def test_records_are_delivered_once_the_tracker_recovers():
     state = {"up": False}
     got = []

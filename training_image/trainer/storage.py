@@ -75,7 +75,26 @@ class CheckpointStorage(Protocol):
         """A context manager: the file as a stream read front to back; FileNotFoundError when absent."""
         ...
 
+    def open_ranges(self, step: int, name: str) -> BinaryIO:
+        """The file as a seekable stream for reads of byte ranges (the export's per-tensor reads)."""
+        ...
+
     def delete(self, step: int) -> None: ...
+
+    # Files of the run beside its step folders (`folder/name`, e.g. tracking/kept/...), never a step's.
+    def run_files(self, folder: str) -> list[str]:
+        """Names of the files directly in `folder` (relative to the location), sorted."""
+        ...
+
+    def read_run_file(self, path: str) -> bytes | None: ...
+
+    def write_run_file(self, path: str, data: bytes) -> None:
+        """Readers see all of it or none of it, as `write`."""
+        ...
+
+    def delete_run_file(self, path: str) -> None:
+        """Gone (absent already is fine)."""
+        ...
 
     def prepare(self, step: int) -> None:
         """Make the step's directory writable (local: create it)."""
@@ -121,6 +140,9 @@ class LocalStorage:
         with (self._dir(step) / name).open("rb") as stream:
             yield stream
 
+    def open_ranges(self, step: int, name: str) -> BinaryIO:
+        return (self._dir(step) / name).open("rb", buffering=0)
+
     def write(self, step: int, name: str, data: bytes) -> None:
         path = self._dir(step) / name
         tmp = path.with_name(path.name + ".tmp")
@@ -131,6 +153,26 @@ class LocalStorage:
         # The marker first: a delete cut short leaves an incomplete folder, never a damaged "complete" one.
         (self._dir(step) / MARKER).unlink(missing_ok=True)
         shutil.rmtree(self._dir(step), ignore_errors=True)
+
+    def run_files(self, folder: str) -> list[str]:
+        directory = self.root / folder
+        if not directory.is_dir():
+            return []
+        return sorted(p.name for p in directory.iterdir() if p.is_file() and not p.name.endswith(".tmp"))
+
+    def read_run_file(self, path: str) -> bytes | None:
+        target = self.root / path
+        return target.read_bytes() if target.is_file() else None
+
+    def write_run_file(self, path: str, data: bytes) -> None:
+        target = self.root / path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(target.name + ".tmp")
+        tmp.write_bytes(data)
+        os.replace(tmp, target)
+
+    def delete_run_file(self, path: str) -> None:
+        (self.root / path).unlink(missing_ok=True)
 
     def prepare(self, step: int) -> None:
         self._dir(step).mkdir(parents=True, exist_ok=True)
@@ -224,6 +266,15 @@ class S3Storage:
                 raise FileNotFoundError(f"{self.checkpoint_id(step)}{name}") from None
             raise
 
+    def open_ranges(self, step: int, name: str) -> BinaryIO:
+        from s3torchconnector import S3ReaderConstructor
+
+        # Ranged reads: each read of a byte range is one GET of that range (the CRT splits large ones
+        # into parallel parts), nothing else of the object is fetched or buffered.
+        return self.client.get_object(
+            self.bucket, self._key(step, name), reader_constructor=S3ReaderConstructor.range_based()
+        )
+
     def write(self, step: int, name: str, data: bytes) -> None:
         with self.client.put_object(self.bucket, self._key(step, name)) as stream:
             stream.write(data)
@@ -235,6 +286,28 @@ class S3Storage:
         objects, _ = self._list(self._key(step))
         for info in sorted(objects, key=lambda info: info.key != self._key(step, MARKER)):
             self.client.delete_object(self.bucket, info.key)
+
+    def run_files(self, folder: str) -> list[str]:
+        base = f"{self.prefix}{folder.strip('/')}/"
+        objects, _ = self._list(base, "/")
+        return sorted(info.key[len(base) :] for info in objects)
+
+    def read_run_file(self, path: str) -> bytes | None:
+        from s3torchconnectorclient import S3Exception
+
+        try:
+            return self.client.get_object(self.bucket, self.prefix + path).read()
+        except S3Exception as exc:
+            if is_missing_key(exc):
+                return None
+            raise
+
+    def write_run_file(self, path: str, data: bytes) -> None:
+        with self.client.put_object(self.bucket, self.prefix + path) as stream:
+            stream.write(data)
+
+    def delete_run_file(self, path: str) -> None:
+        self.client.delete_object(self.bucket, self.prefix + path)  # S3: deleting a missing key succeeds
 
     def prepare(self, step: int) -> None:
         pass

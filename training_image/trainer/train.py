@@ -189,7 +189,13 @@ def _train(
     storage = open_storage(options.checkpoint_location)  # a bad URI or missing region: exit 2 before building
     # MLflow / TensorBoard from rank 0, on a background thread (trainer.metrics.tracking); never raises.
     tracking, job = open_tracking(
-        recipe, rank, plan=plan(recipe), data_source=token_source.name, data_dir=data_dir
+        recipe,
+        rank,
+        plan=plan(recipe),
+        data_source=token_source.name,
+        data_dir=data_dir,
+        keep_at=storage.location,  # undelivered metrics are kept beside the checkpoints
+        open_store=open_storage,
     )
 
     torch.manual_seed(recipe.training.seed)

@@ -245,3 +245,80 @@ def register_export(
         tags=dict(tags or {}),
     )
     return str(version.version)
+
+
+def deliver_kept(found: MlflowRun, checkpoint_uri: str, s3: Any = None) -> int:
+    """Deliver the tracking records the run's jobs could not (kept beside its checkpoints,
+    trainstack.protocol.kept_metrics) into its MLflow run, oldest file first, each in step order, each
+    file deleted once delivered; the number of records. `s3` is a boto3 S3 client for an s3:// location.
+    A record the run already holds (delivered by the run's next job meanwhile) adds nothing."""
+    from mlflow.entities import Metric, RunTag
+
+    from trainstack.protocol.kept_metrics import decode
+
+    files = _KeptFiles(checkpoint_uri, s3)
+    mlflow_client, delivered = client(found.tracking_uri), 0
+    for name in files.names():
+        metrics, tags = decode(files.read(name))
+        batch = [Metric(k, v, wall_ms, step) for step, values, wall_ms in metrics for k, v in values.items()]
+        for start in range(0, len(batch), MLFLOW_BATCH_METRICS):
+            mlflow_client.log_batch(found.run_id, metrics=batch[start : start + MLFLOW_BATCH_METRICS])
+        if tags:
+            mlflow_client.log_batch(found.run_id, tags=[RunTag(k, v) for k, v in tags.items()])
+        files.delete(name)
+        delivered += len(metrics) + (1 if tags else 0)
+    return delivered
+
+
+# Log Batch's limit per request (mlflow.org REST API), as trainer.metrics.tracking
+MLFLOW_BATCH_METRICS = 1000
+
+
+class _KeptFiles:
+    """The kept files of a run's checkpoint location: an s3:// prefix (boto3: ListObjectsV2 paginated,
+    GetObject, DeleteObject) or a local directory."""
+
+    def __init__(self, checkpoint_uri: str, s3: Any) -> None:
+        from urllib.parse import urlsplit
+
+        from trainstack.protocol.kept_metrics import KEPT_DIR
+
+        self.s3 = s3
+        parts = urlsplit(checkpoint_uri)
+        if parts.scheme == "s3":
+            prefix = parts.path.strip("/")
+            self.bucket, self.prefix = parts.netloc, f"{prefix}/{KEPT_DIR}/" if prefix else f"{KEPT_DIR}/"
+            self.root = None
+        else:
+            from pathlib import Path
+
+            self.bucket, self.prefix, self.root = None, "", Path(checkpoint_uri) / KEPT_DIR
+
+    def names(self) -> list[str]:
+        from trainstack.protocol.kept_metrics import is_kept_name
+
+        if self.root is not None:
+            found = [p.name for p in self.root.iterdir()] if self.root.is_dir() else []
+        else:
+            found = []
+            pages = self.s3.get_paginator("list_objects_v2").paginate(
+                Bucket=self.bucket, Prefix=self.prefix, Delimiter="/"
+            )
+            for page in pages:
+                found.extend(item["Key"][len(self.prefix) :] for item in page.get("Contents", []))
+        return sorted(name for name in found if is_kept_name(name))
+
+    def read(self, name: str) -> bytes:
+        if self.root is not None:
+            path = self.root / name
+            return path.read_bytes() if path.is_file() else b""
+        try:
+            return self.s3.get_object(Bucket=self.bucket, Key=self.prefix + name)["Body"].read()
+        except self.s3.exceptions.NoSuchKey:  # delivered and deleted by the run's next job meanwhile
+            return b""
+
+    def delete(self, name: str) -> None:
+        if self.root is not None:
+            (self.root / name).unlink(missing_ok=True)
+        else:
+            self.s3.delete_object(Bucket=self.bucket, Key=self.prefix + name)

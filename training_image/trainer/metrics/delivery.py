@@ -2,10 +2,13 @@
 throttling or unreachable tracker never costs the training loop more than an append.
 
 `put` never blocks and never raises: it appends to a deque of at most `capacity` records under a lock.
-When the buffer is full the OLDEST record is dropped (and counted): while a tracker is down the newest
-points are the ones worth having when it comes back (they show where the run is now), and every value
-also stays in the job's log as the metric line (trainstack.protocol.metrics), so a dropped point is a gap
-in the tracker's chart, not a lost measurement. Records the sender fails on go back to the front of the
+When the buffer is full the OLDEST record is pushed out (and counted): while a tracker is down the newest
+points are the ones worth having when it comes back (they show where the run is now). With `keep` (the
+MLflow tracker: trainer.metrics.tracking keeps them beside the run's checkpoints for the run's next job or
+`trainstack runs --mlflow` to deliver) a pushed-out record is handed to `keep` on the thread, and so is
+whatever is still buffered or in flight when `close` gives up: nothing is lost, only late. Without
+`keep` a pushed-out record is dropped (every value also stays in the job's log as the metric line).
+Records the sender fails on go back to the front of the
 buffer and are retried with exponential backoff (1 s doubling to 60 s); `prepare` (finding the tracker's
 run) is retried the same way before anything is sent. `close` gives the thread a bounded time to drain,
 then leaves it (a daemon: it never holds the process up) and reports what was and was not delivered.
@@ -33,14 +36,16 @@ UNREACHED_CLOSE_S = 2.0
 class Counts:
     queued: int = 0  # records put
     delivered: int = 0  # records the sender accepted
-    dropped: int = 0  # pushed out of a full buffer (the oldest first)
+    dropped: int = 0  # pushed out of a full buffer (the oldest first) and not kept
+    kept: int = 0  # handed to `keep` for a later delivery (pushed out, or left at close)
     failed_attempts: int = 0  # sends or prepares that raised (each retried later)
     undelivered: int = 0  # still buffered when close() gave up
 
     def line(self, name: str) -> str:
         return (
             f"tracking {name}: {self.delivered} of {self.queued} records delivered, {self.dropped} dropped "
-            f"(buffer full), {self.undelivered} undelivered at exit, {self.failed_attempts} failed attempts"
+            f"(buffer full), {self.undelivered} undelivered at exit, {self.failed_attempts} failed attempts, "
+            f"{self.kept} kept for a later delivery"
         )
 
 
@@ -53,6 +58,7 @@ class Delivery:
         send: Callable[[list[Any]], None],
         *,
         prepare: Callable[[], None] | None = None,
+        keep: Callable[[list[Any]], None] | None = None,
         capacity: int = 10_000,
         batch: int = 500,
         interval_s: float = 1.0,
@@ -60,7 +66,9 @@ class Delivery:
     ) -> None:
         self.name = name
         self.counts = Counts()
-        self._send, self._prepare = send, prepare
+        self._send, self._prepare, self._keep = send, prepare, keep
+        self._pushed_out: list[Any] = []  # for `keep`, handed over on the thread
+        self._in_flight: list[Any] = []  # the batch being sent
         self._capacity, self._batch, self._interval = capacity, batch, interval_s
         self._clock = clock
         self._buffer: collections.deque[Any] = collections.deque()
@@ -79,8 +87,11 @@ class Delivery:
                 return
             self.counts.queued += 1
             if len(self._buffer) >= self._capacity:
-                self._buffer.popleft()
-                self.counts.dropped += 1
+                oldest = self._buffer.popleft()
+                if self._keep is not None:
+                    self._pushed_out.append(oldest)
+                else:
+                    self.counts.dropped += 1
             self._buffer.append(record)
             wake = len(self._buffer) >= self._batch
         if wake:
@@ -88,8 +99,8 @@ class Delivery:
 
     def close(self, timeout_s: float) -> Counts:
         """Let the thread drain for at most `timeout_s` (UNREACHED_CLOSE_S when the tracker was never
-        reached in the whole job: waiting longer would only bill the job), then report (what is left
-        counts as undelivered)."""
+        reached in the whole job: waiting longer would only bill the job), then hand what is left to
+        `keep` (without one it counts as undelivered) and report."""
         with self._lock:
             self._closing = True
             if not self._ready and self.counts.failed_attempts:
@@ -97,14 +108,29 @@ class Delivery:
         self._wake.set()
         self._thread.join(timeout=max(timeout_s, 0.0))
         with self._lock:
-            self.counts.undelivered = len(self._buffer)
-            self._buffer.clear()
+            buffered = len(self._buffer)
+            left = self._pushed_out + self._in_flight + list(self._buffer)
+            self._pushed_out, self._buffer = [], collections.deque()
+        if self._keep is not None and left:
+            # In flight too: the tracker may yet take it (the thread is a daemon, still trying); a
+            # delivery of a kept record it already holds adds nothing (trainstack.protocol.kept_metrics).
+            self._hand_to_keep(left)
+        else:
+            self.counts.undelivered = buffered
         line = self.counts.line(self.name)
-        if self.counts.dropped or self.counts.undelivered or self.counts.failed_attempts:
+        if self.counts.dropped or self.counts.undelivered or self.counts.failed_attempts or self.counts.kept:
             log.warning("%s%s", line, f" (last error: {self._last_error})" if self._last_error else "")
         else:
             log.info("%s", line)
         return self.counts
+
+    def _hand_to_keep(self, records: list[Any]) -> None:
+        try:
+            self._keep(records)  # type: ignore[misc]
+            self.counts.kept += len(records)
+        except Exception as exc:  # keeping failed too: the records are gone, and the log says so
+            self.counts.undelivered += len(records)
+            self._last_error = f"keeping undelivered records: {type(exc).__name__}: {exc}"
 
     # --- the thread ---------------------------------------------------------------------------------
 
@@ -114,6 +140,10 @@ class Delivery:
             self._wake.wait(timeout=backoff or self._interval)
             self._wake.clear()
             closing = self._closing
+            with self._lock:
+                pushed_out, self._pushed_out = self._pushed_out, []
+            if pushed_out:
+                self._hand_to_keep(pushed_out)
             try:
                 if not self._ready:
                     self._prepare()  # type: ignore[misc]
@@ -137,16 +167,22 @@ class Delivery:
         while True:
             with self._lock:
                 batch = [self._buffer.popleft() for _ in range(min(self._batch, len(self._buffer)))]
+                self._in_flight = batch
             if not batch:
                 return True
             try:
                 self._send(batch)
             except Exception:
                 with self._lock:  # back to the front, in order, as far as the buffer has room
+                    self._in_flight = []
                     room = self._capacity - len(self._buffer)
-                    kept = batch[len(batch) - room :] if room < len(batch) else batch
-                    self.counts.dropped += len(batch) - len(kept)
-                    self._buffer.extendleft(reversed(kept))
+                    back = batch[len(batch) - room :] if room < len(batch) else batch
+                    if self._keep is not None:
+                        self._pushed_out.extend(batch[: len(batch) - len(back)])
+                    else:
+                        self.counts.dropped += len(batch) - len(back)
+                    self._buffer.extendleft(reversed(back))
                 raise
             with self._lock:
+                self._in_flight = []
                 self.counts.delivered += len(batch)

@@ -14,7 +14,10 @@ by ARN through the sagemaker-mlflow plugin, http(s)://, sqlite:///..., file:...)
 Never in the way: nothing here runs on the training thread but an append to a bounded buffer
 (trainer.metrics.delivery): the MLflow client is imported, the run found and every value sent on a background
 thread; an unreachable or throttling tracker costs retries there, never step time, and never fails or
-stops the job; what could not be delivered is counted in the job's log when it ends.
+stops the job. Nothing is lost either: what MLflow could not take (pushed out of the full buffer, or
+left at the job's end) is spooled to local disk and, at the job's end, written beside the run's
+checkpoints (`tracking/kept/`, trainstack.protocol.kept_metrics); the run's next job delivers it before
+its own records, or `trainstack runs --mlflow` does, in step order, each point once.
 
 Logged: params = the resolved recipe (flattened dotted keys), the plan (memory, tokens/s and MFU with their
 ranges, hours, cost), image, data identity and manifest hash, init_from; tags = team, recipe, job index and
@@ -29,8 +32,10 @@ import hashlib
 import json
 import logging
 import os
+import tempfile
+import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +43,7 @@ from typing import Any
 
 from trainer.metrics.delivery import Delivery
 from trainstack.protocol import exit_codes
+from trainstack.protocol.kept_metrics import KEPT_DIR, decode, encode, is_kept_name, keepable, kept_name
 from trainstack.protocol.metrics import parse_line
 from trainstack.protocol.tracking import RUN_TAG, default_experiment, run_filter
 from trainstack.recipes.schema import Recipe, to_hyperparameters
@@ -219,8 +225,10 @@ def outcome_of(error: BaseException | None, stopped: bool) -> Outcome:
 class MlflowSink:
     """Finds or creates the run, logs params and tags (prepare), then sends metric batches (send)."""
 
-    def __init__(self, job: JobContext, params: dict[str, str], tags: dict[str, str]) -> None:
-        self.job, self.params, self.tags = job, params, tags
+    def __init__(
+        self, job: JobContext, params: dict[str, str], tags: dict[str, str], kept: KeptRecords | None = None
+    ) -> None:
+        self.job, self.params, self.tags, self.kept = job, params, tags, kept
         self.client: Any = None
         self.run_id: str | None = None
         self.experiment_id: str | None = None
@@ -244,6 +252,8 @@ class MlflowSink:
                 "tracking mlflow: run %s in %s (%s)", self.run_id, self.job.tracking_uri, self.job.experiment
             )
         self._log_params_and_tags()
+        if self.kept is not None:  # earlier jobs' points first: they come before this job's steps
+            self.kept.deliver(self.send)
 
     def _experiment_id(self) -> str:
         from mlflow.exceptions import MlflowException
@@ -320,6 +330,73 @@ class MlflowSink:
             self.client.set_terminated(self.run_id, status=end)
 
 
+class KeptRecords:
+    """What the MLflow delivery could not deliver (trainer.metrics.delivery's `keep`), spooled to a local
+    file as it comes (memory stays bounded however long the tracker is down), written at the job's end as one
+    file beside the run's checkpoints; and the delivery of the files earlier jobs left there."""
+
+    def __init__(self, location: str, job: JobContext, open_store: Callable[[str], Any]) -> None:
+        # open_store: trainer.storage.open_storage, given by the caller (metrics sits below storage)
+        self.location, self.job, self._open_store = location, job, open_store
+        self._lock = threading.Lock()
+        self._spool: Any = None
+        self.count = 0
+        self._storage: Any = None
+
+    def storage(self) -> Any:
+        if self._storage is None:  # its own client: the checkpoint manager's is the training thread's
+            self._storage = self._open_store(self.location)
+        return self._storage
+
+    def keep(self, records: list[Any]) -> None:
+        lines = [line for record in records if (line := keepable(record)) is not None]
+        if not lines:
+            return
+        data = encode(lines)
+        with self._lock:
+            if self._spool is None:
+                self._spool = tempfile.TemporaryFile(prefix="trainstack-kept-")  # noqa: SIM115
+            self._spool.write(data)
+            self.count += len(lines)
+
+    def write(self) -> str | None:
+        """The spooled records as one file beside the checkpoints; its path, or None when none."""
+        with self._lock:
+            if self._spool is None or not self.count:
+                return None
+            self._spool.seek(0)
+            data = self._spool.read()
+        job = str(self.job.job_index) if self.job.job_index is not None else (self.job.job_name or "job")
+        path = f"{KEPT_DIR}/{kept_name(int(time.time() * 1000), job)}"
+        self.storage().write_run_file(path, data)
+        log.warning(
+            "tracking mlflow: %d records the tracker did not take are kept in %s/%s; the run's next job "
+            "or `trainstack runs --mlflow` delivers them",
+            self.count,
+            self.location.rstrip("/"),
+            path,
+        )
+        return path
+
+    def deliver(self, send: Any) -> int:
+        """Deliver the files earlier jobs kept (oldest first, each in step order) through `send`, deleting
+        each once delivered; the number of records. Raises what `send` raises (the file stays)."""
+        storage, delivered = self.storage(), 0
+        for name in storage.run_files(KEPT_DIR):
+            if not is_kept_name(name):
+                continue
+            path = f"{KEPT_DIR}/{name}"
+            metrics, tags = decode(storage.read_run_file(path) or b"")
+            records: list[Any] = [("metrics", step, values, wall_ms) for step, values, wall_ms in metrics]
+            if tags:
+                records.append(("tags", tags))
+            send(records)
+            storage.delete_run_file(path)
+            delivered += len(records)
+            log.info("tracking mlflow: delivered %d records an earlier job kept (%s)", len(records), name)
+        return delivered
+
+
 class TensorBoardSink:
     def __init__(self, directory: Path) -> None:
         self.directory = directory
@@ -347,6 +424,7 @@ class Tracking:
 
     deliveries: list[Delivery] = field(default_factory=list)
     sinks: list[Any] = field(default_factory=list)
+    kept: KeptRecords | None = None
 
     @classmethod
     def off(cls) -> Tracking:
@@ -392,6 +470,16 @@ class Tracking:
             delivery.put(("end", outcome.status))
         for delivery in self.deliveries:
             delivery.close(max(deadline - time.monotonic(), 0.0))
+        if self.kept is not None:
+            try:
+                self.kept.write()
+            except Exception as exc:  # the storage is down too: the log says what was lost
+                log.warning(
+                    "tracking mlflow: %d undelivered records could not be kept: %s: %s",
+                    self.kept.count,
+                    type(exc).__name__,
+                    exc,
+                )
         for sink in self.sinks:
             writer = getattr(sink, "writer", None)
             if writer is not None:
@@ -419,20 +507,35 @@ def open_tracking(
     data_dir: Path | None,
     environ: Mapping[str, str] | None = None,
     capacity: int = 10_000,
+    keep_at: str | None = None,
+    open_store: Callable[[str], Any] | None = None,
 ) -> tuple[Tracking, JobContext]:
     """The trackers this job logs to: MLflow when MLFLOW_TRACKING_URI is set, TensorBoard when the recipe
-    says so; nothing on other ranks. Never raises: a tracker that cannot be set up is logged and skipped."""
+        says so; nothing on other ranks. `keep_at` (the run's checkpoint location, opened with `open_store`:
+    trainer.storage.open_storage) is where what MLflow could
+        not take is kept, and where earlier jobs' kept records are delivered from. Never raises: a tracker
+        that cannot be set up is logged and skipped."""
     job = JobContext.from_environment(recipe, environ)
     tracking = Tracking()
     if rank != 0:
         return tracking, job
     try:
         if job.tracking_uri:
+            kept = KeptRecords(keep_at, job, open_store) if keep_at and open_store else None
             sink = MlflowSink(
-                job, run_params(recipe, plan, job, data_source, data_dir), job_tags(recipe, job)
+                job, run_params(recipe, plan, job, data_source, data_dir), job_tags(recipe, job), kept
             )
             tracking.sinks.append(sink)
-            tracking.deliveries.append(Delivery("mlflow", sink.send, prepare=sink.prepare, capacity=capacity))
+            tracking.kept = kept
+            tracking.deliveries.append(
+                Delivery(
+                    "mlflow",
+                    sink.send,
+                    prepare=sink.prepare,
+                    keep=kept.keep if kept is not None else None,
+                    capacity=capacity,
+                )
+            )
         if recipe.tracking.tensorboard:
             from trainer.metrics.tensorboard import default_directory
 

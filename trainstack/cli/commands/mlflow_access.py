@@ -63,9 +63,10 @@ def create_for_launch(uri: str, recipe: Any, team: str | None, run: str) -> Any:
         return None
 
 
-def describe(view: Any, uri: str | None, recipe: Any, team: str | None) -> tuple[str, Any]:
-    """(one line: where the run's MLflow run is, the MLflow run or None); for a run that has ended, the
-    registry's final state and every ended job's SageMaker status are written into the MLflow run's tags."""
+def describe(view: Any, uri: str | None, recipe: Any, team: str | None, s3: Any = None) -> tuple[str, Any]:
+    """(one line: where the run's MLflow run is, the MLflow run or None); the records the run's jobs could
+    not deliver (kept beside its checkpoints) are delivered; for a run that has ended, the registry's final
+    state and every ended job's SageMaker status are written into the MLflow run's tags."""
     from trainstack.aws import tracking
 
     run = view.run
@@ -77,6 +78,14 @@ def describe(view: Any, uri: str | None, recipe: Any, team: str | None) -> tuple
         return f"mlflow: {uri} could not be read ({type(error).__name__})", None
     if found is None:
         return f"mlflow: no run tagged trainstack.run={run.run} in {uri} yet", None
+    kept_line = ""
+    where = getattr(run, "checkpoint_uri", None) or ""
+    if where and (s3 is not None or not where.startswith("s3://")):
+        try:
+            delivered = tracking.deliver_kept(found, where, s3)
+            kept_line = f" ({delivered} kept records delivered)" if delivered else ""
+        except Exception as error:
+            typer.echo(f"warning: kept tracking records not delivered: {type(error).__name__}", err=True)
     if run.state in ("completed", "stopped", "failed"):
         ended = {str(j.index): f"{j.status} ({j.secondary_status})" for j in view.jobs}
         ended = {index: status for index, status in ended.items() if not status.startswith("InProgress")}
@@ -84,4 +93,4 @@ def describe(view: Any, uri: str | None, recipe: Any, team: str | None) -> tuple
             tracking.record_state(found, run.state, run.why, ended)
         except Exception as error:
             typer.echo(f"warning: could not tag the MLflow run: {type(error).__name__}", err=True)
-    return f"mlflow: {found.url}", found
+    return f"mlflow: {found.url}{kept_line}", found

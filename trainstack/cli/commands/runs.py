@@ -115,7 +115,7 @@ def _mlflow_lines(aws: Any, views: list[RunView], recipes_dir: str | None) -> di
         except TrainstackError as error:
             out[v.run.run] = (f"mlflow: {error}", None)
             continue
-        out[v.run.run] = mlflow_access.describe(v, uri, resolved, team)
+        out[v.run.run] = mlflow_access.describe(v, uri, resolved, team, s3=aws.client("s3"))
     return out
 
 
