@@ -66,6 +66,7 @@ if mode == "processing":
     out = root / "processing" / "output"
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{host}.json").write_text(json.dumps(report))
+    (root / "output" / "message").write_text(f"{host} done. ")
 (root / "checkpoints" / f"{host}.json").write_text(json.dumps(report))
 (root / "model" / "report.json").write_text(json.dumps(report))
 print("step=1 loss=2.5", flush=True)
@@ -270,6 +271,7 @@ def test_a_processing_job_runs_on_its_instances_with_its_inputs_and_outputs(emul
         assert time.monotonic() < deadline
         time.sleep(0.5)
     assert job["ProcessingJobStatus"] == "Completed", job.get("FailureReason")
+    assert job["ExitMessage"] == "algo-1 done. algo-2 done. "  # each container's /opt/ml/output/message
     reports = {h: s3_json(emulator, f"prepared/{h}.json") for h in ("algo-1", "algo-2")}
     assert reports["algo-1"]["files"] == ["src0/part0.jsonl", "src0/part2.jsonl"]
     assert reports["algo-2"]["files"] == ["src0/part1.jsonl"]

@@ -82,7 +82,7 @@ def change_job_status(job: Any, status: str, secondary: str | None, message: str
     Training job: TrainingJobStatus `status`, SecondaryStatus `secondary` appended to
     SecondaryStatusTransitions with `message` (the previous transition gets its EndTime); at a terminal
     status TrainingEndTime is set and a warm pool in use becomes Available. Processing job:
-    ProcessingJobStatus `status` (`secondary` unused), ExitMessage `message` at the end.
+    ProcessingJobStatus `status` (`secondary` unused), ExitMessage `message` at the end (none when empty).
     """
     now = datetime.now(UTC)
     if hasattr(job, "processing_job_status"):
@@ -90,7 +90,7 @@ def change_job_status(job: Any, status: str, secondary: str | None, message: str
         job.last_modified_time = now
         if status in TERMINAL:
             job.processing_end_time = now
-            job.exit_message = message
+            job.exit_message = message or None  # the containers' /opt/ml/output/message, if any
     else:
         for previous in job.secondary_status_transitions:
             previous.setdefault("EndTime", now)

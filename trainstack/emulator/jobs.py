@@ -381,8 +381,21 @@ class LocalJob:
 
     # --- the job's life ---
     def _status(self, status: str, secondary: str | None, message: str) -> None:
-        if not self.killed:
-            self.change_status(self.job, status, secondary, message)
+        if self.killed:
+            return
+        if self.kind == "processing" and status in ("Completed", "Failed", "Stopped"):
+            # ExitMessage: each container's /opt/ml/output/message, concatenated, the first 1 KB
+            # (developer guide, "Save and Access Metadata Information About Your Processing Job").
+            message = self._exit_message()
+        self.change_status(self.job, status, secondary, message)
+
+    def _exit_message(self) -> str:
+        parts = []
+        for node in self.nodes:
+            path = node.root / "output" / "message"
+            if path.is_file():
+                parts.append(path.read_text(encoding="utf-8", errors="replace"))
+        return "".join(parts)[:FAILURE_REASON_MAX]
 
     def _main(self) -> None:
         try:
@@ -637,6 +650,7 @@ class LocalJob:
         for folder in ("input/config", "input/data", "model", "output/data", "checkpoints", "code"):
             (root / folder).mkdir(parents=True, exist_ok=True)
         (root / "output" / "failure").unlink(missing_ok=True)
+        (root / "output" / "message").unlink(missing_ok=True)
         config_dir = root / ("input/config" if self.kind == "training" else "config")
         config_dir.mkdir(parents=True, exist_ok=True)
         (config_dir / "resourceconfig.json").write_text(
