@@ -462,12 +462,20 @@ def test_a_job_a_state_machine_creates_runs_with_nobodys_help(emulator):
 
 
 def test_no_job_outlives_its_emulator(tmp_path):
-    """Each node runs in its own process group (so a stop reaches torchrun's workers); stopping the
-    emulator (SIGTERM, as Emulator.stop and `trainstack emulator stop` send) takes them along."""
+    """Each node runs in its own process group, and torchrun starts each worker in a session of its own;
+    stopping the emulator (SIGTERM, as Emulator.stop and `trainstack emulator stop` send) takes every
+    process of every node along. The container here starts a worker in a new session, as torchrun does."""
     import subprocess
 
     sleeper = tmp_path / "sleeper.py"
-    sleeper.write_text("import time\nprint('ready', flush=True)\nwhile True:\n    time.sleep(0.1)\n")
+    sleeper.write_text(
+        "import subprocess, sys, time\n"
+        "if sys.argv[1:] != ['worker']:\n"
+        "    subprocess.Popen([sys.executable, __file__, 'worker'], start_new_session=True)\n"
+        "print('ready', flush=True)\n"
+        "while True:\n"
+        "    time.sleep(0.1)\n"
+    )
     emu = Emulator(log_path=tmp_path / "moto.log").start(timeout_s=180)
     try:
         emu.client("sagemaker").create_training_job(
@@ -492,7 +500,10 @@ def test_no_job_outlives_its_emulator(tmp_path):
                 ["pgrep", "-f", str(sleeper)], capture_output=True, text=True
             ).stdout.split()
 
-        assert len(running()) == 2  # one per node
+        deadline = time.monotonic() + 90
+        while len(running()) < 4 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert len(running()) == 4  # a container and its worker on each of the two nodes
     finally:
         emu.stop()
     deadline = time.monotonic() + 10

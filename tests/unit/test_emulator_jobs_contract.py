@@ -227,3 +227,11 @@ def test_log_lines_go_in_batches_within_put_log_events_limits():
     (huge,) = jobs.log_batches([{"timestamp": 0, "message": "y" * 300_000}])
     assert len(huge[0]["message"]) + 26 == 256 * 1024
     assert len(jobs.log_batches([{"timestamp": 0, "message": "z"}] * 10_001)) == 2  # the count limit
+
+
+def test_a_nodes_process_tree_is_found_below_its_entry_point():
+    """torchrun starts each worker in a session of its own: killing the node's process group would
+    leave them training, so the emulator kills every descendant of the node's entry point."""
+    parents = {10: 1, 11: 10, 12: 11, 13: 11, 20: 1, 21: 20}  # 10 -> torchrun 11 -> workers 12, 13
+    assert jobs.descendants(10, parents) == [11, 12, 13]
+    assert jobs.descendants(12, parents) == []

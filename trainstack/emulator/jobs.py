@@ -505,8 +505,7 @@ class LocalJob:
                 self._flush()
                 last_flush = time.monotonic()
             time.sleep(POLL_S)
-        for node in self.nodes:
-            _kill_group(node.process)  # workers a clean exit left behind
+        for node in self.nodes:  # every node's entry point has exited: read the rest of its output
             if node.reader is not None:
                 node.reader.join(timeout=10)
         codes = [n.process.returncode for n in self.nodes if n.process]
@@ -865,14 +864,55 @@ def _signal(process: subprocess.Popen | None, signum: int) -> None:
             pass
 
 
-def _kill_group(process: subprocess.Popen | None) -> None:
-    """SIGKILL the node's whole process group (the entry point, torchrun and its workers)."""
-    if process is None:
-        return
+def descendants(pid: int, parents: Mapping[int, int]) -> list[int]:
+    """Every process below `pid` in the tree `parents` (child -> parent), children before grandchildren."""
+    found, frontier = [], [pid]
+    while frontier:
+        children = [child for child, parent in parents.items() if parent in frontier]
+        found += children
+        frontier = children
+    return found
+
+
+def _process_parents() -> dict[int, int]:
+    """child -> parent for every process (`ps`, on Linux and macOS alike)."""
     try:
-        os.killpg(process.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
+        listed = subprocess.run(["ps", "-A", "-o", "pid=,ppid="], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    parents = {}
+    for line in listed.stdout.splitlines():
+        fields = line.split()
+        if len(fields) == 2 and fields[0].isdigit() and fields[1].isdigit():
+            parents[int(fields[0])] = int(fields[1])
+    return parents
+
+
+def _kill_group(process: subprocess.Popen | None) -> None:
+    """SIGKILL the node's whole process tree: its process group (the entry point, torchrun) and every
+    descendant, which matters because torchrun starts each worker in a session of its own."""
+    if process is None or process.poll() is not None:
+        return  # exited and reaped: its PID may belong to another process by now
+    # Freeze the tree first (SIGSTOP), looking again until no new process appears, so nothing forked
+    # meanwhile escapes as an orphan; then SIGKILL all of it.
+    frozen: list[int] = []
+    for _ in range(5):
+        new = [p for p in [process.pid, *descendants(process.pid, _process_parents())] if p not in frozen]
+        if not new:
+            break
+        for pid in new:
+            _send(pid, signal.SIGSTOP)
+        frozen += new
+    for pid in frozen:
+        _send(pid, signal.SIGKILL, group=True)
+
+
+def _send(pid: int, signum: int, group: bool = False) -> None:
+    for send in (os.killpg, os.kill) if group else (os.kill,):
+        try:
+            send(pid, signum)
+        except (ProcessLookupError, PermissionError):
+            pass
 
 
 def kill_all() -> None:
