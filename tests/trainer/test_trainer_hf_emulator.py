@@ -3,9 +3,10 @@
 A base model folder in the emulator's S3 -> the trainer's start from it (`model.init_from` an s3://
 prefix: staged to local disk, loaded into the shards) -> a checkpoint written straight to S3 -> the
 deployment's Export state machine (its real definition, interpreted by the emulator) creates the export
-job and records it in the run registry -> the job's own container arguments given to
-`python -m trainer.export` here, against the emulator's S3 (moto runs no containers) -> the folder in
-S3 holds the base's tensors, config.json and the tokenizer; `trainstack runs`' view lists the export.
+job and records it in the run registry -> the emulator runs the job's container (its own entry point and
+arguments, `python -m trainer.export`, the recipe as its hyperparameters: trainstack.emulator.jobs)
+against the emulator's S3 -> the folder in S3 holds the base's tensors, config.json and the tokenizer;
+`trainstack runs`' view lists the export.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ import torch
 from safetensors.torch import load, save
 from trainer.checkpoint.manager import CheckpointManager, TrainerState
 from trainer.distributed.parallel import build_mesh, shard_model
-from trainer.export.hf_folder import main as export_main
 from trainer.hf.conversion import pieces, start_from_base, to_hf
 from trainer.models.model import build_model, pytorch_backend
 from trainer.optim import build_optimizer, build_scheduler
@@ -88,7 +88,10 @@ def test_base_in_s3_to_export_in_s3_through_the_export_state_machine(
     s3.put_object(Bucket=BUCKET, Key="bases/tiny/config.json", Body=json.dumps(config).encode())
     s3.put_object(Bucket=BUCKET, Key="bases/tiny/tokenizer.json", Body=b'{"version": "1.0"}')
     recipe = tiny.model_copy(
-        update={"model": shape.model_copy(update={"init_from": f"s3://{BUCKET}/bases/tiny/"})}
+        update={
+            "model": shape.model_copy(update={"init_from": f"s3://{BUCKET}/bases/tiny/"}),
+            "export": tiny.export.model_copy(update={"dtype": "fp32"}),  # compared exactly below
+        }
     )
 
     # The trainer's step 0: staged from S3, loaded into the shards; saved straight to S3.
@@ -168,10 +171,11 @@ def test_base_in_s3_to_export_in_s3_through_the_export_state_machine(
     ((export,),) = (record.exports,)
     assert (export["job"], export["step"], export["reason"]) == (f"{run}-X1", 0, "cli")
 
-    # The job's container, run here: its recipe (hyperparameters) and its own arguments.
-    recipe_path = tmp_path / "recipe.json"
-    recipe_path.write_text(recipe.model_dump_json())
-    assert export_main([*arguments, "--recipe", str(recipe_path), "--dtype", "fp32"]) == 0
+    # The emulator runs the job's container: its recipe (hyperparameters) and its own arguments.
+    from trainstack.emulator import events
+
+    ended = events.wait_for_status(cloud.env(), f"{run}-X1", timeout_s=600)
+    assert ended["TrainingJobStatus"] == "Completed", ended.get("FailureReason")
     out = f"exports/platform/{recipe.name}/{RUN_ID}/step-5/"
     listed = {o["Key"].removeprefix(out) for o in s3.list_objects_v2(Bucket=BUCKET, Prefix=out)["Contents"]}
     assert {

@@ -6,7 +6,8 @@ gaps and our workarounds (../shared/README.md section 7):
 
 - the endpoint must be `localhost` (moto parses CDK's TemplateURL by host name);
 - Step Functions executions only run after `POST /moto-api/config` enables them;
-- it cannot run containers or Lambda: training jobs go straight to Completed, nothing trains;
+- it cannot run containers or Lambda, and its training jobs go straight to Completed: trainstack.emulator.jobs
+  runs them as local processes instead (below);
 - resource types its CloudFormation does not implement (CloudWatch alarms, bucket and topic
   policies, ...) become placeholders: `serve()` below gives them a physical
   id and answers `Fn::GetAtt` with a made-up ARN, so templates that reference them deploy. They
@@ -18,7 +19,9 @@ gaps and our workarounds (../shared/README.md section 7):
 - it does not publish CloudFormation stack status events to EventBridge (launch_on_deploy):
   `deliver_stack_status()` plays EventBridge from the deployed rule's own pattern and target;
 - its training jobs complete at once, keep no Environment, cannot be stopped, and send no state-change
-  events: trainstack.emulator.events adds jobs that run until ended, StopTrainingJob, and delivery.
+  events: trainstack.emulator.jobs runs training and processing jobs for real as local processes, with
+  SageMaker's container contract; trainstack.emulator.events adds StopTrainingJob, the test-only modes
+  ("hold", "complete": `Emulator(jobs=...)`) and delivery.
 
 `trainstack emulator start|status|stop|env` runs one in the background (what `make demo` leaves
 running); `python -m trainstack.emulator [--port N]` runs one in the foreground. Either records the
@@ -47,6 +50,8 @@ from urllib.parse import urlsplit
 from trainstack.errors import TrainstackError
 
 REGION = "us-east-1"
+TRAINSTACK_ROUTE = "/_trainstack/"  # the emulator's own control endpoints (trainstack.emulator.events)
+JOBS_DIR_ENV = "TRAINSTACK_EMULATOR_JOBS_DIR"  # the server's jobs folder (trainstack.emulator.jobs)
 ACCOUNT = "123456789012"  # moto's default account
 # Dummy credentials: the emulator accepts any, and they keep a real profile from ever being used.
 CREDENTIALS = {
@@ -68,6 +73,12 @@ class Emulator:
 
     port: int = field(default_factory=free_port)
     log_path: Path | None = None
+    # Where jobs' /opt/ml folders and logs go (trainstack.emulator.jobs); default: `jobs` beside the log,
+    # else .emulator/jobs.
+    jobs_dir: Path | None = None
+    # How new training jobs are treated: "train" (they run); for a test that asks, "hold" or "complete"
+    # (trainstack.emulator.events.configure).
+    jobs: str = "train"
     _process: subprocess.Popen | None = None
 
     @property
@@ -107,6 +118,7 @@ class Emulator:
         # moto's server runs through serve() below (not the moto_server script): it adds our patches.
         self._process = subprocess.Popen(
             [sys.executable, "-m", "trainstack.emulator", "--serve", "--port", str(self.port)],
+            env={**os.environ, JOBS_DIR_ENV: str(self.jobs_directory)},
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -127,11 +139,20 @@ class Emulator:
                     ) from None
                 time.sleep(0.2)
         self._configure({"stepfunctions": {"execute_state_machine": True}})
+        if self.jobs != "train":  # a test-only mode (trainstack.emulator.events.configure)
+            self._configure({"jobs": self.jobs}, route=f"{TRAINSTACK_ROUTE}config")
         return self
 
-    def _configure(self, config: dict) -> None:
+    @property
+    def jobs_directory(self) -> Path:
+        if self.jobs_dir is not None:
+            return Path(self.jobs_dir).resolve()
+        base = Path(self.log_path).parent if self.log_path else Path(".emulator")
+        return (base / "jobs").resolve()
+
+    def _configure(self, config: dict, route: str = "/moto-api/config") -> None:
         request = urllib.request.Request(
-            f"{self.endpoint}/moto-api/config",
+            f"{self.endpoint}{route}",
             data=json.dumps(config).encode(),
             method="POST",
             headers={"Content-Type": "application/json"},

@@ -4,18 +4,29 @@
 it); `Emulator.start` (trainstack.emulator.endpoint) runs the same entry point with `--serve` as a child.
 What is patched, and why, is listed in trainstack.emulator.endpoint's docstring: placeholders for resource
 types moto's CloudFormation lacks, state machine names shortened as CloudFormation does, one Step Functions
-backend for CloudFormation and the API, and (trainstack.emulator.events) training jobs that run until ended.
+backend for CloudFormation and the API, and (trainstack.emulator.events, .jobs) training and
+processing jobs that really run, as local processes ($TRAINSTACK_EMULATOR_JOBS_DIR: their folders).
 """
 
 from __future__ import annotations
 
+import atexit
 import os
 import signal
 import sys
 import time
+from pathlib import Path
 
-from trainstack.emulator import events
-from trainstack.emulator.endpoint import STATE_FILE, Emulator, export_line, free_port, read_state, write_state
+from trainstack.emulator import events, jobs
+from trainstack.emulator.endpoint import (
+    JOBS_DIR_ENV,
+    STATE_FILE,
+    Emulator,
+    export_line,
+    free_port,
+    read_state,
+    write_state,
+)
 
 
 def _placeholder_model() -> type:
@@ -70,7 +81,7 @@ def _placeholder_model() -> type:
     return Placeholder
 
 
-def serve(argv: list[str]) -> None:
+def serve(argv: list[str], jobs_dir: Path | None = None) -> None:
     from moto import server
     from moto.cloudformation import parsing
 
@@ -103,7 +114,18 @@ def serve(argv: list[str]) -> None:
     from moto.stepfunctions.parser.models import stepfunctions_parser_backends
 
     sfn_models.stepfunctions_backends = stepfunctions_parser_backends
-    # Training jobs that run until ended, StopTrainingJob, Environment kept (trainstack.emulator.events).
+    # Jobs that really run (trainstack.emulator.jobs), StopTrainingJob, Environment kept (.events).
+    port = argv[argv.index("-p") + 1]
+    jobs.configure_server(f"http://localhost:{port}", jobs_dir)
+    # Each node runs in its own process group (so a stop reaches its workers): they would outlive the
+    # server, so a SIGTERM (Emulator.stop, `trainstack emulator stop`) or an exit takes them along.
+    atexit.register(jobs.kill_all)
+
+    def stop_server(signum: int, frame: object) -> None:
+        jobs.kill_all()
+        raise SystemExit(0)
+
+    signal.signal(signal.SIGTERM, stop_server)
     events.install()
     _log_error_bodies()
     server.main(argv)
@@ -149,7 +171,8 @@ def main() -> None:
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
-        serve(["-H", "127.0.0.1", "-p", str(args.port)])
+        jobs_dir = os.environ.get(JOBS_DIR_ENV)  # Emulator.start says where its jobs go
+        serve(["-H", "127.0.0.1", "-p", str(args.port)], Path(jobs_dir) if jobs_dir else None)
         return
     emulator = Emulator(port=args.port or free_port())
     # `kill PID` (SIGTERM) stops it like Ctrl-C: the server process and the state file go with it
