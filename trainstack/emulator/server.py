@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from trainstack.emulator import events, jobs
+from trainstack.emulator import delivery, events, jobs
 from trainstack.emulator.endpoint import STATE_FILE, Emulator, export_line, free_port, read_state, write_state
 
 
@@ -109,6 +109,8 @@ def serve(argv: list[str], jobs_dir: Path | None = None) -> None:
     port = argv[argv.index("-p") + 1]
     jobs.configure_server(f"http://localhost:{port}", jobs_dir)
     events.install()
+    # Job-state events delivered to the rules' targets and schedules run, by the server itself (.delivery).
+    delivery.install(f"http://localhost:{port}")
     _log_error_bodies()
     server.main(argv)
 
