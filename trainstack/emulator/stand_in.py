@@ -127,9 +127,13 @@ def describe(recipe: Recipe, stand_in: Recipe, need_gib: float, budget_gib: floa
     )
 
 
-def decide(hyperparameters: Mapping[str, str], nodes: int, most_ranks: int, host_bytes: int) -> Decision:
+def decide(
+    hyperparameters: Mapping[str, str], nodes: int, most_ranks: int, host_bytes: int, cpus: int = 2
+) -> Decision:
     """The hyperparameters a training job's container gets on this machine, and its ranks per node.
-    Hyperparameters that are not a trainstack recipe go through unchanged."""
+    Hyperparameters that are not a trainstack recipe go through unchanged. A stand-in of a many-node
+    recipe runs fewer ranks per node, at least one, so that all of them together are no more than the
+    CPUs (or `most_ranks`, whichever is more): 8 nodes on 2 cores run one rank each."""
     from trainstack.recipes.schema import from_hyperparameters, to_hyperparameters
 
     given = dict(hyperparameters)
@@ -137,19 +141,22 @@ def decide(hyperparameters: Mapping[str, str], nodes: int, most_ranks: int, host
         recipe = from_hyperparameters(given)
     except Exception:  # not a recipe: another container's hyperparameters
         return Decision(given, max(1, most_ranks))
-    ranks = ranks_per_node(recipe, nodes, most_ranks)
-    ok, need, budget = fits(recipe, ranks * nodes, host_bytes)
+    # Fits and the stand-in are decided for the recipe's own nodes, whatever this job's count: a run's
+    # export job (one node) then gets the same stand-in its training jobs trained.
+    planned = recipe.compute.instance_count
+    ok, need, budget = fits(recipe, ranks_per_node(recipe, planned, most_ranks) * planned, host_bytes)
     if ok:
-        return Decision(given, ranks)
-    stand_in = stand_in_recipe(recipe, nodes)
-    ranks = ranks_per_node(stand_in, nodes, most_ranks)
+        return Decision(given, ranks_per_node(recipe, nodes, most_ranks))
+    stand_in = stand_in_recipe(recipe, planned)
+    ranks = ranks_per_node(stand_in, nodes, max(1, min(most_ranks, max(cpus, most_ranks) // nodes)))
     encoded = to_hyperparameters(stand_in)
     extra = {k: v for k, v in given.items() if k not in to_hyperparameters(recipe)}  # sagemaker_* and such
-    return Decision({**encoded, **extra}, ranks, describe(recipe, stand_in, need, budget, ranks * nodes))
+    world = ranks_per_node(recipe, planned, most_ranks) * planned
+    return Decision({**encoded, **extra}, ranks, describe(recipe, stand_in, need, budget, world))
 
 
 def for_job(
     hyperparameters: Mapping[str, str], nodes: int, most_ranks: int, command: Sequence[str]
 ) -> Decision:
     """`decide` for this machine."""
-    return decide(hyperparameters, nodes, most_ranks, host_memory_bytes())
+    return decide(hyperparameters, nodes, most_ranks, host_memory_bytes(), os.cpu_count() or 1)
