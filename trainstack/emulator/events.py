@@ -420,6 +420,8 @@ def configure(
     mlflow_url: str | None = None,
     events: str | None = None,
     schedule_speedup: float | None = None,
+    max_runtime_cap_seconds: float | None = None,
+    no_max_runtime_cap: bool = False,
 ) -> dict[str, Any]:
     """How the emulator treats new jobs. `jobs`: "train" (the default: they run, trainstack.emulator.jobs),
     or, for a test that asks for it, "hold" (InProgress until ended by hand; `jobs_run=True` is the old
@@ -429,7 +431,9 @@ def configure(
     track to. `events`: "auto" (the default: the server delivers every job-state event and runs every
     schedule itself, trainstack.emulator.delivery) or, for a test that asks, "manual" (nothing delivered,
     no schedule run; `jobs_run=True` implies it); `schedule_speedup`: how many times faster than AWS rate
-    schedules run (default delivery.SPEEDUP). Returns the settings now in force."""
+    schedules run (default delivery.SPEEDUP); `max_runtime_cap_seconds`: training jobs created from now on
+    stop with MaxRuntimeExceeded after at most this many seconds (a demo's short max runtime; a recipe's
+    is at least an hour), `no_max_runtime_cap=True` removes the cap. Returns the settings now in force."""
     body: dict[str, Any] = {}
     if jobs_run is not None:
         body["jobs"] = "hold" if jobs_run else "complete"
@@ -444,9 +448,12 @@ def configure(
         ("mlflow_url", mlflow_url),
         ("events", events),
         ("schedule_speedup", schedule_speedup),
+        ("max_runtime_cap_seconds", max_runtime_cap_seconds),
     ):
         if value is not None:
             body[key] = value
+    if no_max_runtime_cap:
+        body["max_runtime_cap_seconds"] = None
     return _post(env, "config", body)
 
 
@@ -470,6 +477,11 @@ def apply_config(body: dict[str, Any]) -> dict[str, Any]:
         jobs.SETTINGS.kill_after_s = float(body["kill_after_seconds"])
     if "mlflow_url" in body:
         jobs.SETTINGS.mlflow_url = body["mlflow_url"] or None
+    if "max_runtime_cap_seconds" in body:  # None: off
+        cap = body["max_runtime_cap_seconds"]
+        if cap is not None and not 1 <= float(cap) <= 86400:
+            raise ValueError(f"max_runtime_cap_seconds must be 1..86400, got {cap}")
+        jobs.SETTINGS.max_runtime_cap_s = None if cap is None else float(cap)
     from trainstack.emulator import delivery
 
     delivered = delivery.apply_config(body)  # events auto | manual, schedule_speedup
@@ -480,6 +492,7 @@ def apply_config(body: dict[str, Any]) -> dict[str, Any]:
         "ranks_per_node": jobs.SETTINGS.ranks_per_node,
         "kill_after_seconds": jobs.SETTINGS.kill_after_s,
         "mlflow_url": jobs.SETTINGS.mlflow_url,
+        "max_runtime_cap_seconds": jobs.SETTINGS.max_runtime_cap_s,
         "jobs_dir": str(jobs.SETTINGS.jobs_dir),
     }
 
