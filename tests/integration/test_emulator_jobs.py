@@ -342,7 +342,12 @@ def test_the_trainer_on_two_nodes_trains_until_max_runtime_then_saves_and_stops(
     from trainstack.recipes.schema import to_hyperparameters
 
     recipe = resolve(
-        str(TINY), overrides=("compute.instance_count=2", "checkpointing.interval_steps=1000")
+        str(TINY),
+        overrides=(
+            "compute.instance_count=2",
+            "training.global_batch=32",
+            "checkpointing.interval_steps=1000",
+        ),
     ).recipe
     events.configure(emulator.env(), ranks_per_node=1)
     try:

@@ -68,6 +68,9 @@ class Job:
     run: str | None = None  # TRAINSTACK_RUN in its environment: the run it belongs to
     # SecondaryStatusTransitions as (Status, StartTime, EndTime); trainstack.aws.restarts reads them
     transitions: tuple[tuple[str, datetime, datetime | None], ...] = ()
+    # The local emulator only: the stand-in it trains instead of a recipe too big for the machine, one
+    # line (TRAINSTACK_EMULATOR_STAND_IN in the environment it ran with; trainstack.emulator.stand_in).
+    stand_in: str | None = None
 
     @property
     def running(self) -> bool:
@@ -119,6 +122,7 @@ def job_from_description(desc: dict[str, Any]) -> Job:
         steps_target=steps,
         hyperparameters=hyper,
         run=(desc.get("Environment") or {}).get("TRAINSTACK_RUN"),
+        stand_in=(desc.get("Environment") or {}).get("TRAINSTACK_EMULATOR_STAND_IN"),
         transitions=tuple(
             (t["Status"], _as_datetime(t["StartTime"]), _as_datetime(t.get("EndTime")))
             for t in desc.get("SecondaryStatusTransitions") or []

@@ -474,11 +474,8 @@ class LocalJob:
         if self.killed:
             return None
         if self.stop_reason:
-            self._status(
-                "Stopping" if self.kind == "processing" else "InProgress",
-                "Uploading",
-                "Uploading generated training model",
-            )  # what the trainer saved is kept
+            # still Stopping while what the container saved in its SIGTERM window is uploaded
+            self._status("Stopping", "Uploading", "Uploading generated training model")
             self._upload(spec)
             return self._end_stopped()
         if any(codes):

@@ -16,7 +16,7 @@ tokenizer, instance type and count):
 
 "Fits": the planner's per-GPU memory arithmetic (trainstack.planner.core.recipe_memory: parameters,
 gradients and AdamW states sharded over the ranks, activations at the recipe's sequence length and
-micro-batch, logits) for the ranks this job runs (nodes x ranks per node, all on this machine), summed,
+micro-batch, logits; not its CUDA context and NCCL buffers, which a CPU rank has not) for the ranks this job runs (nodes x ranks per node, all on this machine), summed,
 is at most HOST_MEMORY_FRACTION of this machine's physical memory (the rest is left to the emulator,
 MLflow and whatever else runs). A recipe that fits trains as written. The decision depends only on the
 recipe, the node count and the machine, so a run's export job decides as its training jobs did.
@@ -39,6 +39,7 @@ STAND_IN_SEQ_LEN = 128
 PLANNED_GPUS_PER_NODE = 8  # the recipe's own layout check counts 8 GPUs a node
 STAND_IN_NOTE_PREFIX = "stand-in"
 GIB = 1024**3
+GPU_ONLY = ("CUDA context", "NCCL buffers")  # the planner's per-GPU constants; a CPU rank has neither
 
 
 @dataclass(frozen=True)
@@ -71,7 +72,7 @@ def planned_gib(recipe: Recipe, world: int) -> float:
     from trainstack.planner.core import recipe_memory
 
     per_rank = recipe_memory(recipe, shard_group=min(recipe.parallelism.shard_group, world), tp=1, cp=1)
-    return sum(per_rank.values()) * world
+    return sum(v for k, v in per_rank.items() if k not in GPU_ONLY) * world
 
 
 def fits(recipe: Recipe, world: int, host_bytes: int) -> tuple[bool, float, float]:

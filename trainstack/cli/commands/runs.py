@@ -8,6 +8,7 @@ cluster price) and CloudWatch for the newest step.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -155,7 +156,11 @@ def collect(clients: Any, stack_prefix: str | None, team: str | None) -> list[Ru
                 if "step" in metrics:
                     step = int(metrics["step"].value)
                     break
-        views.append(view(run, described, step, now, deployed.get(run.run)))
+        found_view = view(run, described, step, now, deployed.get(run.run))
+        stand_ins = sorted({j.stand_in for j in described.values() if j.stand_in})
+        if stand_ins:  # the local emulator trained a scaled-down stand-in (trainstack.emulator.stand_in)
+            found_view = replace(found_view, notes=(*found_view.notes, *(f"emulator {s}" for s in stand_ins)))
+        views.append(found_view)
     return views
 
 

@@ -311,6 +311,7 @@ def _as_dict(
         "status": job.status,
         "secondary_status": job.secondary_status,
         "failure_reason": job.failure_reason,
+        "stand_in": job.stand_in,
         "created": job.created.isoformat(),
         "started": job.started.isoformat() if job.started else None,
         "checkpoint_uri": job.checkpoint_uri,

@@ -67,6 +67,8 @@ def _run_panel(
     if job.failure_reason:
         state += f"\n[red]{job.failure_reason}[/red]"
     table.add_row("state", state)
+    if job.stand_in:  # the local emulator trained a scaled-down stand-in of the recipe
+        table.add_row("emulator", f"[yellow]{job.stand_in}[/yellow]")
     started = job.started or job.created
     table.add_row(
         "started",
