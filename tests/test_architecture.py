@@ -19,7 +19,7 @@ ALLOWED = {
     "protocol": set(),
     "recipes": set(),
     "planner": {"recipes"},
-    "emulator": set(),
+    "emulator": {"planner", "recipes", "protocol"},  # jobs: the container contract; stand_in: the planner
     "gitops": {"planner", "recipes"},
     "aws": {"planner", "recipes", "protocol", "emulator"},
     "cli": {"aws", "gitops", "emulator", "planner", "recipes", "protocol"},

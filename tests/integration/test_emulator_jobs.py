@@ -395,3 +395,51 @@ def test_the_trainer_on_two_nodes_trains_until_max_runtime_then_saves_and_stops(
     assert complete, "the trainer saved nothing on SIGTERM"
     step = int(re.search(r"step-(\d+)/", complete[-1]).group(1))
     assert step == final["train:step"]  # saved at the last step it logged
+
+
+def test_a_job_a_state_machine_creates_runs_with_nobodys_help(emulator):
+    """What the deployed launcher does (an aws-sdk createTrainingJob task, which moto's interpreter
+    runs inside the server): the job it creates runs, with nothing called by hand."""
+    sfn = emulator.client("stepfunctions")
+    name = "from-a-state-machine-1"
+    definition = {
+        "StartAt": "Create",
+        "States": {
+            "Create": {
+                "Type": "Task",
+                "Resource": "arn:aws:states:::aws-sdk:sagemaker:createTrainingJob",
+                "Parameters": {
+                    "TrainingJobName": name,
+                    "RoleArn": ROLE,
+                    "AlgorithmSpecification": {
+                        "TrainingImage": "123456789012.dkr.ecr.us-east-1.amazonaws.com/trainstack:1",
+                        "TrainingInputMode": "File",
+                        "ContainerEntrypoint": ["python", emulator.container],
+                        "ContainerArguments": ["ok"],
+                        "MetricDefinitions": metric_definitions(()),
+                    },
+                    "ResourceConfig": {
+                        "InstanceType": "ml.m5.xlarge",
+                        "InstanceCount": 1,
+                        "VolumeSizeInGB": 10,
+                    },
+                    "StoppingCondition": {"MaxRuntimeInSeconds": 600},
+                    "OutputDataConfig": {"S3OutputPath": f"s3://{BUCKET}/output/"},
+                    "HyperParameters": {"mode": '"ok"'},
+                },
+                "End": True,
+            }
+        },
+    }
+    machine = sfn.create_state_machine(name="creates-a-job", definition=json.dumps(definition), roleArn=ROLE)
+    sfn.start_execution(stateMachineArn=machine["stateMachineArn"], name="once")
+    deadline = time.monotonic() + 60
+    while name not in [
+        j["TrainingJobName"]
+        for j in emulator.client("sagemaker").list_training_jobs()["TrainingJobSummaries"]
+    ]:
+        assert time.monotonic() < deadline, "the state machine created no job"
+        time.sleep(0.5)
+    described = wait(emulator, name)
+    assert described["TrainingJobStatus"] == "Completed", described.get("FailureReason")
+    assert {m["MetricName"]: m["Value"] for m in described["FinalMetricDataList"]}["train:loss"] == 1.25

@@ -6,7 +6,8 @@ gaps and our workarounds (../shared/README.md section 7):
 
 - the endpoint must be `localhost` (moto parses CDK's TemplateURL by host name);
 - Step Functions executions only run after `POST /moto-api/config` enables them;
-- it cannot run containers or Lambda: training jobs go straight to Completed, nothing trains;
+- it cannot run containers or Lambda, and its training jobs go straight to Completed: trainstack.emulator.jobs
+  runs them as local processes instead (below);
 - resource types its CloudFormation does not implement (CloudWatch alarms, bucket and topic
   policies, ...) become placeholders: `serve()` below gives them a physical
   id and answers `Fn::GetAtt` with a made-up ARN, so templates that reference them deploy. They
@@ -49,6 +50,8 @@ from urllib.parse import urlsplit
 from trainstack.errors import TrainstackError
 
 REGION = "us-east-1"
+TRAINSTACK_ROUTE = "/_trainstack/"  # the emulator's own control endpoints (trainstack.emulator.events)
+JOBS_DIR_ENV = "TRAINSTACK_EMULATOR_JOBS_DIR"  # the server's jobs folder (trainstack.emulator.jobs)
 ACCOUNT = "123456789012"  # moto's default account
 # Dummy credentials: the emulator accepts any, and they keep a real profile from ever being used.
 CREDENTIALS = {
@@ -114,16 +117,8 @@ class Emulator:
         log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
         # moto's server runs through serve() below (not the moto_server script): it adds our patches.
         self._process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "trainstack.emulator",
-                "--jobs-dir",
-                str(self.jobs_directory),
-                "--serve",
-                "--port",
-                str(self.port),
-            ],
+            [sys.executable, "-m", "trainstack.emulator", "--serve", "--port", str(self.port)],
+            env={**os.environ, JOBS_DIR_ENV: str(self.jobs_directory)},
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -144,10 +139,8 @@ class Emulator:
                     ) from None
                 time.sleep(0.2)
         self._configure({"stepfunctions": {"execute_state_machine": True}})
-        if self.jobs != "train":
-            from trainstack.emulator import events
-
-            events.configure(self.env(), jobs=self.jobs)
+        if self.jobs != "train":  # a test-only mode (trainstack.emulator.events.configure)
+            self._configure({"jobs": self.jobs}, route=f"{TRAINSTACK_ROUTE}config")
         return self
 
     @property
@@ -157,9 +150,9 @@ class Emulator:
         base = Path(self.log_path).parent if self.log_path else Path(".emulator")
         return (base / "jobs").resolve()
 
-    def _configure(self, config: dict) -> None:
+    def _configure(self, config: dict, route: str = "/moto-api/config") -> None:
         request = urllib.request.Request(
-            f"{self.endpoint}/moto-api/config",
+            f"{self.endpoint}{route}",
             data=json.dumps(config).encode(),
             method="POST",
             headers={"Content-Type": "application/json"},

@@ -46,10 +46,10 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from trainstack.emulator.endpoint import clients, local_endpoint
+from trainstack.emulator.endpoint import TRAINSTACK_ROUTE, clients, local_endpoint
 from trainstack.errors import TrainstackError
 
-ROUTE = "/_trainstack/"
+ROUTE = TRAINSTACK_ROUTE
 JOB_STATE_CHANGE = "SageMaker Training Job State Change"
 TERMINAL = ("Completed", "Failed", "Stopped")
 JOB_MODES = ("train", "hold", "complete")  # run for real | InProgress until ended | Completed at once
@@ -250,7 +250,7 @@ def install() -> None:
                 }
             ]
             _place_on_warm_pool(self.sagemaker_backend, job)
-            jobs.start_training_job(job, _request(self))
+            jobs.start_training_job(job, _request(self), change_job_status)
         elif _settings["jobs"] == "hold":
             now = datetime.now(UTC)
             job.training_job_status, job.secondary_status = "InProgress", "Training"
@@ -317,7 +317,7 @@ def install() -> None:
         if _settings["jobs"] == "train":
             job.processing_job_status = "InProgress"
             job.processing_end_time = None
-            jobs.start_processing_job(job, _request(self))
+            jobs.start_processing_job(job, _request(self), change_job_status)
         elif _settings["jobs"] == "hold":
             job.processing_job_status, job.processing_end_time = "InProgress", None
         return result

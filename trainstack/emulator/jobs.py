@@ -16,8 +16,8 @@ guide "Containers with custom training algorithms", "How Amazon SageMaker provid
   LocalPaths written against /opt/ml are moved under it. In it: input/config/hyperparameters.json,
   resourceconfig.json (current_host algo-<n>, hosts, instance groups, network_interface_name: the
   loopback interface), inputdataconfig.json; input/data/<channel>/; model/; output/data/; output/failure;
-  checkpoints/. The jobs directory is `--jobs-dir` of the server (Emulator(jobs_dir=...)), by default
-  .emulator/jobs beside the emulator's log;
+  checkpoints/. The jobs directory: $TRAINSTACK_EMULATOR_JOBS_DIR of the server (Emulator(jobs_dir=...)),
+  by default `jobs` beside the emulator's log, else .emulator/jobs;
 - channels: File mode copies the channel's S3 prefix from the emulator's S3 before the entry point starts
   (ShardedByS3Key: host n of N gets every N-th key, sorted); FastFile is the same copy, with the mode
   recorded as FastFile in inputdataconfig.json: the trainer reads a local folder either way (on SageMaker
@@ -47,7 +47,8 @@ StopTrainingJob and MaxRuntimeInSeconds (from TrainingStartTime) send SIGTERM to
 ("SageMaker sends the algorithm the SIGTERM signal, which delays job termination for 120 seconds": the
 API reference of StopTrainingJob) and SIGKILL to its process group `kill_after_seconds` (120) later; the
 job passes through Stopping to Stopped, secondary Stopped or MaxRuntimeExceeded. Every change goes
-through trainstack.emulator.events.change_job_status, the one place that changes a job's status.
+through trainstack.emulator.events.change_job_status (handed to `start_*_job`), the one place that
+changes a job's status.
 
 Logs: each node's output, line by line, to CloudWatch Logs (moto's logs backend) in group
 /aws/sagemaker/TrainingJobs (ProcessingJobs), stream `<job>/algo-<n>-<epoch seconds of the start>`, and
@@ -78,7 +79,7 @@ import sys
 import tarfile
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -328,8 +329,11 @@ class Node:
 class LocalJob:
     """One job run as local processes (a thread of the server). `kind`: "training" or "processing"."""
 
-    def __init__(self, kind: str, job: Any, request: Mapping[str, Any]) -> None:
+    def __init__(
+        self, kind: str, job: Any, request: Mapping[str, Any], change_status: Callable[..., None]
+    ) -> None:
         self.kind, self.job, self.request = kind, job, dict(request)
+        self.change_status = change_status  # trainstack.emulator.events.change_job_status
         self.name: str = job.training_job_name if kind == "training" else job.processing_job_name
         self.stop_reason: str | None = None  # "Stopped" or "MaxRuntimeExceeded" once asked to stop
         self.killed = False  # ended by hand (events.end_job): no status of its own
@@ -357,10 +361,8 @@ class LocalJob:
 
     # --- the job's life ---
     def _status(self, status: str, secondary: str | None, message: str) -> None:
-        from trainstack.emulator.events import change_job_status
-
         if not self.killed:
-            change_job_status(self.job, status, secondary, message)
+            self.change_status(self.job, status, secondary, message)
 
     def _main(self) -> None:
         try:
@@ -841,16 +843,21 @@ def _kill_group(process: subprocess.Popen | None) -> None:
 # --- entry points for the server's handlers -------------------------------------------------------
 
 
-def start_training_job(job: Any, request: Mapping[str, Any]) -> LocalJob:
-    runner = LocalJob("training", job, request)
+def start_training_job(job: Any, request: Mapping[str, Any], change_status: Callable[..., None]) -> LocalJob:
+    """Run training job `job` (moto's) for `request` (CreateTrainingJob's); every status change through
+    `change_status(job, status, secondary, message)` (trainstack.emulator.events.change_job_status)."""
+    runner = LocalJob("training", job, request, change_status)
     with _LOCK:
         _RUNNING[runner.name] = runner
     runner.thread.start()
     return runner
 
 
-def start_processing_job(job: Any, request: Mapping[str, Any]) -> LocalJob:
-    runner = LocalJob("processing", job, request)
+def start_processing_job(
+    job: Any, request: Mapping[str, Any], change_status: Callable[..., None]
+) -> LocalJob:
+    """As `start_training_job`, for a CreateProcessingJob request."""
+    runner = LocalJob("processing", job, request, change_status)
     with _LOCK:
         _RUNNING[runner.name] = runner
     runner.thread.start()

@@ -5,7 +5,7 @@ it); `Emulator.start` (trainstack.emulator.endpoint) runs the same entry point w
 What is patched, and why, is listed in trainstack.emulator.endpoint's docstring: placeholders for resource
 types moto's CloudFormation lacks, state machine names shortened as CloudFormation does, one Step Functions
 backend for CloudFormation and the API, and (trainstack.emulator.events, .jobs) training and
-processing jobs that really run, as local processes. `--jobs-dir` is where their /opt/ml folders and logs go.
+processing jobs that really run, as local processes ($TRAINSTACK_EMULATOR_JOBS_DIR: their folders).
 """
 
 from __future__ import annotations
@@ -17,7 +17,15 @@ import time
 from pathlib import Path
 
 from trainstack.emulator import delivery, events, jobs
-from trainstack.emulator.endpoint import STATE_FILE, Emulator, export_line, free_port, read_state, write_state
+from trainstack.emulator.endpoint import (
+    JOBS_DIR_ENV,
+    STATE_FILE,
+    Emulator,
+    export_line,
+    free_port,
+    read_state,
+    write_state,
+)
 
 
 def _placeholder_model() -> type:
@@ -153,10 +161,10 @@ def main() -> None:
     )
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--jobs-dir", type=Path, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
-        serve(["-H", "127.0.0.1", "-p", str(args.port)], args.jobs_dir)
+        jobs_dir = os.environ.get(JOBS_DIR_ENV)  # Emulator.start says where its jobs go
+        serve(["-H", "127.0.0.1", "-p", str(args.port)], Path(jobs_dir) if jobs_dir else None)
         return
     emulator = Emulator(port=args.port or free_port())
     # `kill PID` (SIGTERM) stops it like Ctrl-C: the server process and the state file go with it

@@ -16,10 +16,12 @@ tokenizer, instance type and count):
 
 "Fits": the planner's per-GPU memory arithmetic (trainstack.planner.core.recipe_memory: parameters,
 gradients and AdamW states sharded over the ranks, activations at the recipe's sequence length and
-micro-batch, logits; not its CUDA context and NCCL buffers, which a CPU rank has not) for the ranks this job runs (nodes x ranks per node, all on this machine), summed,
-is at most HOST_MEMORY_FRACTION of this machine's physical memory (the rest is left to the emulator,
-MLflow and whatever else runs). A recipe that fits trains as written. The decision depends only on the
-recipe, the node count and the machine, so a run's export job decides as its training jobs did.
+micro-batch, logits; not its CUDA context and NCCL buffers, which a CPU rank has not) for the ranks the
+recipe's own nodes run here (its instance_count x ranks per node, all on this machine), summed, is at
+most HOST_MEMORY_FRACTION of this machine's physical memory (the rest is left to the emulator, MLflow
+and whatever else runs). A recipe that fits trains as written. The decision depends only on the recipe
+and the machine, not on the job's own node count, so a run's export job (one node) restores the
+stand-in its training jobs saved.
 
 The note the emulator logs, and puts in the job's Environment as TRAINSTACK_EMULATOR_STAND_IN, starts
 with STAND_IN_NOTE_PREFIX. Pure functions, except `host_memory_bytes`.
