@@ -443,3 +443,43 @@ def test_a_job_a_state_machine_creates_runs_with_nobodys_help(emulator):
     described = wait(emulator, name)
     assert described["TrainingJobStatus"] == "Completed", described.get("FailureReason")
     assert {m["MetricName"]: m["Value"] for m in described["FinalMetricDataList"]}["train:loss"] == 1.25
+
+
+def test_no_job_outlives_its_emulator(tmp_path):
+    """Each node runs in its own process group (so a stop reaches torchrun's workers); stopping the
+    emulator (SIGTERM, as Emulator.stop and `trainstack emulator stop` send) takes them along."""
+    import subprocess
+
+    sleeper = tmp_path / "sleeper.py"
+    sleeper.write_text("import time\nprint('ready', flush=True)\nwhile True:\n    time.sleep(0.1)\n")
+    emu = Emulator(log_path=tmp_path / "moto.log").start(timeout_s=180)
+    try:
+        emu.client("sagemaker").create_training_job(
+            TrainingJobName="outlives-1",
+            RoleArn=ROLE,
+            AlgorithmSpecification={
+                "TrainingImage": "x",
+                "TrainingInputMode": "File",
+                "ContainerEntrypoint": ["python", str(sleeper)],
+            },
+            ResourceConfig={"InstanceType": "ml.m5.large", "InstanceCount": 2, "VolumeSizeInGB": 1},
+            StoppingCondition={"MaxRuntimeInSeconds": 600},
+            OutputDataConfig={"S3OutputPath": "s3://nowhere/out/"},
+        )
+        deadline = time.monotonic() + 120
+        while not any("ready" in lines for lines in log_lines(emu, "outlives-1").values()):
+            assert time.monotonic() < deadline, "the container never started"
+            time.sleep(0.5)
+
+        def running() -> list[str]:
+            return subprocess.run(
+                ["pgrep", "-f", str(sleeper)], capture_output=True, text=True
+            ).stdout.split()
+
+        assert len(running()) == 2  # one per node
+    finally:
+        emu.stop()
+    deadline = time.monotonic() + 10
+    while running() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert running() == []

@@ -840,6 +840,14 @@ def _kill_group(process: subprocess.Popen | None) -> None:
         pass
 
 
+def kill_all() -> None:
+    """SIGKILL every running job's processes (the server is going: no job outlives its emulator)."""
+    with _LOCK:
+        running = list(_RUNNING.values())
+    for runner in running:
+        runner.kill()
+
+
 # --- entry points for the server's handlers -------------------------------------------------------
 
 

@@ -10,6 +10,7 @@ processing jobs that really run, as local processes ($TRAINSTACK_EMULATOR_JOBS_D
 
 from __future__ import annotations
 
+import atexit
 import os
 import signal
 import sys
@@ -116,6 +117,15 @@ def serve(argv: list[str], jobs_dir: Path | None = None) -> None:
     # Jobs that really run (trainstack.emulator.jobs), StopTrainingJob, Environment kept (.events).
     port = argv[argv.index("-p") + 1]
     jobs.configure_server(f"http://localhost:{port}", jobs_dir)
+    # Each node runs in its own process group (so a stop reaches its workers): they would outlive the
+    # server, so a SIGTERM (Emulator.stop, `trainstack emulator stop`) or an exit takes them along.
+    atexit.register(jobs.kill_all)
+
+    def stop_server(signum: int, frame: object) -> None:
+        jobs.kill_all()
+        raise SystemExit(0)
+
+    signal.signal(signal.SIGTERM, stop_server)
     events.install()
     # Job-state events delivered to the rules' targets and schedules run, by the server itself (.delivery).
     delivery.install(f"http://localhost:{port}")
