@@ -447,15 +447,14 @@ def apply_config(body: dict[str, Any]) -> dict[str, Any]:
     return {"events": _settings["events"], "schedule_speedup": _settings["speedup"]}
 
 
-def install(endpoint: str) -> None:
-    """In the server process (serve()): the job-event listener, AWS::Scheduler::Schedule in CloudFormation,
-    and the delivery and scheduler threads, which talk to the server at `endpoint`."""
+def install(endpoint: str, on_status_change: Any) -> None:
+    """In the server process (serve()): the job-event listener, registered with `on_status_change`
+    (events.on_status_change: handed in, as events imports this module), AWS::Scheduler::Schedule in
+    CloudFormation, and the delivery and scheduler threads, which talk to the server at `endpoint`."""
     from moto.cloudformation import parsing
 
-    from trainstack.emulator import events
-
     _settings["endpoint"] = endpoint
-    events.on_status_change(job_changed)
+    on_status_change(job_changed)
     schedule_resource = _schedule_resource()
     resource_class_from_type = parsing.resource_class_from_type
 

@@ -128,7 +128,7 @@ def serve(argv: list[str], jobs_dir: Path | None = None) -> None:
     signal.signal(signal.SIGTERM, stop_server)
     events.install()
     # Job-state events delivered to the rules' targets and schedules run, by the server itself (.delivery).
-    delivery.install(f"http://localhost:{port}")
+    delivery.install(f"http://localhost:{port}", events.on_status_change)
     _log_error_bodies()
     server.main(argv)
 
