@@ -145,8 +145,8 @@ def main() -> int:
 
         prepare_data(emulator, env, trainstack)
 
-        # A run's name is unique; an emulator kept from an earlier demo already has run `demo`.
-        name = "demo" if not reused else f"demo-{time.strftime('%H%M%S')}"
+        # A run's name is unique, here and in the MLflow store an earlier demo left (.emulator/mlflow).
+        name = f"demo-{time.strftime('%H%M%S')}"
         step(5, total, f"trainstack launch {RECIPE} --local --name {name} --wait")
         print(
             f"    EMULATOR: job 1's max runtime is {FIRST_JOB_MAX_RUNTIME_S} s (the recipe's: 1 h, the least "
@@ -167,7 +167,7 @@ def main() -> int:
         step(7, total, "the exported Hugging Face folder, loaded with transformers; the run in MLflow")
         folder = download_export(emulator, watched["export_out"], ROOT / ".emulator" / "demo-export" / name)
         load_with_transformers(folder)
-        show_mlflow(state_file, run_name)
+        show_mlflow(state_file, run_name, watched["mlflow_run_id"])
     except (DemoError, TrainstackError, subprocess.TimeoutExpired, KeyboardInterrupt) as exc:
         print(f"\nerror: {exc or 'interrupted'}", file=sys.stderr)
         print(f"(emulator log: {log}; jobs' logs: {log.parent / 'jobs'})", file=sys.stderr)
@@ -250,7 +250,12 @@ def watch(env: dict[str, str], run_name: str, timeout_s: float = RUN_TIMEOUT_S) 
             f"export job {export['job']} {described['TrainingJobStatus']}: {described.get('FailureReason')}"
         )
     print(f"    run {run_name}: {record.state} ({record.why}); jobs {', '.join(j.name for j in record.jobs)}")
-    return {"export_out": export["out_parent"], "steps": record.steps, "jobs": len(record.jobs)}
+    return {
+        "export_out": export["out_parent"],
+        "steps": record.steps,
+        "jobs": len(record.jobs),
+        "mlflow_run_id": record.mlflow_run_id,
+    }
 
 
 def download_export(emulator: Emulator, out_parent: str, dest: Path) -> Path:
@@ -301,28 +306,29 @@ def load_with_transformers(folder: Path) -> None:
     )
 
 
-def show_mlflow(state_file: Path, run_name: str) -> None:
-    """The run's one MLflow run: both jobs' metrics in it, by step."""
+def show_mlflow(state_file: Path, run_name: str, run_id: str) -> None:
+    """The run's one MLflow run (the one launch created, recorded in the registry): both jobs' metrics in
+    it, by step."""
     from trainstack.aws import tracking
-    from trainstack.protocol.tracking import run_filter
+    from trainstack.protocol.tracking import RUN_TAG
 
     url = (emu.read_state(state_file) or {}).get("mlflow")
-    if not url:
+    if not url or not run_id:
         print("    (no MLflow server beside this emulator)")
         return
     client = tracking.client(url)
-    experiment = client.get_experiment_by_name(f"platform/{RECIPE_NAME}")
-    (found,) = client.search_runs([experiment.experiment_id], filter_string=run_filter(run_name))
-    losses = client.get_metric_history(found.info.run_id, "loss")
-    validation = client.get_metric_history(found.info.run_id, "val_loss")
+    found = client.get_run(run_id)
+    if found.data.tags.get(RUN_TAG) != run_name:
+        raise DemoError(f"MLflow run {run_id} is not {run_name}'s: {found.data.tags.get(RUN_TAG)}")
+    losses = client.get_metric_history(run_id, "loss")
+    validation = sorted(client.get_metric_history(run_id, "val_loss"), key=lambda m: m.step)
     jobs = sorted({k.split(".")[2] for k in found.data.tags if k.startswith("trainstack.job.")})
     steps = sorted(m.step for m in losses)
-    first_val, last_val = (sorted(validation, key=lambda m: m.step)[i] for i in (0, -1))
     print(
-        f"    MLflow run {found.info.run_id} ({url}, experiment platform/{RECIPE_NAME}): one run for "
-        f"{run_name}, loss at {len(steps)} steps from {steps[0]} to {steps[-1]} across both jobs "
-        f"({len(jobs)} jobs); val_loss {first_val.value:.3f} at step {first_val.step} -> "
-        f"{last_val.value:.3f} at step {last_val.step}",
+        f"    MLflow run {run_id} ({url}, experiment platform/{RECIPE_NAME}): one run for {run_name}, "
+        f"loss at {len(steps)} steps from {steps[0]} to {steps[-1]} ({len(jobs)} jobs); val_loss "
+        f"{validation[0].value:.3f} at step {validation[0].step} -> {validation[-1].value:.3f} at step "
+        f"{validation[-1].step}",
         flush=True,
     )
 
