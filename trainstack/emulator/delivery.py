@@ -33,6 +33,7 @@ Nothing here reaches AWS: every client is the emulator's own endpoint (trainstac
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import queue
@@ -83,13 +84,19 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def _described(job: Any, operation: str) -> dict[str, Any]:
-    """The job's Describe* answer now, as the API would give it: moto's response object, cut to the members
-    of botocore's output shape for `operation` (moto's object also holds its own bookkeeping)."""
+@functools.cache
+def _output_members(operation: str) -> frozenset[str]:
+    """The members of botocore's output shape for SageMaker's `operation` (its model, read once)."""
     import botocore.session
 
     shape = botocore.session.get_session().get_service_model("sagemaker").operation_model(operation)
-    members = set(shape.output_shape.members)
+    return frozenset(shape.output_shape.members)
+
+
+def _described(job: Any, operation: str) -> dict[str, Any]:
+    """The job's Describe* answer now, as the API would give it: moto's response object, cut to the members
+    of botocore's output shape for `operation` (moto's object also holds its own bookkeeping)."""
+    members = _output_members(operation)
     found = dict(job.response_object)
     if "Arn" in found:
         found.setdefault("ProcessingJobArn", found["Arn"])
