@@ -319,7 +319,8 @@ def _schedules() -> list[dict[str, Any]]:
 def run_due_schedules(
     env: dict[str, str], last_runs: dict[str, float], now: float, speedup: float
 ) -> list[str]:
-    """Invoke every schedule that is due at `now`; `last_runs` (schedule ARN -> time) is updated. Returns
+    """Invoke every schedule that is due at `now`; `last_runs` (schedule ARN -> when its last invocation was
+    due) is updated. Returns
     the Step Functions executions started."""
     started = []
     for schedule in _schedules():
@@ -330,7 +331,9 @@ def run_due_schedules(
         due = next_due(schedule, last_runs.get(arn), now, speedup)
         if due is None or due > now:
             continue
-        last_runs[arn] = now
+        # A fixed cadence from the start, as Scheduler keeps: the next is due a period after this one was
+        # due, however late the scheduler got to it (but never a burst to catch up with a long pause).
+        last_runs[arn] = due if now - due < TICK_S * 5 else now
         target = schedule["Target"]
         try:
             execution = _send(env, target["Arn"], target.get("Input") or "{}", f"schedule {schedule['Name']}")
