@@ -192,3 +192,18 @@ def test_the_entrypoint_takes_its_ranks_and_rendezvous_from_the_emulator(tmp_pat
     command = json.loads(done.stdout)["command"]
     assert "--nproc-per-node=1" in command and "--node-rank=1" in command
     assert "--master-addr=127.0.0.1" in command and "--master-port=41234" in command
+
+
+def test_status_and_runs_read_the_stand_in_from_the_jobs_environment():
+    from trainstack.aws.runs import job_from_description
+
+    described = {
+        "TrainingJobName": "ts-platform-8b-fp8--abc-r1-1",
+        "TrainingJobStatus": "InProgress",
+        "SecondaryStatus": "Training",
+        "CreationTime": datetime(2026, 1, 1, tzinfo=UTC),
+        "Environment": {"TRAINSTACK_RUN": "r1", jobs.STAND_IN_ENV: "stand-in: recipe 8b-fp8 needs ..."},
+    }
+    assert job_from_description(described).stand_in == "stand-in: recipe 8b-fp8 needs ..."
+    del described["Environment"][jobs.STAND_IN_ENV]
+    assert job_from_description(described).stand_in is None  # on SageMaker: never set
