@@ -423,6 +423,9 @@ class LocalJob:
             self._prepare_node(spec, node, index, hosts, hyper)
         if self.stop_reason:
             return self._end_stopped()
+        # Only the image's entry point starts ranks (torchrun); any other command is one process a node.
+        image = spec["command"][1:3] == list(IMAGE_ENTRYPOINT[1:3])
+        ranks = ranks if image else 1
         self.ranks = ranks * count
         threads = threads_per_rank(SETTINGS.cpus, ranks_running() + self.ranks)
         self._status(
@@ -434,10 +437,8 @@ class LocalJob:
         for node in self.nodes:
             env = self._node_environment(spec, node, hosts, hyper, ranks, threads, rendezvous)
             command = [map_opt_ml(part, node.root) for part in spec["command"]]
-            self._emit(
-                node,
-                f"EMULATOR: {node.host}: {' '.join(command)} ({ranks} rank(s), {threads} thread(s) each)",
-            )
+            shape = f"{ranks} rank(s), {threads} thread(s) each" if image else f"{threads} thread(s)"
+            self._emit(node, f"EMULATOR: {node.host}: {' '.join(command)} ({shape})")
             node.process = subprocess.Popen(
                 command,
                 cwd=node.root,
@@ -486,7 +487,7 @@ class LocalJob:
             self._status("InProgress", "Uploading", "Uploading generated training model")
         self._upload(spec)
         self._flush()
-        self._status("Completed", "Completed", "Training job completed")
+        self._status("Completed", "Completed", f"{self.kind.capitalize()} job completed")
         return None
 
     def _end_stopped(self) -> None:
@@ -494,9 +495,9 @@ class LocalJob:
             return
         secondary = self.stop_reason or "Stopped"
         message = (
-            "Training job stopped: MaxRuntimeInSeconds reached"
+            f"{self.kind.capitalize()} job stopped: MaxRuntimeInSeconds reached"
             if secondary == "MaxRuntimeExceeded"
-            else "Training job stopped"
+            else f"{self.kind.capitalize()} job stopped"
         )
         if self.kind == "training" and self.job.training_job_status != "Stopping":
             self._status("Stopping", "Stopping", "Stopping the training job")
