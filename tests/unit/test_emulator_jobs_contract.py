@@ -207,3 +207,11 @@ def test_status_and_runs_read_the_stand_in_from_the_jobs_environment():
     assert job_from_description(described).stand_in == "stand-in: recipe 8b-fp8 needs ..."
     del described["Environment"][jobs.STAND_IN_ENV]
     assert job_from_description(described).stand_in is None  # on SageMaker: never set
+
+
+def test_nodes_together_run_no_more_ranks_than_the_cpus_unless_asked():
+    recipe = resolve(str(TINY), overrides=("compute.instance_count=2", "training.global_batch=32")).recipe
+    given = to_hyperparameters(recipe)
+    assert stand_in.decide(given, 2, 2, 8 * GIB, cpus=2).ranks_per_node == 1  # 2 nodes on 2 cores
+    assert stand_in.decide(given, 2, 2, 8 * GIB, cpus=16).ranks_per_node == 2
+    assert stand_in.decide(given, 2, 4, 8 * GIB, cpus=2).ranks_per_node == 2  # configured 4: 4 ranks in all

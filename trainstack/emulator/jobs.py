@@ -29,8 +29,9 @@ guide "Containers with custom training algorithms", "How Amazon SageMaker provid
   land in the emulator's S3); MLFLOW_TRACKING_URI, when it names an MLflow ARN (the emulator's MLflow App is
   a placeholder), is replaced by the emulator's own MLflow server (`configure(mlflow_url=...)`, else the
   `mlflow` URL recorded in .emulator/endpoint.json), or removed when there is none;
-- nodes and ranks: InstanceCount nodes, each `ranks_per_node` CPU ranks (TRAINSTACK_NPROC_PER_NODE;
-  default RANKS_PER_NODE = 2, fewer when the recipe's global batch does not divide), torchrun's gloo
+- nodes and ranks: InstanceCount nodes, each up to `ranks_per_node` CPU ranks (TRAINSTACK_NPROC_PER_NODE;
+  default RANKS_PER_NODE = 2; fewer when all nodes' ranks would outnumber the CPUs, or when the recipe's
+  global batch does not divide: trainstack.emulator.stand_in.decide), torchrun's gloo
   rendezvous on algo-1 (TRAINSTACK_RENDEZVOUS=127.0.0.1:<free port>) as on SageMaker; OMP_NUM_THREADS per
   rank = the CPUs divided by every rank running (this job's and the other local jobs'), at least 1: two
   threads per rank on two busy cores measured 10x slower than one;

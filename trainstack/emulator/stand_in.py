@@ -134,9 +134,9 @@ def decide(
     hyperparameters: Mapping[str, str], nodes: int, most_ranks: int, host_bytes: int, cpus: int = 2
 ) -> Decision:
     """The hyperparameters a training job's container gets on this machine, and its ranks per node.
-    Hyperparameters that are not a trainstack recipe go through unchanged. A stand-in of a many-node
-    recipe runs fewer ranks per node, at least one, so that all of them together are no more than the
-    CPUs (or `most_ranks`, whichever is more): 8 nodes on 2 cores run one rank each."""
+    Hyperparameters that are not a trainstack recipe go through unchanged. A job of many nodes runs
+    fewer ranks per node, at least one, so that all of them together are no more than the CPUs (or
+    `most_ranks`, whichever is more): 2 nodes on 2 cores run one rank each, 8 nodes one each too."""
     from trainstack.recipes.schema import from_hyperparameters, to_hyperparameters
 
     given = dict(hyperparameters)
@@ -144,18 +144,20 @@ def decide(
         recipe = from_hyperparameters(given)
     except Exception:  # not a recipe: another container's hyperparameters
         return Decision(given, max(1, most_ranks))
+    per_node = max(1, min(most_ranks, max(cpus, most_ranks) // max(1, nodes)))
     # Fits and the stand-in are decided for the recipe's own nodes, whatever this job's count: a run's
     # export job (one node) then gets the same stand-in its training jobs trained.
     planned = recipe.compute.instance_count
-    ok, need, budget = fits(recipe, ranks_per_node(recipe, planned, most_ranks) * planned, host_bytes)
+    planned_per_node = max(1, min(most_ranks, max(cpus, most_ranks) // planned))
+    world = ranks_per_node(recipe, planned, planned_per_node) * planned
+    ok, need, budget = fits(recipe, world, host_bytes)
     if ok:
-        return Decision(given, ranks_per_node(recipe, nodes, most_ranks))
+        return Decision(given, ranks_per_node(recipe, nodes, per_node))
     stand_in = stand_in_recipe(recipe, planned)
-    ranks = ranks_per_node(stand_in, nodes, max(1, min(most_ranks, max(cpus, most_ranks) // nodes)))
     encoded = to_hyperparameters(stand_in)
     extra = {k: v for k, v in given.items() if k not in to_hyperparameters(recipe)}  # sagemaker_* and such
-    world = ranks_per_node(recipe, planned, most_ranks) * planned
-    return Decision({**encoded, **extra}, ranks, describe(recipe, stand_in, need, budget, world))
+    note = describe(recipe, stand_in, need, budget, world)
+    return Decision({**encoded, **extra}, ranks_per_node(stand_in, nodes, per_node), note)
 
 
 def for_job(
