@@ -33,8 +33,8 @@ guide "Containers with custom training algorithms", "How Amazon SageMaker provid
   default RANKS_PER_NODE = 2; fewer when all nodes' ranks would outnumber the CPUs, or when the recipe's
   global batch does not divide: trainstack.emulator.stand_in.decide), torchrun's gloo
   rendezvous on algo-1 (TRAINSTACK_RENDEZVOUS=127.0.0.1:<free port>) as on SageMaker; OMP_NUM_THREADS per
-  rank = the CPUs divided by every rank running (this job's and the other local jobs'), at least 1: two
-  threads per rank on two busy cores measured 10x slower than one;
+  rank = the CPUs divided by every rank running (this job's and the other local jobs'), at least 1, so a
+  job never asks for more threads than cores (bench/emulator_threads.py compares 1 and 2 a rank);
 - checkpoints and outputs: CheckpointConfig.S3Uri is copied to LocalPath (default /opt/ml/checkpoints)
   before the start and LocalPath back to S3Uri after the end (SageMaker also syncs while running; our
   trainer writes its checkpoints to S3 itself, TRAINSTACK_CHECKPOINT_URI); /opt/ml/model and
