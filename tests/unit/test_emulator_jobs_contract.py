@@ -215,3 +215,15 @@ def test_nodes_together_run_no_more_ranks_than_the_cpus_unless_asked():
     assert stand_in.decide(given, 2, 2, 8 * GIB, cpus=2).ranks_per_node == 1  # 2 nodes on 2 cores
     assert stand_in.decide(given, 2, 2, 8 * GIB, cpus=16).ranks_per_node == 2
     assert stand_in.decide(given, 2, 4, 8 * GIB, cpus=2).ranks_per_node == 2  # configured 4: 4 ranks in all
+
+
+def test_log_lines_go_in_batches_within_put_log_events_limits():
+    """PutLogEvents (CloudWatch Logs API reference): at most 10,000 events and 1,048,576 bytes a batch,
+    each message's bytes plus 26; an event at most 256 KiB. moto enforces none of them."""
+    lines = [{"timestamp": i, "message": "x" * 250} for i in range(12_000)]
+    batches = jobs.log_batches(lines)
+    assert [e for b in batches for e in b] == lines  # all of them, in order
+    assert all(len(b) <= 10_000 and sum(len(e["message"]) + 26 for e in b) <= 1_048_576 for b in batches)
+    (huge,) = jobs.log_batches([{"timestamp": 0, "message": "y" * 300_000}])
+    assert len(huge[0]["message"]) + 26 == 256 * 1024
+    assert len(jobs.log_batches([{"timestamp": 0, "message": "z"}] * 10_001)) == 2  # the count limit

@@ -268,6 +268,29 @@ class MetricScanner:
         return [{"MetricName": n, "Value": v, "Timestamp": t} for n, (v, t) in sorted(self.final.items())]
 
 
+# PutLogEvents (CloudWatch Logs API reference): at most 10,000 events and 1,048,576 bytes a batch, counted
+# as each message's UTF-8 bytes plus 26; one event at most 256 KiB (a longer line is cut, as the agent does).
+LOG_BATCH_EVENTS = 10_000
+LOG_BATCH_BYTES = 1_048_576
+LOG_EVENT_OVERHEAD = 26
+LOG_EVENT_MAX = 256 * 1024 - LOG_EVENT_OVERHEAD
+
+
+def log_batches(events: Sequence[Mapping[str, Any]]) -> list[list[dict[str, Any]]]:
+    """`events` (timestamp, message) in PutLogEvents batches within its documented limits."""
+    batches: list[list[dict[str, Any]]] = []
+    size = 0
+    for event in events:
+        message = event["message"].encode("utf-8")[:LOG_EVENT_MAX].decode("utf-8", "ignore") or " "
+        cost = len(message.encode("utf-8")) + LOG_EVENT_OVERHEAD
+        if not batches or len(batches[-1]) >= LOG_BATCH_EVENTS or size + cost > LOG_BATCH_BYTES:
+            batches.append([])
+            size = 0
+        batches[-1].append({"timestamp": event["timestamp"], "message": message})
+        size += cost
+    return batches
+
+
 def inherited_environment(environ: Mapping[str, str]) -> dict[str, str]:
     return {k: v for k, v in environ.items() if not k.startswith(NOT_INHERITED)}
 
@@ -743,10 +766,8 @@ class LocalJob:
                 node.pending = []
             metric_data, self._metric_data = self._metric_data, []
         for stream, events in batches:
-            for start in range(0, len(events), 5000):  # PutLogEvents: at most 10,000 events, 1 MiB
-                self._logs.put_log_events(
-                    logGroupName=self._log_group, logStreamName=stream, logEvents=events[start : start + 5000]
-                )
+            for batch in log_batches(events):
+                self._logs.put_log_events(logGroupName=self._log_group, logStreamName=stream, logEvents=batch)
         if metric_data and self.kind == "training":
             (cloudwatch,) = _clients("cloudwatch")
             for start in range(0, len(metric_data), 20):
