@@ -290,6 +290,20 @@ def test_a_failing_container_fails_the_job_with_its_failure_file_as_the_reason(e
     assert (described["TrainingJobStatus"], described["SecondaryStatus"]) == ("Failed", "Failed")
     assert described["FailureReason"] == "trainstack-fatal exit=2: recipe.yaml: training.lr: too high"
     assert "Uploading" not in [t["Status"] for t in described["SecondaryStatusTransitions"]]
+    # A channel that cannot be downloaded fails the job before its container starts, as a client error.
+    missing = [
+        {
+            "ChannelName": "train",
+            "DataSource": {
+                "S3DataSource": {"S3DataType": "S3Prefix", "S3Uri": "s3://no-such-bucket-x/data/"}
+            },
+        }
+    ]
+    script_job(emulator, "no-data-1", "ok", InputDataConfig=missing)
+    described = wait(emulator, "no-data-1")
+    assert described["TrainingJobStatus"] == "Failed"
+    assert described["FailureReason"].startswith("ClientError: Data download failed: ")
+    assert "Training" not in [t["Status"] for t in described["SecondaryStatusTransitions"]]
 
 
 def test_stop_training_job_sends_sigterm_and_the_job_goes_stopping_then_stopped(emulator):

@@ -143,6 +143,15 @@ def configure_server(endpoint: str, jobs_dir: Path | None = None) -> None:
         SETTINGS.jobs_dir = SETTINGS.jobs_dir.resolve()
 
 
+def _client_error_types() -> tuple[type[BaseException], ...]:
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    return (ClientError, BotoCoreError)
+
+
+ClientErrorLike = _client_error_types()
+
+
 # --- Pure parts of the contract ---------------------------------------------------------------------
 
 
@@ -443,15 +452,19 @@ class LocalJob:
         started = time.monotonic()
         if spec["inputs"] or spec.get("checkpoint"):
             self._status("InProgress", "Downloading", "Downloading input data")
-        for index, node in enumerate(self.nodes):
-            self._prepare_node(spec, node, index, hosts, hyper)
+        try:
+            for index, node in enumerate(self.nodes):
+                self._prepare_node(spec, node, index, hosts, hyper)
+        except (*ClientErrorLike, OSError, RuntimeError) as error:  # SageMaker reports a client error
+            return self._fail(f"ClientError: Data download failed: {error}"[:FAILURE_REASON_MAX])
         if self.stop_reason:
             return self._end_stopped()
         # Only the image's entry point starts ranks (torchrun); any other command is one process a node.
         image = spec["command"][1:3] == list(IMAGE_ENTRYPOINT[1:3])
         ranks = ranks if image else 1
+        others = ranks_running()  # the other local jobs' ranks (this one's is not counted yet)
         self.ranks = ranks * count
-        threads = threads_per_rank(SETTINGS.cpus, ranks_running() + self.ranks)
+        threads = threads_per_rank(SETTINGS.cpus, others + self.ranks)
         self._status(
             "InProgress",
             "Training",
