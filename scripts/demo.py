@@ -1,31 +1,28 @@
 #!/usr/bin/env python3
-"""`make demo`: deploy a recipe into a local AWS emulator, then launch, stop, resume and list a run; no
-AWS account needed.
+"""`make demo`: a run that trains for real on a local AWS emulator, end to end, with no hand in it; no AWS
+account needed.
 
-1. start moto in server mode on localhost (trainstack.emulator.endpoint), jobs that run until ended
-2. `npx cdk bootstrap`, then the real `npx cdk deploy --all -c recipe=RECIPE` against it
-3b. `trainstack data prepare s3://... --tokenizer bytes --out s3://... --local`: the docs as a raw
-   corpus in the emulator's S3, tokenized by the same entrypoint a Processing job runs
-3. `trainstack launch RECIPE --local --name demo` (the run supervisor's StartJob, interpreted by the
-   emulator, creates job 1 of run ts-<team>-<recipe>--demo)
-4. `trainstack stop RUN --local`, and the job's Stopped event delivered to the deployed rule
-   (EMULATOR: what EventBridge does on AWS), so the supervisor records the run stopped
-5. `trainstack resume RUN --local`: job 2, same checkpoint prefix
-6. `trainstack runs RECIPE --local`: the run, its two jobs, one checkpoint URI
-7. `trainstack status RECIPE --local`
-8. show the CreateTrainingJob request the emulator received for job 2
-9. say what to try next; the emulator keeps running for it (`trainstack emulator stop` ends it,
-   `--stop` stops it at the end instead). An emulator already running here is reused.
-
-The emulator does not run containers: nothing trains; jobs end when the demo (or a test) ends them.
+1. start the emulator (moto in server mode, patched: trainstack.emulator) with MLflow's server beside it;
+   its jobs run as local processes with SageMaker's container contract, it delivers their state-change
+   events to the deployed EventBridge rules and runs the reconciler's schedule itself
+2. `npx cdk bootstrap`, then the real `npx cdk deploy --all -c recipe=scripts/demo-tiny.yaml` (1b-bf16's
+   deployment with a model small enough for a laptop's CPU)
+3. `trainstack data prepare docs --tokenizer bytes --out s3://trainstack-demo-data/tokens/ --local`: the
+   repository's docs as a small local corpus, tokenized into the emulator's S3
+4. `trainstack launch scripts/demo-tiny.yaml --local --name demo --wait`: job 1 trains; the emulator
+   stops it at a short max runtime (EMULATOR: a recipe's is at least an hour; here job 1's is capped)
+5. watch: the supervisor hears the MaxRuntimeExceeded stop and starts job 2, which resumes from job 1's
+   checkpoint and completes the run; the run's export job writes a Hugging Face folder
+6. `trainstack runs scripts/demo-tiny.yaml --local`: the run, its jobs, its export
+7. the exported folder loaded with transformers, and the run's one MLflow run across both jobs
+8. what to try next; the emulator keeps running for it (`trainstack emulator stop` ends it, `--stop`
+   stops it at the end instead). An emulator already running here is reused.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -40,6 +37,15 @@ from trainstack.emulator import events as emulator_events  # noqa: E402
 from trainstack.emulator.endpoint import ACCOUNT, REGION, Emulator  # noqa: E402
 from trainstack.errors import TrainstackError  # noqa: E402
 
+RECIPE = "scripts/demo-tiny.yaml"
+RECIPE_NAME = "demo-tiny"
+DEMO_DATA_BUCKET = "trainstack-demo-data"
+# Job 1's max runtime in the emulator, seconds (its recipe says 1 h, the least a recipe may): long enough to
+# start and save a checkpoint on two busy cores (about 90 steps at load average 15), short of the run's 720
+# steps on two idle ones (about 0.125 s a step: 0.25 CPU-seconds per step of this recipe on 2 ranks,
+# measured; about 8 s to start).
+FIRST_JOB_MAX_RUNTIME_S = 60
+RUN_TIMEOUT_S = 900  # the whole run, export included, on a loaded 2-core machine
 NODE_NOISE = (
     "NodeVersionSupportWarning",
     "versions published after",
@@ -79,8 +85,6 @@ def run(cmd: list[str], env: dict[str, str], *, quiet: bool = False, timeout: fl
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--recipe", default="30b-fp8")
-    parser.add_argument("--team", default=None)
     parser.add_argument(
         "--keep",
         action="store_true",
@@ -95,11 +99,9 @@ def main() -> int:
         print("error: npx not found: install Node.js 20+ and run `make setup`", file=sys.stderr)
         return 2
     trainstack = str(Path(sys.executable).parent / "trainstack")
-    context = ["-c", f"recipe={args.recipe}"] + (["-c", f"team={args.team}"] if args.team else [])
-    team = ["--team", args.team] if args.team else []
     state_file, log = ROOT / emu.STATE_FILE, ROOT / emu.LOG_FILE
     log.parent.mkdir(exist_ok=True)
-    total = 9
+    total = 8
     t0 = time.monotonic()
     reused = emu.running(state_file)
     emulator = Emulator(port=int(reused["endpoint"].rsplit(":", 1)[1])) if reused else Emulator(log_path=log)
@@ -111,8 +113,12 @@ def main() -> int:
             step(1, total, f"starting the local AWS emulator (moto server; log: {log.relative_to(ROOT)})")
             start_recorded(emulator, state_file, log)
             print(f"    listening on {emulator.endpoint} (pid {emulator.pid})", flush=True)
-        # EMULATOR: jobs stay InProgress until something ends them, as on AWS.
-        emulator_events.configure(emulator.env(), jobs_run=True)
+        settings = emulator_events.configure(emulator.env(), jobs="train", events="auto")
+        print(
+            f"    jobs run as local processes; job-state events delivered and schedules run by the emulator "
+            f"(schedules {settings['schedule_speedup']:g}x faster than on AWS)",
+            flush=True,
+        )
         env = {
             **os.environ,
             **emulator.env(),
@@ -120,85 +126,59 @@ def main() -> int:
             "JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION": "20",
             "CDK_DISABLE_CLI_TELEMETRY": "true",
         }
+        context = ["-c", f"recipe={RECIPE}"]
 
         step(2, total, f"npx cdk bootstrap aws://{ACCOUNT}/{REGION}")
-        run(
-            [npx, "cdk", "bootstrap", f"aws://{ACCOUNT}/{REGION}", *context, "-o", "cdk.out.demo"],
-            env,
-            quiet=True,
-        )
+        # bootstrap needs no recipe: the app synthesizes nothing for it (app.py)
+        run([npx, "cdk", "bootstrap", f"aws://{ACCOUNT}/{REGION}", "-o", "cdk.out.demo"], env, quiet=True)
 
         step(
             3,
             total,
-            f"npx cdk deploy --all {' '.join(context)} --method=direct   "
+            f"npx cdk deploy --all -c recipe={RECIPE} --method=direct   "
             "(direct: the emulator loses exports on the change-set path)",
         )
-        out = run(
-            [
-                npx,
-                "cdk",
-                "deploy",
-                "--all",
-                *context,
-                "--method=direct",
-                "--require-approval=never",
-                "-o",
-                "cdk.out.demo",
-            ],
-            env,
-            quiet=True,
-        )
+        deploy = [npx, "cdk", "deploy", "--all", *context, "--method=direct", "--require-approval=never"]
+        out = run([*deploy, "-o", "cdk.out.demo"], env, quiet=True)
         for line in out.splitlines():
-            if "✅" in line or " = " in line:
+            if "✅" in line:
                 print("    " + line.strip(), flush=True)
 
         prepare_data(emulator, env, trainstack)
 
-        # A run's name is unique; an emulator kept from an earlier demo already has run `demo`.
-        name = "demo" if not reused else f"demo-{time.strftime('%H%M%S')}"
-        step(4, total, f"trainstack launch {args.recipe} --local --name {name} --wait")
-        launched = run([trainstack, "launch", args.recipe, *team, "--local", "--name", name, "--wait"], env)
-        # "launched run <run>: job <job> (...)"
-        words = launched.splitlines()[0].split()
-        run_name, first_job = words[2].rstrip(":"), words[4]
-
-        step(5, total, f"trainstack stop {run_name} --local")
-        run([trainstack, "stop", run_name, "--local"], env)
+        # A run's name is unique, here and in the MLflow store an earlier demo left (.emulator/mlflow).
+        name = f"demo-{time.strftime('%H%M%S')}"
+        step(5, total, f"trainstack launch {RECIPE} --local --name {name} --wait")
         print(
-            "    EMULATOR: delivering the job's Stopped event to the deployed rule, as EventBridge would",
+            f"    EMULATOR: job 1's max runtime is {FIRST_JOB_MAX_RUNTIME_S} s (the recipe's: 1 h, the least "
+            "a recipe may ask), so the run needs a second job",
             flush=True,
         )
-        decision = deliver(emulator.env(), first_job, run_name)
-        print(
-            f"    the supervisor decided: {decision['Outcome']} ({decision['Why']}); next: {decision['Next']}"
-        )
+        emulator_events.configure(emulator.env(), max_runtime_cap_seconds=FIRST_JOB_MAX_RUNTIME_S)
+        try:
+            launched = run([trainstack, "launch", RECIPE, "--local", "--name", name, "--wait"], env)
+        finally:  # only job 1: the jobs the supervisor creates later keep the recipe's max runtime
+            emulator_events.configure(emulator.env(), no_max_runtime_cap=True)
+        run_name = launched.splitlines()[0].split()[2].rstrip(":")  # "launched run <run>: job <job> ..."
+        watched = watch(emulator.env(), run_name)
 
-        step(6, total, f"trainstack resume {run_name} --local")
-        resumed = run([trainstack, "resume", run_name, "--local"], env)
-        # "resuming run <run> (...): job <job> resumes from <checkpoints>" / "execution: <arn>"
-        second_job = re.search(r"job (\S+) resumes", resumed).group(1)
-        second_execution = resumed.splitlines()[1].split()[-1]
-        wait_for_job(emulator.env(), second_job)
+        step(6, total, f"trainstack runs {RECIPE} --local")
+        run([trainstack, "runs", RECIPE, "--local"], env)
 
-        step(7, total, f"trainstack runs {args.recipe} --local")
-        run([trainstack, "runs", args.recipe, *team, "--local"], env)
-
-        step(8, total, f"trainstack status {args.recipe} --local")
-        run([trainstack, "status", args.recipe, *team, "--local", "--runs", "2"], env)
-
-        step(9, total, f"the training job the emulator received: {second_job}")
-        show_job(emulator.env(), second_job, second_execution, first_job)
+        step(7, total, "the exported Hugging Face folder, loaded with transformers; the run in MLflow")
+        folder = download_export(emulator, watched["export_out"], ROOT / ".emulator" / "demo-export" / name)
+        load_with_transformers(folder)
+        show_mlflow(state_file, run_name, watched["mlflow_run_id"])
     except (DemoError, TrainstackError, subprocess.TimeoutExpired, KeyboardInterrupt) as exc:
         print(f"\nerror: {exc or 'interrupted'}", file=sys.stderr)
-        print(f"(emulator log: {log})", file=sys.stderr)
+        print(f"(emulator log: {log}; jobs' logs: {log.parent / 'jobs'})", file=sys.stderr)
         if not reused:  # ours, and the demo did not get far enough to be worth keeping
             emu.stop_recorded(state_file)
             emulator.stop()
         return 1
     print(
-        f"\ndone in {time.monotonic() - t0:.0f} s. The emulator does not run containers: its jobs run until "
-        "something ends them, and nothing trained.",
+        f"\ndone in {time.monotonic() - t0:.0f} s: run {run_name} trained {watched['steps']} steps in "
+        f"{watched['jobs']} jobs, completed, and was exported, with nothing run by hand.",
         flush=True,
     )
     if not args.keep:
@@ -206,73 +186,152 @@ def main() -> int:
             emu.stop_recorded(state_file)
         print("The emulator is stopped (--stop).", flush=True)
         return 0
-    print(next_steps(args.recipe, args.team, emulator.endpoint, reused, log), flush=True)
+    print(next_steps(RECIPE, None, emulator.endpoint, reused, log, run_name), flush=True)
     return 0
 
 
-DEMO_DATA_BUCKET = "trainstack-demo-data"
-
-
 def prepare_data(emulator: Emulator, env: dict[str, str], trainstack: str) -> None:
-    """A small preparation on the emulator's S3: the repository's docs as raw text, tokenized to shards."""
-    print(
-        f"\n[3b] trainstack data prepare s3://{DEMO_DATA_BUCKET}/raw/ --tokenizer bytes "
-        f"--out s3://{DEMO_DATA_BUCKET}/tokens/ --local",
-        flush=True,
+    """A small local corpus (the repository's docs), tokenized byte by byte into the emulator's S3."""
+    step(
+        4, 8, f"trainstack data prepare docs --tokenizer bytes --out s3://{DEMO_DATA_BUCKET}/tokens/ --local"
     )
-    s3 = emulator.client("s3")
-    s3.create_bucket(Bucket=DEMO_DATA_BUCKET)
-    for doc in sorted((ROOT / "docs").glob("*.md")):
-        s3.put_object(Bucket=DEMO_DATA_BUCKET, Key=f"raw/{doc.name}", Body=doc.read_bytes())
+    emulator.client("s3").create_bucket(Bucket=DEMO_DATA_BUCKET)
     # A demo kept from an earlier run already holds the dataset: the rerun finds every file done.
     run(
-        [trainstack, "data", "prepare", f"s3://{DEMO_DATA_BUCKET}/raw/", "--tokenizer", "bytes"]
-        + [
-            "--out",
-            f"s3://{DEMO_DATA_BUCKET}/tokens/",
-            "--local",
-            "--validation-fraction",
-            "0.1",
-            "--workers",
-            "1",
-        ],
+        [trainstack, "data", "prepare", "docs", "--tokenizer", "bytes"]
+        + ["--out", f"s3://{DEMO_DATA_BUCKET}/tokens/", "--local", "--validation-fraction", "0.1"]
+        + ["--workers", "1"],
         env,
     )
 
 
-def deliver(env: dict[str, str], job: str, run_name: str) -> dict:
-    """Deliver the job's state-change event to the deployed rules and wait for the supervisor's decision."""
-    (sfn,) = emu.clients(env, "stepfunctions")
-    # SageMaker passes through Stopping (SIGTERM, the trainer saves) before Stopped; so does the emulator.
-    emulator_events.wait_for_status(env, job, ("Stopped", "Completed", "Failed"), timeout_s=60)
-    started = emulator_events.deliver_job_state_change(env, job)
-    decisions = []
-    deadline = time.monotonic() + 120
-    for arn in started:
-        while (described := sfn.describe_execution(executionArn=arn))["status"] == "RUNNING":
-            if time.monotonic() > deadline:
-                raise DemoError(f"the supervisor did not decide within 2 minutes ({arn})")
-            time.sleep(0.5)
-        output = json.loads(described.get("output") or "{}")
-        if "Outcome" in output:
-            decisions.append(output)
-    if not decisions:
-        raise DemoError(f"no supervisor execution decided what run {run_name} does after {job}")
-    return decisions[0]
+def watch(env: dict[str, str], run_name: str, timeout_s: float = RUN_TIMEOUT_S) -> dict:
+    """Follow run `run_name` until it has completed and its export job has ended, printing each job's
+    status changes and its newest metrics as SageMaker reports them; nothing is done to it."""
+    sagemaker, cloudformation, dynamodb = emu.clients(env, "sagemaker", "cloudformation", "dynamodb")
+    from trainstack.aws.registry import read_run
 
-
-def wait_for_job(env: dict[str, str], job: str, timeout_s: float = 60) -> None:
-    (sagemaker,) = emu.clients(env, "sagemaker")
+    outputs = cloudformation.describe_stacks(StackName="Trainstack-platform-demo-tiny-Data")["Stacks"][0]
+    table = {o["OutputKey"]: o["OutputValue"] for o in outputs.get("Outputs", [])}["RunTableName"]
+    shown: dict[str, str] = {}
     deadline = time.monotonic() + timeout_s
     while True:
-        try:
-            status = sagemaker.describe_training_job(TrainingJobName=job)["TrainingJobStatus"]
-            print(f"    training job {job}: {status}", flush=True)
-            return
-        except sagemaker.exceptions.ClientError:
-            if time.monotonic() > deadline:
-                raise DemoError(f"no training job {job} after {timeout_s:.0f} s") from None
-            time.sleep(0.5)
+        record = read_run(dynamodb, table, run_name)
+        names = [j.name for j in record.jobs] + [e["job"] for e in record.exports]
+        for job in names:
+            try:
+                described = sagemaker.describe_training_job(TrainingJobName=job)
+            except sagemaker.exceptions.ClientError:
+                continue  # registered, not created yet
+            metrics = {m["MetricName"]: m["Value"] for m in described.get("FinalMetricDataList", [])}
+            state = f"{described['TrainingJobStatus']} / {described['SecondaryStatus']}"
+            progress = ", ".join(
+                f"{k.removeprefix('train:')} {v:.4g}"
+                for k, v in metrics.items()
+                if k in ("train:step", "train:loss", "train:val_loss")
+            )
+            line = f"{state}" + (f" ({progress})" if progress else "")
+            if shown.get(job, "").split(" (")[0] != state:
+                print(f"    {time.strftime('%H:%M:%S')} {job}: {line}", flush=True)
+                shown[job] = line
+        export_done = record.exports and shown.get(record.exports[-1]["job"], "").startswith(
+            ("Completed", "Failed", "Stopped")
+        )
+        if record.state in ("failed", "stopped") or (record.state == "completed" and export_done):
+            break
+        if time.monotonic() > deadline:
+            raise DemoError(f"run {run_name} is still {record.state} after {timeout_s:.0f} s ({record.why})")
+        time.sleep(2)
+    if record.state != "completed":
+        raise DemoError(f"run {run_name} ended {record.state}: {record.why}")
+    export = record.exports[-1]
+    described = sagemaker.describe_training_job(TrainingJobName=export["job"])
+    if described["TrainingJobStatus"] != "Completed":
+        raise DemoError(
+            f"export job {export['job']} {described['TrainingJobStatus']}: {described.get('FailureReason')}"
+        )
+    print(f"    run {run_name}: {record.state} ({record.why}); jobs {', '.join(j.name for j in record.jobs)}")
+    return {
+        "export_out": export["out_parent"],
+        "steps": record.steps,
+        "jobs": len(record.jobs),
+        "mlflow_run_id": record.mlflow_run_id,
+    }
+
+
+def download_export(emulator: Emulator, out_parent: str, dest: Path) -> Path:
+    """The export's step-N/ folder from the emulator's S3 into `dest`."""
+    bucket, _, prefix = out_parent.removeprefix("s3://").partition("/")
+    s3 = emulator.client("s3")
+    keys = [
+        o["Key"]
+        for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+        for o in page.get("Contents", [])
+    ]
+    steps = sorted({k[len(prefix) :].split("/")[0] for k in keys if k[len(prefix) :].startswith("step-")})
+    if not steps:
+        raise DemoError(f"the export wrote nothing under {out_parent}")
+    folder_prefix = f"{prefix}{steps[-1]}/"
+    shutil.rmtree(dest, ignore_errors=True)
+    for key in (k for k in keys if k.startswith(folder_prefix)):
+        target = dest / key[len(folder_prefix) :]
+        target.parent.mkdir(parents=True, exist_ok=True)
+        s3.download_file(bucket, key, str(target))
+    files = ", ".join(sorted(p.name for p in dest.iterdir()))
+    print(f"    s3://{bucket}/{folder_prefix} -> {dest.relative_to(ROOT)}: {files}")
+    return dest
+
+
+def load_with_transformers(folder: Path) -> None:
+    """transformers' own loader reads the folder; the loss it computes on a held-out text shows it learned
+    (a byte-level model that learned nothing scores ln(vocab))."""
+    import math
+
+    import torch
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.disable_progress_bar()
+
+    model = AutoModelForCausalLM.from_pretrained(folder)
+    text = (ROOT / "README.md").read_bytes()[:512]
+    ids = torch.tensor([list(text[:64])])
+    with torch.no_grad():
+        loss = model(ids, labels=ids).loss.item()
+    parameters = sum(p.numel() for p in model.parameters())
+    print(
+        f"    transformers loaded {type(model).__name__} ({parameters:,} parameters); its loss on "
+        f"README.md's first 64 bytes: {loss:.2f} (untrained: about ln({model.config.vocab_size}) = "
+        f"{math.log(model.config.vocab_size):.2f})",
+        flush=True,
+    )
+
+
+def show_mlflow(state_file: Path, run_name: str, run_id: str) -> None:
+    """The run's one MLflow run (the one launch created, recorded in the registry): both jobs' metrics in
+    it, by step."""
+    from trainstack.aws import tracking
+    from trainstack.protocol.tracking import RUN_TAG
+
+    url = (emu.read_state(state_file) or {}).get("mlflow")
+    if not url or not run_id:
+        print("    (no MLflow server beside this emulator)")
+        return
+    client = tracking.client(url)
+    found = client.get_run(run_id)
+    if found.data.tags.get(RUN_TAG) != run_name:
+        raise DemoError(f"MLflow run {run_id} is not {run_name}'s: {found.data.tags.get(RUN_TAG)}")
+    losses = client.get_metric_history(run_id, "loss")
+    validation = sorted(client.get_metric_history(run_id, "val_loss"), key=lambda m: m.step)
+    jobs = sorted({k.split(".")[2] for k in found.data.tags if k.startswith("trainstack.job.")})
+    steps = sorted(m.step for m in losses)
+    print(
+        f"    MLflow run {run_id} ({url}, experiment platform/{RECIPE_NAME}): one run for {run_name}, "
+        f"loss at {len(steps)} steps from {steps[0]} to {steps[-1]} ({len(jobs)} jobs); val_loss "
+        f"{validation[0].value:.3f} at step {validation[0].step} -> {validation[-1].value:.3f} at step "
+        f"{validation[-1].step}",
+        flush=True,
+    )
 
 
 def start_recorded(emulator: Emulator, state_file: Path, log: Path) -> None:
@@ -294,18 +353,25 @@ def start_recorded(emulator: Emulator, state_file: Path, log: Path) -> None:
     )
 
 
-def next_steps(recipe: str, team: str | None, endpoint: str, reused: dict | None, log: Path) -> str:
+def next_steps(
+    recipe: str,
+    team: str | None,
+    endpoint: str,
+    reused: dict | None,
+    log: Path,
+    run_name: str = "ts-platform-demo-tiny--demo",
+) -> str:
     """What to try next, against the emulator the demo leaves running (every line works as printed)."""
     ts = ".venv/bin/trainstack"
     t = f" --team {team}" if team else ""
     pid = (reused or emu.read_state(ROOT / emu.STATE_FILE) or {}).get("pid")
     rows = [
-        (f"{ts} runs {recipe}{t} --local", "the demo's run: its jobs, state, checkpoints"),
+        (f"{ts} runs {recipe}{t} --local --mlflow", "the demo's run: its jobs, export, MLflow run"),
         (f"{ts} status {recipe}{t} --local", "its newest job against the plan"),
-        (f"{ts} logs {recipe}{t} --local", "its logs (none: no container ran)"),
-        (f"{ts} launch {recipe}{t} --local --max-steps 50 --wait", "a short tuning run"),
-        (f"{ts} plan {recipe}{t}", "memory, speed, cost (no AWS)"),
-        ('eval "$(.venv/bin/trainstack emulator env)"', "point npx cdk here too"),
+        (f"{ts} logs {recipe}{t} --local", "the trainer's log lines, from CloudWatch Logs"),
+        (f"{ts} export {run_name} --local", "export its newest checkpoint again"),
+        (f"{ts} plan 30b-fp8", "memory, speed, cost of a real recipe (no AWS)"),
+        ('eval "$(.venv/bin/trainstack emulator env)"', "point npx cdk and the AWS CLI here too"),
         (f"{ts} emulator stop", "when you are done"),
     ]
     width = max(len(cmd) for cmd, _ in rows)
@@ -313,67 +379,9 @@ def next_steps(recipe: str, team: str | None, endpoint: str, reused: dict | None
         "",
         f"The emulator keeps running on {endpoint} (pid {pid}, log {log.relative_to(ROOT)}). Try next:",
         *(f"  {cmd:<{width}}  # {why}" for cmd, why in rows),
-        "On a real AWS account: README.md, section 'On a real AWS account'.",
+        "Your own model and data: docs/tutorial.md. On AWS: README.md, 'On a real AWS account'.",
     ]
     return "\n".join(lines)
-
-
-def show_job(env: dict[str, str], job_name: str, execution_arn: str, first_job: str | None = None) -> None:
-    from trainstack.aws.session import training_job_request_sent
-
-    sagemaker, sfn = emu.clients(env, "sagemaker", "stepfunctions")
-    job = sagemaker.describe_training_job(TrainingJobName=job_name)
-    sent = training_job_request_sent(sfn, execution_arn) or {}
-    resources = job["ResourceConfig"]
-    hyper = job.get("HyperParameters", {})
-    print("    as SageMaker (the emulator) stored it:")
-    print(f"      status           {job['TrainingJobStatus']}")
-    print(
-        f"      instances        {resources['InstanceCount']} x {resources['InstanceType']}, "
-        f"{resources.get('VolumeSizeInGB')} GB volume"
-    )
-    checkpoints = job["Environment"]["TRAINSTACK_CHECKPOINT_URI"]
-    print(f"      checkpoints      {checkpoints} (TRAINSTACK_CHECKPOINT_URI; every rank writes there)")
-    if first_job:
-        first = sagemaker.describe_training_job(TrainingJobName=first_job)
-        same = first["Environment"]["TRAINSTACK_CHECKPOINT_URI"] == checkpoints
-        print(
-            f"      run              {job['Environment']['TRAINSTACK_RUN']}; job {first_job} had "
-            f"{'the same' if same else 'ANOTHER'} checkpoint prefix"
-        )
-    print(f"      image            {job['AlgorithmSpecification']['TrainingImage']}")
-    print(f"      hyperparameters  {len(hyper)} keys (the resolved recipe), e.g.")
-    for key in (
-        "model.layers",
-        "model.hidden",
-        "precision.dtype",
-        "precision.fp8_recipe",
-        "training.steps",
-        "training.global_batch",
-        "parallelism.shard_group",
-        "compute.instance_count",
-    ):
-        if key in hyper:
-            print(f"        {key} = {hyper[key]}")
-    if sent:
-        print("    the rest of the request the state machine sent (from the execution history):")
-        print(
-            f"      metrics          {len(sent['AlgorithmSpecification']['MetricDefinitions'])} definitions "
-            f"({', '.join(m['Name'] for m in sent['AlgorithmSpecification']['MetricDefinitions'][:3])}, ...)"
-        )
-        for field in ("StoppingCondition", "RetryStrategy", "InfraCheckConfig", "OutputDataConfig"):
-            print(f"      {field:<16} {json.dumps(sent.get(field))}")
-        print(
-            "      warm pool        KeepAlivePeriodInSeconds="
-            f"{sent['ResourceConfig'].get('KeepAlivePeriodInSeconds')}"
-        )
-        environment = sent["Environment"]
-        shown = ", ".join(
-            f"{k}={environment[k]}" for k in ("FI_EFA_USE_HUGE_PAGE", "PYTORCH_CUDA_ALLOC_CONF")
-        )
-        tags = ", ".join(f"{t['Key']}={t['Value']}" for t in sent.get("Tags", []))
-        print(f"      environment      {shown}, ...")
-        print(f"      tags             {tags}")
 
 
 if __name__ == "__main__":

@@ -76,9 +76,10 @@ def _block_of(command: Command) -> int:
 def adapt_for_emulator(text: str) -> str:
     if re.search(r"\bnpx cdk deploy\b", text) and "--method" not in text:
         text = re.sub(r"\bnpx cdk deploy\b", "npx cdk deploy --method=direct --require-approval=never", text)
-    if re.search(r"\btrainstack status\b.*--watch\b", text) and "--count" not in text:
-        # The emulator's jobs run until something ends them, as on AWS, so a watch would never return:
-        # two refreshes, a second apart, show that it refreshes.
+    if re.search(r"\btrainstack status\b.*--watch\b", text) and not re.search(r"--count|--interval", text):
+        # A documented watch of a base recipe's run would follow its stand-in for thousands of steps: two
+        # refreshes, a second apart, show that it refreshes. A watch that names its --interval is meant to
+        # run to the end (docs/tutorial.md: a tiny run that completes).
         text = re.sub(r"--watch\b", "--watch --count 2 --interval 1", text, count=1)
     return text
 
@@ -250,36 +251,78 @@ def _run_block(ws: Workspace, commands: list[Command]) -> None:
         ws.done[key] = command.where
         if re.search(r"\bmake demo\b", text):
             ws.demo_output = out
+            _demo_trained_a_whole_run(ws)
         if aws and (stopped := STOP_COMMAND.search(text)):
-            _deliver_job_ends(ws, stopped.group("run"))
+            _wait_for_job_ends(ws, stopped.group("run"))
 
 
-def _deliver_job_ends(ws: Workspace, run: str) -> None:
-    """EMULATOR: what EventBridge does on AWS once `trainstack stop` has ended a job: deliver its state
-    change to the deployed rules, so the run supervisor records the run stopped (and a documented
-    `resume` then finds it stopped, as it would after the job ended on AWS)."""
+def _wait_for_job_ends(ws: Workspace, run: str) -> None:
+    """After `trainstack stop`: the emulator ends the job (SIGTERM, Stopping, Stopped) and delivers its
+    state change to the deployed rules itself, as EventBridge does on AWS; wait until the supervisor has
+    recorded the run's new state, so a documented `resume` next finds it stopped, as it would on AWS."""
     import time
 
+    from trainstack.aws.registry import read_run
     from trainstack.emulator.endpoint import clients
-    from trainstack.emulator.events import deliver_job_state_change, wait_for_status
+    from trainstack.recipes.naming import parse_run_name
 
-    env = ws.aws_env
-    sagemaker, sfn = clients(env, "sagemaker", "stepfunctions")
-    jobs = sagemaker.list_training_jobs(NameContains=run)["TrainingJobSummaries"]
-    stopping = [
-        j
-        for j in jobs
-        if j["TrainingJobName"].startswith(f"{run}-") and j["TrainingJobStatus"] in ("Stopping", "Stopped")
-    ]
-    ended = [wait_for_status(env, j["TrainingJobName"], ("Stopped",), timeout_s=60) for j in stopping]
-    deadline = time.monotonic() + 120
-    for job in ended:
-        for arn in deliver_job_state_change(env, job["TrainingJobName"]):
-            while (
-                sfn.describe_execution(executionArn=arn)["status"] == "RUNNING"
-                and time.monotonic() < deadline
-            ):
-                time.sleep(0.5)
+    cfn, dynamodb = clients(ws.aws_env, "cloudformation", "dynamodb")
+    (stack,) = cfn.describe_stacks(StackName=f"{parse_run_name(run).stack_prefix}-Data")["Stacks"]
+    table = {o["OutputKey"]: o["OutputValue"] for o in stack["Outputs"]}["RunTableName"]
+    deadline = time.monotonic() + 180
+    while (record := read_run(dynamodb, table, run)) is not None and record.state == "running":
+        if time.monotonic() > deadline:
+            ws.failures.append(f"trainstack stop {run}: the run is still running 180 s later ({record.why})")
+            return
+        time.sleep(1)
+
+
+def _demo_trained_a_whole_run(ws: Workspace) -> None:
+    """`make demo` trained a whole run with nothing run by hand, read back from the emulator itself: the run
+    completed in two jobs or more, job 1 ended at its max runtime, job 2 resumed from a checkpoint job 1
+    saved (its log says so), the export job completed, and MLflow holds one run with both jobs' steps."""
+    from trainstack.aws import tracking
+    from trainstack.aws.registry import scan_runs
+    from trainstack.emulator.endpoint import clients, read_state
+    from trainstack.protocol.tracking import run_filter
+
+    cfn, dynamodb, sagemaker, logs = clients(ws.aws_env, "cloudformation", "dynamodb", "sagemaker", "logs")
+    (stack,) = cfn.describe_stacks(StackName="Trainstack-platform-demo-tiny-Data")["Stacks"]
+    table = {o["OutputKey"]: o["OutputValue"] for o in stack["Outputs"]}["RunTableName"]
+    # the demo's newest run: `demo`, or `demo-<time>` on an emulator that already had one (this one)
+    runs = [r for r in scan_runs(dynamodb, table) if r.run.startswith("ts-platform-demo-tiny--demo")]
+    run = max(runs, key=lambda r: r.created, default=None)
+    problems = []
+    if run is None or run.state != "completed" or len(run.jobs) < 2:
+        problems.append(f"the run did not complete in 2+ jobs: {run and (run.state, run.why, run.jobs)}")
+    else:
+        first, second = (sagemaker.describe_training_job(TrainingJobName=j.name) for j in run.jobs[:2])
+        if first["SecondaryStatus"] != "MaxRuntimeExceeded":
+            problems.append(f"job 1 ended {first['SecondaryStatus']}, not at its max runtime")
+        streams = logs.describe_log_streams(
+            logGroupName="/aws/sagemaker/TrainingJobs", logStreamNamePrefix=f"{second['TrainingJobName']}/"
+        )["logStreams"]
+        text = "\n".join(
+            e["message"]
+            for s in streams
+            for e in logs.get_log_events(
+                logGroupName="/aws/sagemaker/TrainingJobs", logStreamName=s["logStreamName"]
+            )["events"]
+        )
+        if not re.search(r"resum\w* .*step [1-9]", text):
+            problems.append(f"job 2's log does not say it resumed from a checkpoint:\n{text[-1500:]}")
+        exports = [sagemaker.describe_training_job(TrainingJobName=e["job"]) for e in run.exports]
+        if not exports or exports[0]["TrainingJobStatus"] != "Completed":
+            problems.append(f"no completed export job: {[e['TrainingJobStatus'] for e in exports]}")
+        url = (read_state(ws.repo / ".emulator" / "endpoint.json") or {}).get("mlflow")
+        if url:
+            client = tracking.client(url)
+            experiment = client.get_experiment_by_name("platform/demo-tiny")
+            found = client.search_runs([experiment.experiment_id], filter_string=run_filter(run.run))
+            steps = sorted(m.step for m in client.get_metric_history(found[0].info.run_id, "loss"))
+            if len(found) != 1 or steps[-1] != run.steps:
+                problems.append(f"MLflow: {len(found)} runs, loss steps {steps}")
+    ws.failures += [f"make demo: {p}" for p in problems]
 
 
 def _demo_next_steps(ws: Workspace) -> None:

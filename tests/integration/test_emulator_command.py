@@ -64,6 +64,17 @@ def test_start_status_env_and_stop(tmp_path: Path) -> None:
         assert exported.returncode == 0
         env = dict(item.split("=", 1) for item in exported.stdout.strip().removeprefix("export ").split())
         assert env["AWS_ENDPOINT_URL"] == state["endpoint"] and env["AWS_ACCESS_KEY_ID"] == "testing"
+        # From a subdirectory: the record is found above, as git finds .git.
+        below = tmp_path / "data" / "corpus"
+        below.mkdir(parents=True)
+        assert cli(below, "emulator", "env").stdout == exported.stdout
+        # From an unrelated directory: one line saying where the running emulator was started.
+        elsewhere = tmp_path.parent / f"{tmp_path.name}-elsewhere"
+        elsewhere.mkdir()
+        lost = cli(elsewhere, "emulator", "env")
+        assert lost.returncode == 2 and lost.stdout == ""
+        assert f"{state['endpoint']} (started in {tmp_path.resolve()}" in lost.stderr
+        assert len(lost.stderr.strip().splitlines()) == 1
 
         # The "where" line names the endpoint used, also without --local (boto3 honours the variable).
         shown = cli(tmp_path, "status", "1b-bf16", "--recipes-dir", str(ROOT / "recipes"), env=env)

@@ -150,6 +150,12 @@ def test_no_throughput_yet_is_neither_slow_nor_on_plan(recipe, the_plan):
     assert report.slow is None and report.step is None and report.progress == 0.0
 
 
+def test_the_newest_val_loss_is_reported_and_none_before_the_first_evaluation(recipe, the_plan):
+    job = job_from_description(describe(recipe))
+    assert assess(job, samples(step=10, loss=3.0), recipe, the_plan, NOW).val_loss is None
+    assert assess(job, samples(step=0, val_loss=5.7), recipe, the_plan, NOW).val_loss == 5.7
+
+
 def test_progress_and_cost_follow_steps_and_wall_time(recipe, the_plan):
     job = job_from_description(describe(recipe))
     step_time = 12.0

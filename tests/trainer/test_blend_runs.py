@@ -31,7 +31,16 @@ BLEND = (
     "--set",
     "validation.batches=1",
 )
-RECIPE = ("--recipe", str(TINY), *BLEND, "--set", "checkpointing.interval_steps=4")
+# validation.at_start: the model before its first step is evaluated too (step 0); a resume never is.
+RECIPE = (
+    "--recipe",
+    str(TINY),
+    *BLEND,
+    "--set",
+    "checkpointing.interval_steps=4",
+    "--set",
+    "validation.at_start=true",
+)
 GLOBAL_BATCH = 16
 
 
@@ -69,7 +78,7 @@ def data(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def straight(data, tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
-    """8 steps on 2 ranks; checkpoints at 4 and 8; validation at 4 and 8."""
+    """8 steps on 2 ranks; checkpoints at 4 and 8; validation at 0 (at_start), 4 and 8."""
     root = tmp_path_factory.mktemp("blend")
     result = trainer_ranks(
         2, *RECIPE, "--data-dir", str(data), "--max-steps", "8",
@@ -103,11 +112,16 @@ def test_the_blend_trains_on_both_sources_and_validates_each(straight):
     _, result = straight
     assert "blend(web=shards:" in result.stderr and "validation every 4 steps" in result.stderr
     evaluated = validation_lines(result.stdout)
-    assert sorted(evaluated) == [4, 8]
+    assert sorted(evaluated) == [0, 4, 8]
     for values in evaluated.values():
         per_source = values["train:val_loss_web"], values["train:val_loss_code"]
         assert values["train:val_loss"] == pytest.approx(sum(per_source) / 2, rel=1e-5)
-    assert evaluated[8]["train:val_loss"] < evaluated[4]["train:val_loss"]  # it learns what it validates on
+    # it learns what it validates on, from the untrained model's loss on
+    assert evaluated[8]["train:val_loss"] < evaluated[4]["train:val_loss"] < evaluated[0]["train:val_loss"]
+    # The step-0 line carries the step and the validation values only: no training value exists yet.
+    (first,) = [line for line in metric_lines(result.stdout) if line.startswith("step=0 ")]
+    assert first.split()[1].startswith("val_loss=") and " loss=" not in first
+    assert "validation every 4 steps and before the first" in result.stderr
     # Steps without validation print no val_ fields.
     assert all("val_loss" not in line for line in metric_lines(result.stdout) if line.startswith("step=5 "))
 
@@ -130,6 +144,7 @@ def test_resumed_on_one_rank_the_blend_continues_exactly(straight, data, tmp_pat
             reference[0][step]["samples"] + reference[1][step]["samples"]
         )
         assert abs(mine[0][step]["loss"] - reference[0][step]["loss"]) < 1e-4, step
+    assert sorted(validation_lines(resumed.stdout)) == [8]  # a resume does not evaluate at its start
     before, after = validation_lines(result.stdout)[8], validation_lines(resumed.stdout)[8]
     for key in ("train:val_loss", "train:val_loss_web", "train:val_loss_code"):
         assert after[key] == pytest.approx(before[key], rel=1e-4), key

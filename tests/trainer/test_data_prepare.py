@@ -135,6 +135,9 @@ def test_an_interrupted_preparation_resumes_and_ends_identical(tmp_path, tokeniz
     assert prepare_main(args) == 0
     err = capsys.readouterr().err
     assert "4 input files" in err and "3 already done" in err and "1/1 files" in err
+    # A small corpus's size reads in kB, not as 0.00 GB.
+    total = sum(p.stat().st_size for p in inputs.iterdir())
+    assert total < 1e6 and f"4 input files ({total / 1e3:,.2f} kB)" in err and "0.00 GB" not in err
     assert (tmp_path / "out" / "index.json").read_bytes() == first
     assert len(json.loads(first)["shards"]) > 4  # several shards per file at --shard-tokens 500
 
@@ -815,3 +818,20 @@ def test_a_long_document_cut_into_pieces_keeps_a_byte_level_bpes_ids(tmp_path):
     eos = [tokenizer.token_to_id("<|endoftext|>")]
     expected = [i for t in (text, indented) for i in tokenizer.encode(t, add_special_tokens=False).ids + eos]
     assert written == expected
+
+
+@pytest.mark.parametrize(
+    "count, shown",
+    [
+        (812, "812 B"),
+        (145_700, "145.70 kB"),
+        (5_000_000, "5.00 MB"),  # 0.005 GB: under 0.01 GB reads in MB
+        (9_990_000, "9.99 MB"),
+        (4_120_000_000, "4.12 GB"),
+        (2.5e12, "2.50 TB"),
+    ],
+)
+def test_data_sizes_read_in_the_largest_decimal_unit_that_is_at_least_one(count, shown):
+    from trainstack.planner.data_prep import data_size
+
+    assert data_size(count) == shown

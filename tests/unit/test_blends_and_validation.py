@@ -14,7 +14,13 @@ from trainstack.errors import RecipeError
 from trainstack.planner import plan
 from trainstack.planner.input_mode import FILE_MODE_MAX_GB, input_plan
 from trainstack.planner.validation import forward_flops_per_token
-from trainstack.protocol.metrics import FIELDS, format_line, metric_definitions, parse_line
+from trainstack.protocol.metrics import (
+    FIELDS,
+    format_line,
+    format_validation_line,
+    metric_definitions,
+    parse_line,
+)
 from trainstack.recipes import changes
 from trainstack.recipes.loader import resolve
 from trainstack.recipes.schema import MAX_SOURCES, from_hyperparameters, to_hyperparameters
@@ -124,6 +130,38 @@ def test_validation_fields_parse_only_on_validation_lines_and_never_inside_each_
     assert re.findall(regex["train:loss"], line) == ["2.5"]
     with pytest.raises(ValueError, match="unknown"):
         format_line(("web",), **TRAINING, val_loss_code=1.0)
+
+
+def test_the_step_0_validation_line_reads_as_val_loss_at_step_0_with_no_training_values():
+    line = format_validation_line(0, ("web", "code"), val_loss=10.5, val_loss_web=10.25, val_loss_code=10.75)
+    assert line == "step=0 val_loss=10.5 val_loss_web=10.25 val_loss_code=10.75"
+    regex = {d["Name"]: d["Regex"] for d in metric_definitions(("web", "code"))}
+    assert re.findall(regex["train:step"], line) == ["0"] and re.findall(regex["train:val_loss"], line) == [
+        "10.5"
+    ]
+    assert re.findall(regex["train:loss"], line) == []  # never read inside val_loss=
+    with pytest.raises(ValueError, match="unknown"):
+        format_validation_line(0, (), val_loss=1.0, loss=2.0)  # a training value has no place at step 0
+
+
+def test_validation_at_start_is_on_with_a_base_model_off_without_and_as_set_otherwise():
+    def at_start(*overrides: str) -> bool:
+        return resolve(
+            "1b-bf16", overrides=["validation.every_steps=100", "validation.batches=1", *overrides]
+        ).recipe.validates_at_start
+
+    assert not at_start()
+    assert at_start("model.init_from=s3://base/llama/")
+    assert not at_start("model.init_from=s3://base/llama/", "validation.at_start=false")
+    assert at_start("validation.at_start=true")
+    assert not resolve("1b-bf16", overrides=["model.init_from=s3://base/llama/"]).recipe.validates_at_start
+    # the planner counts the extra evaluation
+    with_base = resolve(
+        "1b-bf16",
+        overrides=["validation.every_steps=100", "validation.batches=1", "model.init_from=s3://base/llama/"],
+    ).recipe
+    plain = resolve("1b-bf16", overrides=["validation.every_steps=100", "validation.batches=1"]).recipe
+    assert plan(with_base).validation.evaluations == plan(plain).validation.evaluations + 1
 
 
 def test_the_largest_blend_stays_within_createtrainingjobs_40_metric_definitions():

@@ -328,3 +328,19 @@ def test_options_that_exclude_each_other_are_refused(recipes_dir, args, words):
     result = CliRunner().invoke(app, [*args, *extra])
     lines = result.stderr.strip().splitlines()
     assert result.exit_code == 2 and len(lines) == 1 and lines[0].startswith(f"error: {words}"), result.stderr
+
+
+def test_the_emulator_record_is_found_in_the_nearest_directory_above(tmp_path, monkeypatch):
+    from trainstack.emulator.endpoint import STATE_FILE, state_file
+
+    (tmp_path / STATE_FILE).parent.mkdir()
+    (tmp_path / STATE_FILE).write_text("{}")
+    below = tmp_path / "a" / "b"
+    below.mkdir(parents=True)
+    assert state_file(below) == tmp_path.resolve() / STATE_FILE
+    assert state_file(tmp_path) == tmp_path.resolve() / STATE_FILE
+    monkeypatch.chdir(below)
+    assert state_file() == tmp_path.resolve() / STATE_FILE
+    (below / STATE_FILE).parent.mkdir()
+    (below / STATE_FILE).write_text("{}")
+    assert state_file() == below.resolve() / STATE_FILE  # the nearest wins

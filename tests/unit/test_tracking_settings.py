@@ -112,3 +112,47 @@ def test_an_mlflow_client_leaves_the_process_tracking_uri_alone(monkeypatch):
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     aws_tracking.client("http://127.0.0.1:9")
     assert "MLFLOW_TRACKING_URI" not in os.environ
+
+
+def test_the_sagemaker_header_provider_is_asked_for_arns_only_and_no_request_warns(monkeypatch):
+    """sagemaker-mlflow's provider parsed every tracking URI as an ARN: MLflow warned "Encountered
+    unexpected error during resolving request headers" on each call to the emulator's http:// MLflow."""
+    import logging
+
+    import mlflow
+    from mlflow.tracking.request_header.registry import _request_header_provider_registry as registry
+    from mlflow.tracking.request_header.registry import resolve_request_headers
+
+    from trainstack.aws.tracking import client
+
+    class Recorded(logging.Handler):  # MLflow's loggers do not propagate to the root (caplog)
+        def __init__(self):
+            super().__init__(logging.WARNING)
+            self.messages = []
+
+        def emit(self, record):
+            self.messages.append(record.getMessage())
+
+    logger = logging.getLogger("mlflow.tracking.request_header.registry")
+    recorded = Recorded()
+    logger.addHandler(recorded)
+    try:
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:9")  # restored after the test
+        client("http://127.0.0.1:9")
+        headers = resolve_request_headers()
+        assert recorded.messages == [] and not any(h.startswith("x-sm") for h in headers)
+        assert logger.isEnabledFor(logging.WARNING)  # not silenced: asked only where it applies
+        monkeypatch.setattr(mlflow.tracking._tracking_service.utils, "_tracking_uri", None)
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", APP)
+        assert resolve_request_headers()["x-sm-mlflow-app-arn"] == APP  # an ARN still gets its header
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:9")
+
+        class Broken:
+            def in_context(self):
+                raise RuntimeError("broken provider")
+
+        monkeypatch.setattr(registry, "_registry", [*registry._registry, Broken()])
+        resolve_request_headers()
+        assert any("broken provider" in m for m in recorded.messages)  # other failures still reported
+    finally:
+        logger.removeHandler(recorded)

@@ -76,7 +76,7 @@ from trainer.validation import Validator, build_validator
 from trainstack.errors import TrainstackError
 from trainstack.planner import flops_per_token, plan
 from trainstack.planner.run_plan import SIGTERM_GRACE_S
-from trainstack.protocol.metrics import format_line
+from trainstack.protocol.metrics import format_line, format_validation_line
 from trainstack.recipes.schema import Recipe
 
 log = logging.getLogger("trainer")
@@ -444,6 +444,13 @@ def _loop(ctx: LoopContext, state: TrainerState, max_steps: int, stop: StopReque
         log.info("already at step %d of %d: nothing to do", step, max_steps)
     stopping = False  # agreed by every rank (the vote), never this rank's own flag
     try:
+        if step == 0 and ctx.validator is not None and ctx.validator.due(0):  # validation.at_start
+            values, _ = ctx.validator.run_if_due(0, model, autocast)
+            if ctx.rank == 0:
+                line = format_validation_line(0, recipe.data.source_names, **values)
+                print(line, flush=True)
+                if ctx.tracking.on:
+                    ctx.tracking.log_line(0, line)
         while step < max_steps:
             validating = ctx.validator is not None and ctx.validator.due(step + 1)
             log_step = (step + 1) % tr.log_every == 0 or step + 1 == max_steps or validating

@@ -1,5 +1,8 @@
 """Validation: the same fixed batches of held-out data, evaluated every `validation.every_steps` steps.
 
+With `validation.at_start` (on by default with `model.init_from`) also once before the first step of a
+run, printed as `step=0 val_loss=...`, so the starting model's loss is the first point.
+
 What is evaluated: samples 0 .. batches x global_batch - 1 of each validation split, every time, so two
 evaluations differ only by the model (no zig-zag from changing batches), and the set does not depend on
 the world size: rank r takes the samples a training step from position b x global_batch would give it
@@ -101,11 +104,13 @@ class Validator:
         rank: int,
         device: torch.device,
         split: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        at_start: bool = False,
     ):
         if not sets:
             raise ValueError("a validator needs at least one validation set")
         self.sets, self.settings, self.layout, self.device = tuple(sets), settings, layout, device
         self.split = split  # context parallelism: this rank's chunks, as in training
+        self.at_start = at_start  # also at step 0, before the first step (Recipe.validates_at_start)
         # This rank's micro-batches: the same list at every evaluation. The CP ranks of one group read
         # the same samples (rank // cp among world // cp), as in training.
         self.plan = [
@@ -128,7 +133,8 @@ class Validator:
                 )
 
     def due(self, step: int) -> bool:
-        return step % self.settings.every_steps == 0
+        """After step `step` (0: before the first, only with at_start)."""
+        return step % self.settings.every_steps == 0 and (step > 0 or self.at_start)
 
     def evaluate(self, model: torch.nn.Module, autocast: Callable) -> dict[str, float]:
         """Metric-line values: `val_loss`, and `val_loss_<source>` per blend source. Every rank calls it."""
@@ -188,10 +194,13 @@ def build_validator(
     if recipe.validation is None:
         return None
     sets = validation_sets(recipe, data_dir, synthetic, train_source, open_source)
-    validator = Validator(sets, recipe.validation, layout, rank, device, split)
+    validator = Validator(
+        sets, recipe.validation, layout, rank, device, split, at_start=recipe.validates_at_start
+    )
     log.info(
-        "validation every %d steps: %d batches x %d samples of %s",
+        "validation every %d steps%s: %d batches x %d samples of %s",
         recipe.validation.every_steps,
+        " and before the first" if validator.at_start else "",
         recipe.validation.batches,
         layout.global_batch,
         ", ".join(vs.source.name for vs in sets),

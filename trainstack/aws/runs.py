@@ -257,6 +257,7 @@ class RunReport:
     cost_projected_usd: float
     hours_remaining: float | None
     metrics_at: datetime | None
+    val_loss: float | None = None  # the newest evaluation's (validation.every_steps; step 0 with at_start)
 
 
 def assess(job: Job, metrics: dict[str, Sample], recipe: Recipe, plan: Any, now: datetime) -> RunReport:
@@ -313,6 +314,7 @@ def assess(job: Job, metrics: dict[str, Sample], recipe: Recipe, plan: Any, now:
         cost_projected_usd=projected,
         hours_remaining=hours_remaining,
         metrics_at=newest,
+        val_loss=metrics["val_loss"].value if "val_loss" in metrics else None,
     )
 
 

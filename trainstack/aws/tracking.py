@@ -22,12 +22,16 @@ to a tracker, and only when tracking is on.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from trainstack.protocol.tracking import RUN_TAG, default_experiment, run_filter
+from trainstack.protocol.tracking import (
+    RUN_TAG,
+    default_experiment,
+    run_filter,
+    sagemaker_headers_for_arns_only,
+)
 from trainstack.recipes.naming import STACK_PROJECT
 from trainstack.recipes.schema import Recipe
 
@@ -155,14 +159,14 @@ def client(tracking_uri: str) -> Any:
     """An MLflow client for `tracking_uri`. The sagemaker-mlflow plugin reads the process's tracking URI
     (not the client's) for its routing header, so for an ARN that is set too. Only then:
     `mlflow.set_tracking_uri` also exports MLFLOW_TRACKING_URI to os.environ, where it would outlive
-    this call and switch tracking on for whatever runs next in the process."""
+    this call and switch tracking on for whatever runs next in the process. The plugin's header provider
+    is consulted for ARNs only (protocol.tracking.sagemaker_headers_for_arns_only)."""
     import mlflow
     from mlflow.tracking import MlflowClient
 
+    sagemaker_headers_for_arns_only()
     if tracking_uri.startswith("arn:"):
         mlflow.set_tracking_uri(tracking_uri)
-    else:  # the plugin's header provider understands ARNs only
-        logging.getLogger("mlflow.tracking.request_header.registry").setLevel(logging.ERROR)
     return MlflowClient(tracking_uri=tracking_uri)
 
 

@@ -26,7 +26,7 @@ gaps and our workarounds (../shared/README.md section 7):
 `trainstack emulator start|status|stop|env` runs one in the background (what `make demo` leaves
 running); `python -m trainstack.emulator [--port N]` runs one in the foreground. Either records the
 server's endpoint and PID in .emulator/endpoint.json, where `--local` and `trainstack emulator stop`
-find it.
+find it, in that directory or any below it (state_file).
 """
 
 from __future__ import annotations
@@ -187,9 +187,41 @@ STATE_FILE = Path(".emulator") / "endpoint.json"
 LOG_FILE = Path(".emulator") / "moto.log"
 NOT_RUNNING = (
     "no local emulator is running: AWS_ENDPOINT_URL is unset and no live one is recorded in "
-    "{path} under this directory (start one here with `trainstack emulator start`, or "
-    "export the AWS_ENDPOINT_URL it printed)"
+    "{path} in this directory or above it{elsewhere} (start one here with `trainstack emulator start`, "
+    "or export the AWS_ENDPOINT_URL it printed)"
 )
+
+
+def state_file(start: Path | None = None) -> Path:
+    """The record of the emulator a command run in `start` (default: the working directory) uses:
+    .emulator/endpoint.json there or in the nearest directory above that has one, as git finds .git, so
+    commands work from any subdirectory of where the emulator was started. STATE_FILE (here) when none."""
+    here = (start or Path.cwd()).resolve()
+    for directory in (here, *here.parents):
+        if (directory / STATE_FILE).is_file():
+            return directory / STATE_FILE
+    return STATE_FILE
+
+
+def running_elsewhere() -> list[tuple[Path, str]]:
+    """Emulators of this user running anywhere on this machine: (the directory each was started in, its
+    endpoint), for an error that says where they are. Found from the processes (/proc: each server's
+    working directory holds its record); empty without procfs (macOS)."""
+    found = []
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return found
+    for entry in proc.iterdir():
+        if not entry.name.isdigit() or not is_emulator_process(int(entry.name)):
+            continue
+        try:
+            directory = Path(os.readlink(entry / "cwd"))
+        except OSError:  # another user's process, or gone
+            continue
+        state = read_state(directory / STATE_FILE)
+        if state is not None and state.get("pid") == int(entry.name):
+            found.append((directory, state["endpoint"]))
+    return sorted(found)
 
 
 def write_state(
@@ -248,11 +280,11 @@ def is_emulator_process(pid: int) -> bool:
     return "trainstack.emulator" in text and "--serve" in text
 
 
-def running(path: Path = STATE_FILE, timeout_s: float = 30.0) -> dict | None:
-    """The recorded emulator if it is alive, else None. Alive: its server process runs (a busy server
-    answers late, and must not be taken for a dead one and replaced), or, for a record without a
-    server PID we can check, its endpoint answers within `timeout_s`."""
-    state = read_state(path)
+def running(path: Path | None = None, timeout_s: float = 30.0) -> dict | None:
+    """The recorded emulator (`path`, default: state_file()) if it is alive, else None. Alive: its server
+    process runs (a busy server answers late, and must not be taken for a dead one and replaced), or,
+    for a record without a server PID we can check, its endpoint answers within `timeout_s`."""
+    state = read_state(path or state_file())
     if state is None:
         return None
     pid = state.get("pid")
@@ -266,9 +298,11 @@ def running(path: Path = STATE_FILE, timeout_s: float = 30.0) -> dict | None:
     return state if answers(state["endpoint"], timeout_s=timeout_s) else None
 
 
-def stop_recorded(path: Path = STATE_FILE, timeout_s: float = 15.0) -> dict | None:
-    """Stop the recorded emulator's server (SIGTERM, then SIGKILL after `timeout_s`) and remove the
-    record. Returns the record it stopped, or None when none was running (a stale record is removed)."""
+def stop_recorded(path: Path | None = None, timeout_s: float = 15.0) -> dict | None:
+    """Stop the recorded emulator's server (`path`, default: state_file()) (SIGTERM, then SIGKILL after
+    `timeout_s`) and remove the record. Returns the record it stopped, or None when none was running (a
+    stale record is removed)."""
+    path = path or state_file()
     state = read_state(path)
     if state is None:
         return None
@@ -294,11 +328,19 @@ def env_for(endpoint: str) -> dict[str, str]:
     return Emulator(port=int(endpoint.rsplit(":", 1)[1])).env()
 
 
-def local_env(path: Path = STATE_FILE) -> dict[str, str]:
-    """Environment for the emulator recorded in `path`, or a one-line error when none is running."""
-    state = running(path)
+def local_env(path: Path | None = None) -> dict[str, str]:
+    """Environment for the emulator recorded in `path` (default: state_file()), or a one-line error when
+    none is running that says where this user's running emulators were started, if any."""
+    state = running(path or state_file())
     if state is None:
-        raise TrainstackError(NOT_RUNNING.format(path=path))
+        others = running_elsewhere()
+        elsewhere = (
+            "; running elsewhere: "
+            + ", ".join(f"{endpoint} (started in {directory}: cd there)" for directory, endpoint in others)
+            if others
+            else ""
+        )
+        raise TrainstackError(NOT_RUNNING.format(path=STATE_FILE, elsewhere=elsewhere))
     return env_for(state["endpoint"])
 
 

@@ -460,16 +460,27 @@ def configure(
     ranks_per_node: int | None = None,
     kill_after_seconds: float | None = None,
     mlflow_url: str | None = None,
+    events: str | None = None,
+    schedule_speedup: float | None = None,
+    max_runtime_cap_seconds: float | None = None,
+    no_max_runtime_cap: bool = False,
 ) -> dict[str, Any]:
     """How the emulator treats new jobs. `jobs`: "train" (the default: they run, trainstack.emulator.jobs),
     or, for a test that asks for it, "hold" (InProgress until ended by hand; `jobs_run=True` is the old
     spelling) or "complete" (Completed at once, nothing run). `stopping_seconds`: how long a held job stays
     Stopping after StopTrainingJob; `ranks_per_node`: CPU ranks per node of a running job;
     `kill_after_seconds`: SIGTERM -> SIGKILL (120 as on SageMaker); `mlflow_url`: the MLflow server jobs
-    track to. Returns the settings now in force."""
+    track to. `events`: "auto" (the default: the server delivers every job-state event and runs every
+    schedule itself, trainstack.emulator.delivery) or, for a test that asks, "manual" (nothing delivered,
+    no schedule run; `jobs_run=True` implies it); `schedule_speedup`: how many times faster than AWS rate
+    schedules run (default delivery.SPEEDUP); `max_runtime_cap_seconds`: training jobs created from now on
+    stop with MaxRuntimeExceeded after at most this many seconds (a demo's short max runtime; a recipe's
+    is at least an hour), `no_max_runtime_cap=True` removes the cap. Returns the settings now in force."""
     body: dict[str, Any] = {}
     if jobs_run is not None:
         body["jobs"] = "hold" if jobs_run else "complete"
+        if jobs_run:  # the old spelling's tests end jobs and deliver their events by hand
+            body["events"] = "manual"
     if jobs is not None:
         body["jobs"] = jobs
     for key, value in (
@@ -477,9 +488,14 @@ def configure(
         ("ranks_per_node", ranks_per_node),
         ("kill_after_seconds", kill_after_seconds),
         ("mlflow_url", mlflow_url),
+        ("events", events),
+        ("schedule_speedup", schedule_speedup),
+        ("max_runtime_cap_seconds", max_runtime_cap_seconds),
     ):
         if value is not None:
             body[key] = value
+    if no_max_runtime_cap:
+        body["max_runtime_cap_seconds"] = None
     return _post(env, "config", body)
 
 
@@ -503,12 +519,22 @@ def apply_config(body: dict[str, Any]) -> dict[str, Any]:
         jobs.SETTINGS.kill_after_s = float(body["kill_after_seconds"])
     if "mlflow_url" in body:
         jobs.SETTINGS.mlflow_url = body["mlflow_url"] or None
+    if "max_runtime_cap_seconds" in body:  # None: off
+        cap = body["max_runtime_cap_seconds"]
+        if cap is not None and not 1 <= float(cap) <= 86400:
+            raise ValueError(f"max_runtime_cap_seconds must be 1..86400, got {cap}")
+        jobs.SETTINGS.max_runtime_cap_s = None if cap is None else float(cap)
+    from trainstack.emulator import delivery
+
+    delivered = delivery.apply_config(body)  # events auto | manual, schedule_speedup
     return {
         **_settings,
+        **delivered,
         "jobs_run": _settings["jobs"] == "hold",
         "ranks_per_node": jobs.SETTINGS.ranks_per_node,
         "kill_after_seconds": jobs.SETTINGS.kill_after_s,
         "mlflow_url": jobs.SETTINGS.mlflow_url,
+        "max_runtime_cap_seconds": jobs.SETTINGS.max_runtime_cap_s,
         "jobs_dir": str(jobs.SETTINGS.jobs_dir),
     }
 
@@ -581,19 +607,6 @@ def job_state_change_event(description: dict[str, Any], region: str, account: st
     }
 
 
-def _target_input(target: dict[str, Any], event: dict[str, Any]) -> str:
-    if "Input" in target:
-        return target["Input"]
-    if "InputPath" in target:
-        value: Any = event
-        for part in target["InputPath"].removeprefix("$").strip(".").split("."):
-            value = value[part] if part else value
-        return json.dumps(value)
-    if "InputTransformer" in target:
-        raise TrainstackError("EMULATOR: input transformers are not delivered (no rule here uses one)")
-    return json.dumps(event)
-
-
 def deliver_job_state_change(env: dict[str, str], job_name: str) -> list[str]:
     """Play EventBridge for job `job_name`'s current state: start the Step Functions targets of every
     enabled rule whose pattern matches. Returns the execution ARNs started."""
@@ -646,25 +659,12 @@ def alarm_state_change_event(alarm: str, job: str, metric: str, region: str, acc
 
 
 def deliver_event(env: dict[str, str], event: dict[str, Any]) -> list[str]:
-    """Play EventBridge for one event: start the Step Functions targets of every enabled rule whose
-    pattern matches (moto's matcher). Returns the execution ARNs started."""
-    from moto.events.models import EventPattern
+    """Play EventBridge for one event, by hand: invoke the targets of every enabled rule whose pattern
+    matches, as the server's own delivery does (trainstack.emulator.delivery.deliver). Returns the Step
+    Functions execution ARNs started."""
+    from trainstack.emulator import delivery
 
-    events, sfn = clients(env, "events", "stepfunctions")
-    started = []
-    for rule in events.list_rules()["Rules"]:
-        if rule.get("State") != "ENABLED" or not rule.get("EventPattern"):
-            continue
-        if not EventPattern.load(rule["EventPattern"]).matches_event(event):
-            continue
-        for target in events.list_targets_by_rule(Rule=rule["Name"])["Targets"]:
-            if ":states:" in target["Arn"]:
-                # EventBridge gives each execution a unique name; moto would name every one "None".
-                run = sfn.start_execution(
-                    stateMachineArn=target["Arn"], name=uuid.uuid4().hex, input=_target_input(target, event)
-                )
-                started.append(run["executionArn"])
-    return started
+    return delivery.deliver(env, event)
 
 
 def deliver_alarm_state_change(env: dict[str, str], alarm: str, job: str, metric: str) -> list[str]:

@@ -115,9 +115,22 @@ class Settings:
     kill_after_s: float = KILL_AFTER_S
     mlflow_url: str | None = None
     cpus: int = field(default_factory=lambda: os.cpu_count() or 1)
+    max_runtime_cap_s: float | None = None  # new jobs' MaxRuntimeInSeconds capped at this (demo, tests)
 
 
 SETTINGS = Settings()
+
+
+def _capped_runtime(seconds: int | None) -> float | None:
+    """A new training job's MaxRuntimeInSeconds as this emulator enforces it: as requested, or at most
+    `max_runtime_cap_s` when a demo or test set one (events.configure(max_runtime_cap_seconds=...)): a
+    recipe's max runtime is at least an hour, too long to show a run continuing after it on a laptop."""
+    cap = SETTINGS.max_runtime_cap_s
+    if cap is None:
+        return seconds
+    return cap if seconds is None else min(float(seconds), cap)
+
+
 _RUNNING: dict[str, LocalJob] = {}
 _LOCK = threading.Lock()
 
@@ -578,7 +591,9 @@ class LocalJob:
                 "channels": channels,
                 "input_mode": algorithm.get("TrainingInputMode", "File"),
                 "checkpoint": checkpoint,
-                "max_runtime_s": (r.get("StoppingCondition") or {}).get("MaxRuntimeInSeconds"),
+                "max_runtime_s": _capped_runtime(
+                    (r.get("StoppingCondition") or {}).get("MaxRuntimeInSeconds")
+                ),
                 "environment": dict(r.get("Environment") or {}),
                 "hyperparameters": dict(r.get("HyperParameters") or {}),
                 "output": (r.get("OutputDataConfig") or {}).get("S3OutputPath"),

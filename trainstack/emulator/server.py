@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from trainstack.emulator import events, jobs
+from trainstack.emulator import delivery, events, jobs
 from trainstack.emulator.endpoint import (
     JOBS_DIR_ENV,
     STATE_FILE,
@@ -127,6 +127,8 @@ def serve(argv: list[str], jobs_dir: Path | None = None) -> None:
 
     signal.signal(signal.SIGTERM, stop_server)
     events.install()
+    # Job-state events delivered to the rules' targets and schedules run, by the server itself (.delivery).
+    delivery.install(f"http://localhost:{port}", events.on_status_change)
     _log_error_bodies()
     server.main(argv)
 

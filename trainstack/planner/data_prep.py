@@ -87,12 +87,21 @@ class PreparePlan:
         lo, mid, hi = self.hours
         return (
             f"{self.instance_count} x {self.instance.name} ({self.instance.vcpus} workers each), "
-            f"{self.volume_gb} GB volume each; {self.files} files, {self.input_bytes / 1e9:,.1f} GB in; "
+            f"{self.volume_gb} GB volume each; {self.files} files, {data_size(self.input_bytes)} in; "
             f"about {_count(self.tokens[1])} tokens ({_count(self.tokens[0])}-{_count(self.tokens[2])}); "
             f"{mid:.1f} h ({lo:.1f}-{hi:.1f}); {self.usd[1]:,.0f} USD "
             f"({self.usd[0]:,.0f}-{self.usd[2]:,.0f}) at "
             f"{self.instance.usd_per_hour} USD/instance-hour ({self.instance.price_source})"
         )
+
+
+def data_size(count: float) -> str:
+    """Bytes in decimal units, as S3 and the plans count them, in the largest unit that is at least 1
+    ("4.12 GB", "3.70 MB", "812 B"), so a small corpus never reads as 0.00 GB."""
+    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if count >= scale:
+            return f"{count / scale:,.2f} {unit}"
+    return f"{count:,.0f} B"
 
 
 def _count(tokens: float) -> str:

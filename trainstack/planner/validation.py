@@ -27,7 +27,7 @@ class ValidationPlan:
     every_steps: int
     batches: int
     splits: int  # validation splits evaluated each time (a blend: one per source)
-    evaluations: int  # over the run: one after every every_steps-th step
+    evaluations: int  # over the run: one after every every_steps-th step, and one before the first
     tokens_per_evaluation: int  # all splits, all ranks
     seconds_per_evaluation: float
     hours: float  # all evaluations of the run
@@ -52,7 +52,7 @@ def plan_validation(recipe: Recipe, thr: ThroughputPlan) -> ValidationPlan | Non
     tokens = settings.batches * recipe.training.global_batch * recipe.training.seq_len * splits
     achieved_flops = thr.achieved_tflops_per_gpu * 1e12 * recipe.world_size  # the whole job's FLOP/s
     seconds = tokens * forward_flops_per_token(recipe.model, recipe.training.seq_len) / achieved_flops
-    evaluations = recipe.training.steps // settings.every_steps
+    evaluations = recipe.training.steps // settings.every_steps + int(recipe.validates_at_start)
     return ValidationPlan(
         every_steps=settings.every_steps,
         batches=settings.batches,

@@ -95,6 +95,21 @@ def format_line(sources: Sequence[str] = (), **values: float) -> str:
     extra = sorted(set(values) - {f.key for f in table})
     if missing or extra:
         raise ValueError(f"metric line fields: missing {missing}, unknown {extra}")
+    return _joined(table, values)
+
+
+def format_validation_line(step: int, sources: Sequence[str] = (), **values: float) -> str:
+    """The line of an evaluation that is not on a log step, `step=0 val_loss=10.37` (validation.at_start:
+    before the first step, where no training value exists yet): the step and the validation fields only.
+    The same regexes read it, so val_loss's first point is at step 0."""
+    table = fields(sources)
+    unknown = sorted(set(values) - {f.key for f in table if f.optional})
+    if unknown or not values:
+        raise ValueError(f"validation line fields: unknown {unknown}" if unknown else "no validation values")
+    return _joined(table, {"step": step, **values})
+
+
+def _joined(table: Sequence[MetricField], values: dict[str, float]) -> str:
     parts = []
     for f in table:
         if f.key not in values:

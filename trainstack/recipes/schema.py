@@ -497,6 +497,11 @@ class Validation(Section):
     # Alarm when the validation loss rose this many evaluations in a row (docs/monitoring.md); one
     # evaluation is one alarm period of at least a minute, and PutMetricAlarm looks back at most a day.
     alarm_rises: Annotated[PosInt, ALARM_MINUTES] = 3
+    # Evaluate once more before the first step, so the first point of val_loss is the starting model's
+    # (step 0): what continued pretraining from a base model is measured against. None: on with
+    # `model.init_from` (a base model's loss is worth knowing), off otherwise (a random model's is not,
+    # and it costs one evaluation). Only a run's first job starts at step 0; a resume never re-evaluates.
+    at_start: bool | None = None
 
 
 class Checkpointing(Section):
@@ -722,6 +727,14 @@ class Recipe(Section):
     @property
     def tokens_per_step(self) -> int:
         return self.training.global_batch * self.training.seq_len
+
+    @property
+    def validates_at_start(self) -> bool:
+        """Whether the first job evaluates before step 1 (validation.at_start; None: with init_from)."""
+        if self.validation is None:
+            return False
+        at_start = self.validation.at_start
+        return self.model.init_from is not None if at_start is None else at_start
 
 
 # --- Hyperparameters: the one encoding between the launcher and the trainer ---------------------

@@ -45,7 +45,12 @@ from trainer.metrics.delivery import Delivery
 from trainstack.protocol import exit_codes
 from trainstack.protocol.kept_metrics import KEPT_DIR, decode, encode, is_kept_name, keepable, kept_name
 from trainstack.protocol.metrics import parse_line
-from trainstack.protocol.tracking import RUN_TAG, default_experiment, run_filter
+from trainstack.protocol.tracking import (
+    RUN_TAG,
+    default_experiment,
+    run_filter,
+    sagemaker_headers_for_arns_only,
+)
 from trainstack.recipes.schema import Recipe, to_hyperparameters
 
 log = logging.getLogger("trainer.tracking")
@@ -240,10 +245,9 @@ class MlflowSink:
         if self.client is None:
             from mlflow.tracking import MlflowClient
 
-            if not self.job.tracking_uri.startswith("arn:"):
-                # sagemaker-mlflow's request-header plugin reads ARNs only and warns on every request to any
-                # other tracking URI (http, sqlite, file): noise, not a fault.
-                logging.getLogger("mlflow.tracking.request_header.registry").setLevel(logging.ERROR)
+            # sagemaker-mlflow's request-header provider reads ARNs only; without this it fails (and MLflow
+            # warns) on every request to any other tracking URI (http, sqlite, file).
+            sagemaker_headers_for_arns_only()
 
             self.client = MlflowClient(tracking_uri=self.job.tracking_uri)
         if self.run_id is None:

@@ -2,13 +2,13 @@
 
 `make demo` leaves one running so the docs' next commands (`status`, `logs`, `launch --local`) work
 after it. The server's own PID, endpoint and log are recorded in .emulator/endpoint.json under the
-working directory; `--local` finds the emulator there and `stop` signals exactly that process.
+working directory; `--local`, `env` and `stop` find it there or in any directory below it, and `stop`
+signals exactly that process.
 """
 
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -74,7 +74,7 @@ def start(
                 tracker.stop()
             raise
         emu.write_state(server.endpoint, server.pid or 0, log=emu.LOG_FILE, mlflow=tracker)
-        state = emu.read_state() or {"endpoint": server.endpoint, "pid": server.pid}
+        state = emu.read_state(emu.STATE_FILE) or {"endpoint": server.endpoint, "pid": server.pid}
         typer.echo(f"started the local AWS emulator on {_describe(state)}")
     typer.echo("stop it with `trainstack emulator stop`; for AWS tools in another shell:")
     typer.echo(emu.export_line(emu.env_for(state["endpoint"])))
@@ -90,9 +90,9 @@ def status() -> None:
 
     state = emu.running()
     if state is None:
-        recorded = emu.read_state()
+        recorded = emu.read_state(emu.state_file())
         stale = (
-            f" (the record in {emu.STATE_FILE} is stale: {recorded['endpoint']} does not answer)"
+            f" (the record in {emu.state_file()} is stale: {recorded['endpoint']} does not answer)"
             if recorded
             else ""
         )
@@ -118,8 +118,9 @@ def stop() -> None:
 def env() -> None:
     """Print the `export AWS_...` line for the running emulator, for `eval "$(trainstack emulator env)"`.
 
-    Exit status 0, or 2 when none is running.
+    The emulator recorded in this directory or the nearest one above it that has .emulator/. Exit status
+    0, or 2 when none is running there (the line says where this user's running emulators were started).
     """
     from trainstack.emulator import endpoint as emu
 
-    typer.echo(emu.export_line(emu.local_env(Path(emu.STATE_FILE))))
+    typer.echo(emu.export_line(emu.local_env()))

@@ -12,7 +12,7 @@ from typing import Annotated
 
 import typer
 
-from trainstack.cli.commands.run_access import JsonOpt, RunArg, answer, find_run
+from trainstack.cli.commands.run_access import JsonOpt, RunArg, answer, find_run, team_option
 from trainstack.cli.commands.status import LocalOpt
 from trainstack.errors import TrainstackError
 
@@ -65,7 +65,8 @@ def export(
             f"run {run} has {len(record.exports)} exports, the most a run has (job names -X1 to -X9)"
         )
     name = parse_run_name(run)
-    planned = plan_export(resolve(name.recipe, name.team).recipe)
+    # The default team has no team files: its runs are resolved as they were deployed, without --team.
+    planned = plan_export(resolve(name.recipe, team_option(name.team)).recipe)
     try:
         started = aws.client("stepfunctions").start_execution(
             stateMachineArn=machine,

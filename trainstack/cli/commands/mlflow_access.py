@@ -29,7 +29,7 @@ def tracking_uri(aws: Any, recipe: Any, team: str | None, hint: str, *, resource
     if aws.local and not resource:
         from trainstack.emulator import endpoint, mlflow_server
 
-        state = endpoint.read_state() or {}
+        state = endpoint.read_state(endpoint.state_file()) or {}
         url = state.get("mlflow")
         if not url:
             raise TrainstackError(

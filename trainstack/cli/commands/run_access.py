@@ -21,6 +21,15 @@ RunArg = Annotated[
 ]
 
 
+def team_option(team: str, recipes_dir: str | None = None) -> str | None:
+    """The `--team` a run of `team` (the team in its name) was deployed and launched with: None for the
+    default team (the recipe's `tags.team`, "platform"), which has no directory under recipes/teams and
+    deploys without `--team`; resolving its name as a team file would fail."""
+    from trainstack.recipes.loader import recipes_dir_or_default
+
+    return team if (recipes_dir_or_default(recipes_dir) / "teams" / team).is_dir() else None
+
+
 def deploy_hint(recipe: str, team: str | None, local: bool) -> str:
     hint = f"`npx cdk deploy --all -c recipe={recipe}" + (f" -c team={team}" if team else "")
     # EMULATOR: the emulator loses exports on the change-set path (docs/cdk.md)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -102,14 +101,13 @@ def runs(
 def _mlflow_lines(aws: Any, views: list[RunView], recipes_dir: str | None) -> dict[str, tuple[str, Any]]:
     """run -> (where its MLflow run is, the MLflow run or None) (trainstack.cli.commands.mlflow_access)."""
     from trainstack.cli.commands import mlflow_access
-    from trainstack.cli.commands.run_access import deploy_hint
-    from trainstack.recipes.loader import recipes_dir_or_default, resolve
+    from trainstack.cli.commands.run_access import deploy_hint, team_option
+    from trainstack.recipes.loader import resolve
 
-    teams = Path(recipes_dir_or_default(recipes_dir)) / "teams"
     out = {}
     for v in views:
         # The registry names the deployment's team; the default team's recipes deploy without `--team`.
-        team = v.run.team if (teams / v.run.team).is_dir() else None
+        team = team_option(v.run.team, recipes_dir)
         try:
             resolved = resolve(v.run.recipe, team=team, recipes_dir=recipes_dir).recipe
             uri = mlflow_access.tracking_uri(aws, resolved, team, deploy_hint(v.run.recipe, team, aws.local))

@@ -336,6 +336,7 @@ def _as_dict(
         "planned_mfu": report.planned_mfu,
         "mem_gib": report.mem_gib,
         "loss": report.loss,
+        "val_loss": report.val_loss,
         "cost_so_far_usd": report.cost_so_far_usd,
         "cost_projected_usd": report.cost_projected_usd,
         "hours_remaining": report.hours_remaining,

@@ -106,6 +106,8 @@ def _run_panel(
         table.add_row("peak memory", f"{report.mem_gib:,.1f} GiB vs plan {report.planned_peak_gib:,.1f} GiB")
     if report.loss is not None:
         table.add_row("loss", f"{report.loss:.4g}")
+    if report.val_loss is not None:
+        table.add_row("val_loss", f"{report.val_loss:.4g}")
     from trainstack.aws.trends import TREND_KEYS, trend_text
 
     labels = {"step": "step trend", "tokens_per_sec": "tokens/s trend", "loss": "loss trend"}
