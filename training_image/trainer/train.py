@@ -61,6 +61,7 @@ from trainer.throughput import (
     current_host,
     host_number,
     peak_memory_gib,
+    peak_reserved_gib,
     peak_tflops,
     slowest_rank,
 )
@@ -458,8 +459,18 @@ def _loop(ctx: LoopContext, state: TrainerState, max_steps: int, stop: StopReque
                 watch.check()
                 elapsed = time.perf_counter() - interval_start - validation_s  # tokens/s of training only
                 line = _metric_line(
-                    ctx, step, lr, interval_loss, interval_steps, elapsed, hosts, peak, validation
+                    ctx,
+                    step,
+                    lr,
+                    interval_loss,
+                    interval_steps,
+                    elapsed,
+                    hosts,
+                    peak,
+                    validation,
+                    data_wait_s=batches.waited_s,
                 )
+                batches.waited_s = 0.0
                 if ctx.rank == 0:
                     print(line, flush=True)
                     if ctx.tracking.on:  # the same values, queued for MLflow / TensorBoard
@@ -503,8 +514,10 @@ def _metric_line(
     hosts: list[int],
     peak: float,
     validation: dict[str, float] | None = None,
+    data_wait_s: float = 0.0,
 ) -> str:
-    """The log step's metric line; reads the loss and the block timers (the log step's host syncs)."""
+    """The log step's metric line; reads the loss and the block timers (the log step's host syncs).
+    `data_wait_s`: this rank's wait for micro-batches over the interval (trainer.data.Prefetcher)."""
     tr = ctx.recipe.training
     total = interval_loss.detach().clone()
     dist.all_reduce(total)
@@ -528,6 +541,8 @@ def _metric_line(
         straggler_rank=slowest.rank,
         straggler_compute_s=slowest.compute_s,
         straggler_skew=slowest.skew,
+        mem_reserved_gib=peak_reserved_gib(ctx.device),
+        data_wait_s=data_wait_s / steps,
     )
 
 

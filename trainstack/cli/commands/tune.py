@@ -1,0 +1,248 @@
+"""`trainstack tune RECIPE`: short measured jobs choose the layout, correct the plan, hand off to the run.
+
+The engine (docs/tuning.md): this command drives the candidates' short jobs one after another (on
+AWS, SageMaker training jobs on one warm pool; with --local, CPU processes of the trainer as the
+emulator's jobs run it), measures each from its log (trainstack.tuning.measure), chooses by projected
+cost to finish the run (trainstack.tuning.choose), and records the measurements and the result in
+the tuning store (trainstack.tuning.store), where `plan`, `show` and `launch --tuned` find them.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from trainstack.cli.commands.plan_options import RecipeArg, RecipesDirOpt, SetOpt, TeamOpt
+from trainstack.cli.commands.status import LocalOpt
+from trainstack.errors import TrainstackError
+
+LOCAL_WINDOW = 12  # steady steps per local CPU job: a spread from a dozen steps, 3 jobs in minutes
+MAX_CANDIDATES = 8  # one warm pool, one after another: eight short jobs is already an hour on a P6
+
+
+def register(app: typer.Typer) -> None:
+    app.command("tune")(tune)
+
+
+def tune(
+    recipe: RecipeArg,
+    team: TeamOpt = None,
+    set_: SetOpt = None,
+    n_candidates: Annotated[
+        int,
+        typer.Option(
+            "--candidates",
+            "-n",
+            min=1,
+            max=MAX_CANDIDATES,
+            help="How many layouts to measure, the recipe's own included.",
+        ),
+    ] = 3,
+    budget_usd: Annotated[
+        float | None,
+        typer.Option(
+            "--budget-usd",
+            min=0.0,
+            help="The most the tuning run may spend (planned per job, at the recipe's price); a job that "
+            "would pass it is not started.",
+        ),
+    ] = None,
+    local: LocalOpt = False,
+    ranks: Annotated[
+        int, typer.Option("--ranks", min=1, max=8, help="--local: CPU processes per job (default 1).")
+    ] = 1,
+    fresh: Annotated[
+        bool,
+        typer.Option("--fresh", help="Measure again even where a result for this recipe and image exists."),
+    ] = False,
+    as_json: Annotated[
+        bool,
+        typer.Option("--json", help='Print {"candidates": [...], "chosen": {...}} as JSON.'),
+    ] = False,
+    mlflow_uri: Annotated[
+        str | None,
+        typer.Option(
+            "--mlflow",
+            metavar="URI",
+            help="Record the tuning run in this MLflow tracker (default: the emulator's with --local, "
+            "else the recipe's tracker when it has one).",
+        ),
+    ] = None,
+    recipes_dir: RecipesDirOpt = None,
+) -> None:
+    """Measure the planner's best layouts of RECIPE on short jobs and choose the one that finishes the run
+    for the least money, beyond the measured noise.
+
+    Candidates: the recipe's own layout and the planner's cheapest others that fit (micro-batch, activation
+    checkpointing, shard group, FP8 recipe, compile); every candidate trains the same run. Each job runs
+    past its warm-up into a steady window; the result is recorded per hardware and model shape, and reused
+    by a second `tune` of the same recipe, team and image unless --fresh. Then `trainstack plan` shows the
+    measured figures beside the arithmetic, and `trainstack launch --tuned` trains with the chosen layout.
+
+    Exit status: 0 a layout was chosen, 1 no candidate completed, 2 invalid input or no AWS/emulator.
+
+    Examples:
+
+      trainstack tune 30b-fp8 --budget-usd 400
+
+      trainstack tune tests/trainer/fixtures/tiny.yaml --local --json
+    """
+    from trainstack.recipes.loader import resolve
+    from trainstack.tuning import candidates as cands
+    from trainstack.tuning import engine
+    from trainstack.tuning.store import Store
+
+    resolved = resolve(recipe, team=team, overrides=set_ or (), recipes_dir=recipes_dir)
+    base = resolved.recipe
+    say = (lambda line: typer.echo(line, err=True)) if as_json else typer.echo
+    if not local:
+        raise TrainstackError(
+            "tune: only --local (the emulator's CPU jobs) runs in this version; on AWS, measure with "
+            f"`trainstack launch {recipe} --max-steps N` per layout (docs/tuning.md says what is missing)"
+        )
+    from trainstack.tuning.local import local_hardware, run_job
+
+    hardware = local_hardware(ranks)
+    store = Store()
+    cached = None if fresh else store.result(base.name, team, hardware.image)
+    if cached is not None:
+        say(
+            f"reusing tuning run {cached['run']} of {cached['date']} on {hardware.describe()} "
+            "(--fresh measures again)"
+        )
+        _print(cached["choice"], as_json, say)
+        raise typer.Exit(0 if cached["choice"]["chosen"] else 1)
+
+    chosen_candidates = cands.candidates(base, n_candidates, world=ranks, compile_choices=False)
+    planned_usd = engine.tuning_cost_usd(base, chosen_candidates)
+    say(
+        f"tuning {base.name}: {len(chosen_candidates)} candidates on {hardware.describe()}; the plan prices "
+        f"this tuning run at {planned_usd:,.2f} USD on {base.compute.instance_count} x "
+        f"{base.compute.instance_type}"
+        + (f" (budget {budget_usd:,.2f} USD)" if budget_usd is not None else "")
+    )
+    run_id = "tune-" + time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    workdir = Path(tempfile.mkdtemp(prefix=f"trainstack-{run_id}-"))
+
+    def run_local(candidate: Any, job_recipe: Any, steps: Any) -> engine.JobResult:
+        say(
+            f"  {candidate.name}: {candidate.describe} ({' '.join(candidate.overrides) or 'the recipe as it is'})"
+            f": {steps.max_steps} steps ({steps.warmup} warm-up)"
+        )
+        log = run_job(candidate.name, job_recipe, steps.max_steps, ranks, workdir)
+        return engine.JobResult(log.lines, log.exit_code != 0, log.failure_reason, log.seconds)
+
+    def progress(candidate: Any, m: Any, result: engine.JobResult) -> None:
+        if m.ok:
+            say(
+                f"     {m.tokens_per_s:,.0f} +- {m.tokens_per_s_spread:,.0f} tokens/s, step {m.step_time_s:.4f} s"
+                f" +- {m.step_time_spread:.4f}, peak {m.peak_mem_gib:.2f} GiB ({result.seconds:.0f} s)"
+            )
+        else:
+            say(f"     {m.status}: {m.reason}")
+
+    outcome = engine.tune(
+        base,
+        chosen_candidates,
+        run_local,
+        run=run_id,
+        budget_usd=budget_usd,
+        compiled=False,
+        on_result=progress,
+    )
+    choice = outcome.choice.to_dict()
+    chosen = outcome.choice.chosen
+    measured = [
+        {
+            "name": o.candidate.name,
+            "overrides": list(o.candidate.overrides),
+            "layout": _layout_key(base, o.candidate.overrides),
+            "status": o.status,
+            "planned": o.candidate.planned.to_dict(),
+            "measured": o.measurement.to_dict() if o.measurement.ok else {},
+        }
+        for o in outcome.choice.outcomes
+    ]
+    result = {
+        "choice": choice,
+        "overrides": list(chosen.candidate.overrides) if chosen else None,
+        "why": outcome.choice.why,
+        "gain": outcome.choice.gain,
+        "spent_usd": outcome.spent_usd,
+        "skipped": list(outcome.skipped),
+    }
+    store.record(run_id, outcome.date, base, team, hardware, measured, result)
+    store.save()
+    if outcome.skipped:
+        say(f"not run within the budget: {', '.join(outcome.skipped)}")
+    _record_mlflow(mlflow_uri, local, base, team, run_id, outcome, choice, say)
+    _print(choice, as_json, say)
+    say(f"recorded in {store.path} as tuning run {run_id}")
+    raise typer.Exit(0 if chosen else 1)
+
+
+def _layout_key(base: Any, overrides: tuple[str, ...]) -> list:
+    from trainstack.tuning.candidates import apply
+    from trainstack.tuning.store import layout_key
+
+    return layout_key(apply(base, overrides))
+
+
+def _print(choice: dict, as_json: bool, say: Any) -> None:
+    if as_json:
+        typer.echo(json.dumps(choice, indent=2))
+        return
+    for c in choice["candidates"]:
+        m = c["measured"]
+        figures = (
+            f"{m['tokens_per_s']:,.0f} +- {m['tokens_per_s_spread']:,.0f} tokens/s, step {m['step_time_s']:.4f} s"
+            if m
+            else c.get("why", "")
+        )
+        typer.echo(f"{c['name']} {c['status']:>7}  {c['layout']}: {figures}")
+    if choice["chosen"]:
+        flags = " ".join(f"--set {o}" for o in choice["chosen"]["overrides"]) or "(the recipe's own layout)"
+        typer.echo(f"chosen: {choice['chosen']['name']} {flags}")
+        typer.echo(f"why: {choice['chosen']['why']}")
+        typer.echo("next: trainstack launch ... --tuned (or paste the --set flags)")
+    else:
+        typer.echo("chosen: none (no candidate completed with an agreeing loss)")
+
+
+def _record_mlflow(
+    uri: str | None,
+    local: bool,
+    recipe: Any,
+    team: str | None,
+    run_id: str,
+    outcome: Any,
+    choice: dict,
+    say: Any,
+) -> None:
+    """The tuning run in MLflow, where a tracker is known; a tracker's trouble is one warning line."""
+    if uri is None and local:
+        from trainstack.emulator import endpoint
+
+        uri = (endpoint.read_state() or {}).get("mlflow")
+    if not uri:
+        return
+    from trainstack.aws import tracking
+
+    summary = {
+        "chosen": choice["chosen"]["name"] if choice["chosen"] else "none",
+        "why": outcome.choice.why[:5000],
+        "spent_usd": f"{outcome.spent_usd:.4f}",
+    }
+    tags = {"trainstack.recipe": recipe.name, "trainstack.team": tracking.team_of(recipe, team)}
+    try:
+        parent = tracking.record_tuning(
+            uri, tracking.experiment_name(recipe, team), run_id, tags, summary, choice["candidates"]
+        )
+        say(f"mlflow: {tracking.run_url(uri, parent.experiment_id, parent.run_id)}")
+    except Exception as error:  # the tracker's trouble never loses the measurements (already stored)
+        say(f"warning: could not record the tuning run in MLflow {uri}: {type(error).__name__}: {error}")
