@@ -417,6 +417,8 @@ def _loop(ctx: LoopContext, state: TrainerState, max_steps: int, stop: StopReque
             save_due = (
                 ctx.rank == 0 and save_every_s is not None and time.monotonic() - last_save >= save_every_s
             )
+            if faults.oom_at(step + 1):  # test-only (trainer.faults): a layout too big for the GPU
+                raise torch.OutOfMemoryError(f"fault injection: out of memory at step {step + 1}")
             done = _forward_backward(ctx, position, autocast, batches, vote, save_due)
             if done.done < layout.grad_accum:
                 optimizer.zero_grad(set_to_none=True)

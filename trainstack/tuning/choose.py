@@ -10,8 +10,9 @@ A winner only where it beats the runner-up beyond the noise: its projected cost 
 below the runner-up's at its fast end. Otherwise every candidate whose range overlaps the cheapest
 one's is as good as measured, and the simpler layout is chosen: the fewest changes to the recipe (the
 recipe's own is the simplest), then the cheaper. Candidates train the same run, so their losses must
-agree: one whose mean loss over the window is more than LOSS_TOLERANCE away from the median of the
-others is flagged, and never chosen. One that ran out of memory is `oom`; any other failure `failed`.
+agree: one whose mean loss over the common steps is more than LOSS_TOLERANCE away from the median of
+all of them (of two: from the recipe's own layout's) is flagged, and never chosen. One that ran out
+of memory is `oom`; any other failure `failed`.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import statistics
 from dataclasses import dataclass
 
 from trainstack.planner import price, recipe_throughput
-from trainstack.planner.run_plan import HOUR_S, plan_run
+from trainstack.planner.run_plan import HOUR_S, IntervalError, plan_run
 from trainstack.recipes.schema import Recipe
 from trainstack.tuning.candidates import Candidate, apply
 from trainstack.tuning.measure import Measurement
@@ -88,7 +89,13 @@ def projected_cost(recipe: Recipe, step_time_s: float, save_s: float | None = No
     """(USD, instance hours per node) to finish `recipe`'s run at `step_time_s` per step."""
     thr = recipe_throughput(recipe)
     micro = step_time_s * thr.micro_step_time_s / thr.step_time_s if thr.step_time_s else None
-    run = plan_run(recipe, step_time_s, step_time_s, micro)
+    try:
+        run = plan_run(recipe, step_time_s, step_time_s, micro)
+    except IntervalError:
+        # At the measured speed the recipe's checkpoint interval is shorter than a save: the run
+        # would need a longer one, so project it at the Young/Daly interval the planner would pick.
+        unset = apply(recipe, ("checkpointing.interval_steps=", "checkpointing.interval_minutes="))
+        run = plan_run(unset, step_time_s, step_time_s, micro)
     hours = run.hours + run.overhead_hours
     if save_s is not None:  # the run waits for a whole save at its end and at each job boundary
         hours += run.jobs * (save_s - run.checkpoint.save_seconds) / HOUR_S
@@ -157,7 +164,7 @@ def choose(recipe: Recipe, candidates: list[Candidate], measurements: dict[str, 
 
 
 def _flag_losses(outcomes: list[Outcome]) -> list[Outcome]:
-    """Flag each completed candidate whose mean loss over the common steps is off the others' median."""
+    """Flag each completed candidate whose mean loss over the common steps is off the candidates' median."""
     ok = [o for o in outcomes if o.status == "ok" and o.measurement.losses]
     if len(ok) < 2:
         return outcomes
@@ -167,21 +174,20 @@ def _flag_losses(outcomes: list[Outcome]) -> list[Outcome]:
     means = {
         o.candidate.name: statistics.fmean(v for s, v in o.measurement.losses if s in common) for o in ok
     }
+    # The reference: the median of every completed candidate's mean (one wrong candidate of three or more
+    # cannot move it); with two, the recipe's own layout where it is one of them.
+    own = next((o.candidate.name for o in ok if o.candidate.is_recipe), None)
+    reference = means[own] if len(means) == 2 and own else statistics.median(means.values())
     out = []
     for o in outcomes:
         if o.candidate.name not in means:
             out.append(o)
             continue
-        if len(means) == 2 and o.candidate.is_recipe:
-            out.append(o)  # two disagreeing: the recipe's own layout is the reference, the other is flagged
-            continue
-        others = [v for k, v in means.items() if k != o.candidate.name]
-        reference = statistics.median(others)
         off = abs(means[o.candidate.name] - reference) / abs(reference)
         if off > LOSS_TOLERANCE:
             why = (
                 f"loss disagrees: mean {means[o.candidate.name]:.4f} over steps {min(common)}-{max(common)} "
-                f"is {off:.1%} from the others' median {reference:.4f} (tolerance {LOSS_TOLERANCE:.0%})"
+                f"is {off:.1%} from the candidates' median {reference:.4f} (tolerance {LOSS_TOLERANCE:.0%})"
             )
             out.append(Outcome(o.candidate, o.measurement, "flagged", why, o.usd, o.usd_range, o.hours))
         else:

@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from trainstack.errors import TrainstackError
 from trainstack.recipes.schema import Recipe
 from trainstack.tuning.store import Hardware
 
@@ -39,10 +40,13 @@ class JobLog:
 
 def trainer_digest() -> str:
     """What stands for the image digest locally: a hash of the trainer's and the protocol's sources."""
-    import trainer  # the training image's package, installed in the project's environment
+    from importlib.util import find_spec
 
+    spec = find_spec("trainer")  # the training image's package, installed beside this one (not imported)
+    if spec is None or spec.origin is None:
+        raise TrainstackError("the trainer package is not installed here: run `make setup`")
     h = hashlib.sha256()
-    roots = [Path(trainer.__file__).parent, Path(__file__).parents[1] / "protocol"]
+    roots = [Path(spec.origin).parent, Path(__file__).parents[1] / "protocol"]
     for root in roots:
         for path in sorted(root.rglob("*.py")):
             h.update(path.relative_to(root).as_posix().encode())
@@ -61,7 +65,13 @@ def _free_port() -> int:
 
 
 def run_job(
-    name: str, recipe: Recipe, max_steps: int, ranks: int, workdir: Path, timeout_s: float = 600.0
+    name: str,
+    recipe: Recipe,
+    max_steps: int,
+    ranks: int,
+    workdir: Path,
+    timeout_s: float = 600.0,
+    extra_env: dict[str, str] | None = None,
 ) -> JobLog:
     """Train `recipe` for `max_steps` on `ranks` CPU processes; the job's log, exit code and failure."""
     job_dir = workdir / name
@@ -84,6 +94,7 @@ def run_job(
         TRAINSTACK_FAILURE_FILE=str(failure),
     )
     env.pop("TRAINSTACK_MAX_STEPS", None)
+    env.update(extra_env or {})
     started = time.monotonic()
     with tempfile.TemporaryFile("w+") as out:
         try:
@@ -92,7 +103,9 @@ def run_job(
         except subprocess.TimeoutExpired:
             code = 124
         out.seek(0)
-        lines = tuple(out.read().splitlines())
+        text = out.read()
+        (job_dir / "log.txt").write_text(text)  # the job's log, as CloudWatch would keep it
+        lines = tuple(text.splitlines())
     reason = failure.read_text().strip() if failure.exists() else ""
     if code == 124 and not reason:
         reason = f"the job ran past {timeout_s:.0f} s and was stopped"

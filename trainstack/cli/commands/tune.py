@@ -19,7 +19,6 @@ import typer
 
 from trainstack.cli.commands.plan_options import RecipeArg, RecipesDirOpt, SetOpt, TeamOpt
 from trainstack.cli.commands.status import LocalOpt
-from trainstack.errors import TrainstackError
 
 LOCAL_WINDOW = 12  # steady steps per local CPU job: a spread from a dozen steps, 3 jobs in minutes
 MAX_CANDIDATES = 8  # one warm pool, one after another: eight short jobs is already an hour on a P6
@@ -100,14 +99,14 @@ def tune(
     resolved = resolve(recipe, team=team, overrides=set_ or (), recipes_dir=recipes_dir)
     base = resolved.recipe
     say = (lambda line: typer.echo(line, err=True)) if as_json else typer.echo
-    if not local:
-        raise TrainstackError(
-            "tune: only --local (the emulator's CPU jobs) runs in this version; on AWS, measure with "
-            f"`trainstack launch {recipe} --max-steps N` per layout (docs/tuning.md says what is missing)"
-        )
-    from trainstack.tuning.local import local_hardware, run_job
+    if local:
+        from trainstack.tuning.local import local_hardware
 
-    hardware = local_hardware(ranks)
+        jobs = None
+        hardware = local_hardware(ranks)
+    else:
+        jobs = _SageMakerJobs(base, team, say)
+        hardware = jobs.hardware
     store = Store()
     cached = None if fresh else store.result(base.name, team, hardware.image)
     if cached is not None:
@@ -118,7 +117,9 @@ def tune(
         _print(cached["choice"], as_json, say)
         raise typer.Exit(0 if cached["choice"]["chosen"] else 1)
 
-    chosen_candidates = cands.candidates(base, n_candidates, world=ranks, compile_choices=False)
+    chosen_candidates = cands.candidates(
+        base, n_candidates, world=hardware.ranks, compile_choices=not hardware.is_cpu
+    )
     planned_usd = engine.tuning_cost_usd(base, chosen_candidates)
     say(
         f"tuning {base.name}: {len(chosen_candidates)} candidates on {hardware.describe()}; the plan prices "
@@ -126,22 +127,39 @@ def tune(
         f"{base.compute.instance_type}"
         + (f" (budget {budget_usd:,.2f} USD)" if budget_usd is not None else "")
     )
-    run_id = "tune-" + time.strftime("%Y%m%d-%H%M%S", time.gmtime())
-    workdir = Path(tempfile.mkdtemp(prefix=f"trainstack-{run_id}-"))
+    run_id = _tuning_id()
 
-    def run_local(candidate: Any, job_recipe: Any, steps: Any) -> engine.JobResult:
+    def announce(candidate: Any, steps: Any) -> None:
         say(
-            f"  {candidate.name}: {candidate.describe} ({' '.join(candidate.overrides) or 'the recipe as it is'})"
-            f": {steps.max_steps} steps ({steps.warmup} warm-up)"
+            f"  {candidate.name}: {candidate.describe} "
+            f"({' '.join(candidate.overrides) or 'the recipe as it is'}): {steps.max_steps} steps "
+            f"({steps.warmup} warm-up)"
         )
-        log = run_job(candidate.name, job_recipe, steps.max_steps, ranks, workdir)
-        return engine.JobResult(log.lines, log.exit_code != 0, log.failure_reason, log.seconds)
+
+    if jobs is None:
+        from trainstack.tuning.local import run_job
+
+        workdir = Path(tempfile.mkdtemp(prefix=f"trainstack-{run_id}-"))
+
+        def run_candidate(candidate: Any, job_recipe: Any, steps: Any) -> engine.JobResult:
+            announce(candidate, steps)
+            log = run_job(candidate.name, job_recipe, steps.max_steps, ranks, workdir)
+            return engine.JobResult(log.lines, log.exit_code != 0, log.failure_reason, log.seconds)
+    else:
+        names = dict(
+            zip([c.name for c in chosen_candidates], jobs.names(run_id, len(chosen_candidates)), strict=True)
+        )
+
+        def run_candidate(candidate: Any, job_recipe: Any, steps: Any) -> engine.JobResult:
+            announce(candidate, steps)
+            return jobs.run(names[candidate.name], run_id, candidate, job_recipe, steps)
 
     def progress(candidate: Any, m: Any, result: engine.JobResult) -> None:
         if m.ok:
             say(
-                f"     {m.tokens_per_s:,.0f} +- {m.tokens_per_s_spread:,.0f} tokens/s, step {m.step_time_s:.4f} s"
-                f" +- {m.step_time_spread:.4f}, peak {m.peak_mem_gib:.2f} GiB ({result.seconds:.0f} s)"
+                f"     {m.tokens_per_s:,.0f} +- {m.tokens_per_s_spread:,.0f} tokens/s, "
+                f"step {m.step_time_s:.4f} s +- {m.step_time_spread:.4f}, peak {m.peak_mem_gib:.2f} GiB "
+                f"({result.seconds:.0f} s)"
             )
         else:
             say(f"     {m.status}: {m.reason}")
@@ -149,7 +167,7 @@ def tune(
     outcome = engine.tune(
         base,
         chosen_candidates,
-        run_local,
+        run_candidate,
         run=run_id,
         budget_usd=budget_usd,
         compiled=False,
@@ -186,6 +204,64 @@ def tune(
     raise typer.Exit(0 if chosen else 1)
 
 
+def _tuning_id() -> str:
+    """`tune-<base36 seconds>`: a run id (naming.RUN_ID: lowercase, digits, hyphens, at most 16), so
+    the tuning run's jobs are named like a run's jobs; unique per second."""
+    n, digits = int(time.time()), ""
+    while n:
+        n, d = divmod(n, 36)
+        digits = "0123456789abcdefghijklmnopqrstuvwxyz"[d] + digits
+    return f"tune-{digits}"
+
+
+class _SageMakerJobs:
+    """The candidates' short jobs as SageMaker training jobs of the recipe's deployed stacks (the
+    execution role, the bucket and its key, the deployed training image), one after another."""
+
+    def __init__(self, recipe: Any, team: str | None, say: Any):
+        from trainstack.aws.session import Aws
+        from trainstack.cli.commands.launch import _deployed_image
+        from trainstack.cli.commands.run_access import deploy_hint, deployed
+        from trainstack.recipes import naming
+        from trainstack.tuning.store import recipe_hardware
+
+        self.recipe, self.team, self.say = recipe, team, say
+        self.aws = Aws(local=False)
+        stacks = deployed(self.aws, naming.stack_prefix(recipe, team), deploy_hint(recipe.name, team, False))
+        self.values = {
+            "role_arn": stacks.launcher["ExecutionRoleArn"],
+            "bucket_name": stacks.data["BucketName"],
+            "kms_key_arn": stacks.data["KeyArn"],
+            "image_uri": _deployed_image(self.aws, stacks.start_job),
+        }
+        self.hardware = recipe_hardware(recipe, self.values["image_uri"])
+
+    def names(self, tuning_id: str, count: int) -> list[str]:
+        from trainstack.aws.tuning_jobs import job_names
+
+        return job_names(self.recipe, self.team, tuning_id, count)
+
+    def run(self, name: str, tuning_id: str, candidate: Any, job_recipe: Any, steps: Any) -> Any:
+        from trainstack.aws.tuning_jobs import run_training_job, tuning_job_request
+        from trainstack.tuning import engine
+
+        body = tuning_job_request(
+            job_recipe,
+            self.team,
+            job_name=name,
+            tuning_id=tuning_id,
+            candidate=candidate.name,
+            max_steps=steps.max_steps,
+            planned_seconds=steps.max_steps * candidate.planned.step_time_s,
+            region=self.aws.region,
+            **self.values,
+        )
+        job = run_training_job(self.aws.client("sagemaker"), self.aws.client("logs"), body, echo=self.say)
+        return engine.JobResult(
+            job.lines, job.status != "Completed", job.failure_reason, job.billable_seconds
+        )
+
+
 def _layout_key(base: Any, overrides: tuple[str, ...]) -> list:
     from trainstack.tuning.candidates import apply
     from trainstack.tuning.store import layout_key
@@ -200,7 +276,8 @@ def _print(choice: dict, as_json: bool, say: Any) -> None:
     for c in choice["candidates"]:
         m = c["measured"]
         figures = (
-            f"{m['tokens_per_s']:,.0f} +- {m['tokens_per_s_spread']:,.0f} tokens/s, step {m['step_time_s']:.4f} s"
+            f"{m['tokens_per_s']:,.0f} +- {m['tokens_per_s_spread']:,.0f} tokens/s, "
+            f"step {m['step_time_s']:.4f} s"
             if m
             else c.get("why", "")
         )
