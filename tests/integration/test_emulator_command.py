@@ -114,7 +114,8 @@ def test_status_draws_the_metric_history_cloudwatch_holds(tmp_path: Path) -> Non
 
     recipe = resolve("1b-bf16").recipe
     name = job_name(recipe, None, "trend1")
-    with Emulator(log_path=tmp_path / "moto.log").start(timeout_s=240) as emulator:
+    # jobs="complete": a made-up job whose metrics the test writes itself; nothing is to run.
+    with Emulator(log_path=tmp_path / "moto.log", jobs="complete").start(timeout_s=240) as emulator:
         env = emulator.env()
         emulator.client("sagemaker").create_training_job(
             TrainingJobName=name,

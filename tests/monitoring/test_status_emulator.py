@@ -32,7 +32,11 @@ RECIPE = "30b-fp8"
 @pytest.fixture(scope="module")
 def emulator(tmp_path_factory):
     # A generous start timeout: CI machines are shared and moto's first import is slow under load.
-    emu = Emulator(log_path=tmp_path_factory.mktemp("moto") / "moto.log").start(timeout_s=180)
+    # jobs="complete": these jobs are made-up requests whose metrics and logs the tests write themselves;
+    # nothing is to run (trainstack.emulator.events, the test-only modes).
+    emu = Emulator(log_path=tmp_path_factory.mktemp("moto") / "moto.log", jobs="complete").start(
+        timeout_s=180
+    )
     try:
         yield emu
     finally:

@@ -14,9 +14,11 @@ from trainer.health import EXIT_NON_FINITE, NonFiniteLoss
 from trainer.train import RunOptions, run
 from trainstack.errors import TrainstackError
 from trainstack.protocol import exit_codes
+from trainstack.protocol.container import opt_ml
 
-SAGEMAKER_CHECKPOINTS = Path("/opt/ml/checkpoints")
-SAGEMAKER_TRAIN_CHANNEL = Path("/opt/ml/input/data/train")
+# /opt/ml/... on SageMaker; under $TRAINSTACK_OPT_ML in the local emulator (trainstack.protocol.container)
+SAGEMAKER_CHECKPOINTS = opt_ml("checkpoints")
+SAGEMAKER_TRAIN_CHANNEL = opt_ml("input/data/train")
 
 
 def default_data_dir() -> Path | None:
@@ -123,7 +125,7 @@ def _env_int(name: str) -> int | None:
 def failure_file() -> Path | None:
     """SageMaker's failure file (its text becomes the job's FailureReason), where it can be written."""
     configured = os.environ.get("TRAINSTACK_FAILURE_FILE")  # tests
-    path = Path(configured) if configured else Path(exit_codes.FAILURE_FILE)
+    path = Path(configured) if configured else opt_ml(exit_codes.FAILURE_FILE.removeprefix("/opt/ml/"))
     return path if path.parent.is_dir() else None
 
 

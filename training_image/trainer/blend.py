@@ -38,10 +38,11 @@ import numpy as np
 
 from trainer.data import TokenSource
 from trainstack.errors import TrainstackError
+from trainstack.protocol.container import opt_ml
 from trainstack.recipes.schema import Recipe
 
 log = logging.getLogger(__name__)
-SAGEMAKER_INPUT = Path("/opt/ml/input/data")  # one folder per input channel (SageMaker's container contract)
+SAGEMAKER_INPUT = opt_ml("input/data")  # one folder per input channel (SageMaker's container contract)
 
 Ratio = tuple[int, int]  # an exact fraction: (numerator, denominator)
 

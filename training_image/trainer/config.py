@@ -21,10 +21,12 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from trainstack.errors import RecipeError
+from trainstack.protocol.container import opt_ml
 from trainstack.recipes.loader import resolve
 from trainstack.recipes.schema import Recipe, from_hyperparameters
 
-SAGEMAKER_HYPERPARAMETERS = Path("/opt/ml/input/config/hyperparameters.json")
+# /opt/ml/... on SageMaker; under $TRAINSTACK_OPT_ML in the local emulator (trainstack.protocol.container)
+SAGEMAKER_HYPERPARAMETERS = opt_ml("input/config/hyperparameters.json")
 
 
 def _validation_error(source: str, exc: ValidationError) -> RecipeError:

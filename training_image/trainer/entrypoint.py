@@ -28,6 +28,13 @@ still needs) and exit 1 even after a good save, failing the job. The block is in
 workers (it survives fork and exec); the trainer unblocks SIGTERM as soon as its handler is set
 (trainer.stopping.StopRequest). A SIGTERM sent to torchrun alone is therefore ignored: SageMaker
 signals the container's first process, which is this one.
+
+The local emulator (trainstack.emulator.jobs) runs this same entrypoint as each "node" of a job, a plain
+process on one machine. Where no SageMaker host exists it sets (nothing sets them on SageMaker):
+TRAINSTACK_OPT_ML, the directory standing in for /opt/ml (trainstack.protocol.container);
+TRAINSTACK_NPROC_PER_NODE, the processes per node (CPU ranks there; default: the CUDA device count, else
+8); TRAINSTACK_RENDEZVOUS, `address:port` of the rendezvous (default: the first host, algo-1, on
+RENDEZVOUS_PORT, as on SageMaker, where algo-1 resolves to the first node).
 """
 
 from __future__ import annotations
@@ -42,11 +49,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainer.comms import NCCL_DEBUG_FILE, NCCL_LOG_DIR
+from trainstack.protocol.container import opt_ml
 
-RESOURCE_CONFIG = Path("/opt/ml/input/config/resourceconfig.json")
+RESOURCE_CONFIG = opt_ml("input/config/resourceconfig.json")  # under $TRAINSTACK_OPT_ML in the emulator
 RENDEZVOUS_PORT = 29500
 GPUS_PER_NODE_DEFAULT = 8
 FORWARD_POLL_S = 0.5  # how soon a worker that starts after a SIGTERM gets it too
+NPROC_ENV = "TRAINSTACK_NPROC_PER_NODE"
+RENDEZVOUS_ENV = "TRAINSTACK_RENDEZVOUS"
 
 
 @dataclass(frozen=True)
@@ -83,6 +93,8 @@ def read_resource_config(path: Path) -> ResourceConfig:
 
 
 def gpus_per_node() -> int:
+    if os.environ.get(NPROC_ENV):
+        return int(os.environ[NPROC_ENV])
     try:
         import torch
 
@@ -98,6 +110,7 @@ def build_command(
     trainer_args: list[str],
     python: str = sys.executable,
     port: int = RENDEZVOUS_PORT,
+    address: str | None = None,
 ) -> list[str]:
     command = [python, "-m", "torch.distributed.run", f"--nproc-per-node={nproc_per_node}"]
     if len(config.hosts) == 1:
@@ -106,7 +119,7 @@ def build_command(
         command += [
             f"--nnodes={len(config.hosts)}",
             f"--node-rank={config.node_rank}",
-            f"--master-addr={config.hosts[0]}",
+            f"--master-addr={address or config.hosts[0]}",
             f"--master-port={port}",
         ]
     return command + ["-m", "trainer", *trainer_args]
@@ -206,7 +219,14 @@ def main(argv: list[str] | None = None) -> int:
     except EntrypointError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    command = build_command(config, args.nproc_per_node or gpus_per_node(), trainer_args)
+    address, _, port = os.environ.get(RENDEZVOUS_ENV, "").rpartition(":")
+    command = build_command(
+        config,
+        args.nproc_per_node or gpus_per_node(),
+        trainer_args,
+        port=int(port) if port else RENDEZVOUS_PORT,
+        address=address or None,
+    )
     env = build_environment(config, dict(os.environ))
     print(
         f"entrypoint: host {config.current_host} (node {config.node_rank} of {len(config.hosts)}): "

@@ -24,7 +24,9 @@ import struct
 import time
 from pathlib import Path
 
-SAGEMAKER_LOCAL_PATH = Path("/opt/ml/output/tensorboard")  # TensorBoardOutputConfig.LocalPath default
+from trainstack.protocol.container import opt_ml
+
+SAGEMAKER_LOCAL_PATH = opt_ml("output/tensorboard")  # TensorBoardOutputConfig.LocalPath default
 FILE_VERSION = "brain.Event:2"
 
 

@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from trainstack.protocol.container import opt_ml
 from trainstack.recipes.hardware import GPU, INSTANCES
 from trainstack.recipes.schema import Recipe
 
@@ -73,7 +74,7 @@ def peak_reserved_gib(device: torch.device) -> float:
 # on CPU with the host clock (gloo's all-gather wait happens in that same hook, before the timer
 # starts). Measured on log steps only: reading CUDA events is a host sync.
 
-RESOURCE_CONFIG = Path("/opt/ml/input/config/resourceconfig.json")
+RESOURCE_CONFIG = opt_ml("input/config/resourceconfig.json")  # under $TRAINSTACK_OPT_ML in the emulator
 
 
 def current_host(environ: dict[str, str] | None = None, resource_config: Path = RESOURCE_CONFIG) -> str:

@@ -18,7 +18,9 @@ gaps and our workarounds (../shared/README.md section 7):
 - it does not publish CloudFormation stack status events to EventBridge (launch_on_deploy):
   `deliver_stack_status()` plays EventBridge from the deployed rule's own pattern and target;
 - its training jobs complete at once, keep no Environment, cannot be stopped, and send no state-change
-  events: trainstack.emulator.events adds jobs that run until ended, StopTrainingJob, and delivery.
+  events: trainstack.emulator.jobs runs training and processing jobs for real as local processes, with
+  SageMaker's container contract; trainstack.emulator.events adds StopTrainingJob, the test-only modes
+  ("hold", "complete": `Emulator(jobs=...)`) and delivery.
 
 `trainstack emulator start|status|stop|env` runs one in the background (what `make demo` leaves
 running); `python -m trainstack.emulator [--port N]` runs one in the foreground. Either records the
@@ -68,6 +70,12 @@ class Emulator:
 
     port: int = field(default_factory=free_port)
     log_path: Path | None = None
+    # Where jobs' /opt/ml folders and logs go (trainstack.emulator.jobs); default: `jobs` beside the log,
+    # else .emulator/jobs.
+    jobs_dir: Path | None = None
+    # How new training jobs are treated: "train" (they run); for a test that asks, "hold" or "complete"
+    # (trainstack.emulator.events.configure).
+    jobs: str = "train"
     _process: subprocess.Popen | None = None
 
     @property
@@ -106,7 +114,16 @@ class Emulator:
         log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
         # moto's server runs through serve() below (not the moto_server script): it adds our patches.
         self._process = subprocess.Popen(
-            [sys.executable, "-m", "trainstack.emulator", "--serve", "--port", str(self.port)],
+            [
+                sys.executable,
+                "-m",
+                "trainstack.emulator",
+                "--jobs-dir",
+                str(self.jobs_directory),
+                "--serve",
+                "--port",
+                str(self.port),
+            ],
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -127,7 +144,18 @@ class Emulator:
                     ) from None
                 time.sleep(0.2)
         self._configure({"stepfunctions": {"execute_state_machine": True}})
+        if self.jobs != "train":
+            from trainstack.emulator import events
+
+            events.configure(self.env(), jobs=self.jobs)
         return self
+
+    @property
+    def jobs_directory(self) -> Path:
+        if self.jobs_dir is not None:
+            return Path(self.jobs_dir).resolve()
+        base = Path(self.log_path).parent if self.log_path else Path(".emulator")
+        return (base / "jobs").resolve()
 
     def _configure(self, config: dict) -> None:
         request = urllib.request.Request(

@@ -1,16 +1,26 @@
-"""EMULATOR: training jobs that run until something ends them, and the events SageMaker sends when they do.
+"""EMULATOR: training jobs that really run, the test-only modes that end them by hand, and their events.
 
-moto creates every training job already `Completed`, keeps no `Environment`, has no StopTrainingJob,
-and publishes no `SageMaker Training Job State Change` events to EventBridge. The run supervisor
-depends on all four, so in emulator mode only (`trainstack.emulator.server.serve` calls `install`):
+moto creates every training job already `Completed`, keeps no `Environment` (nor the request's
+MetricDefinitions), has no StopTrainingJob, and publishes no `SageMaker Training Job State Change` events
+to EventBridge. The run supervisor depends on all of them, so in emulator mode only
+(`trainstack.emulator.server.serve` calls `install`):
 
-- `configure(env, jobs_run=True)` makes new jobs stay `InProgress` / `Training`, as on AWS, until
+- jobs run for real by default (`jobs="train"`): CreateTrainingJob and CreateProcessingJob start the job's
+  container as local processes (trainstack.emulator.jobs: the container contract, statuses, logs,
+  metrics, stops, max runtime), so jobs a deployed state machine creates train with nobody's help;
+- test-only modes, set only where a test asks for them (`configure(env, jobs=...)`, or
+  `Emulator(jobs=...)`): "hold" keeps new jobs `InProgress` / `Training`, running nothing, until
   `end_training_job` (a max-runtime stop, a spot interruption, a failure with its reason, completion)
-  or StopTrainingJob ends them. Off by default: other tests rely on moto's instant completion;
-- CreateTrainingJob keeps the request's `Environment` (DescribeTrainingJob returns it on AWS);
-- StopTrainingJob moves an in-progress job to `Stopping` and, `stopping_seconds` later (default 1 s),
-  to `Stopped` / `Stopped`, as AWS does ("SageMaker changes the status of the job to Stopping. After
-  SageMaker stops the job, it sets the status to Stopped"; AWS allows the trainer 120 s after SIGTERM);
+  or StopTrainingJob ends them (`jobs_run=True` is the old spelling); "complete" is moto's own: every
+  job `Completed` at once, nothing run;
+- every status change of a job goes through `change_job_status`, the one place (listeners:
+  `on_status_change`);
+- CreateTrainingJob keeps the request's `Environment` (DescribeTrainingJob returns it on AWS) and its
+  MetricDefinitions;
+- StopTrainingJob moves an in-progress job to `Stopping`; a running job's container then gets SIGTERM and
+  the job is `Stopped` once it has exited (SIGKILL 120 s later); a held job is `Stopped` / `Stopped`
+  `stopping_seconds` later (default 1 s), as AWS does ("SageMaker changes the status of the job to
+  Stopping. After SageMaker stops the job, it sets the status to Stopped": StopTrainingJob, API reference);
 - warm pools (SageMaker developer guide, "Managed warm pools"): a job created with
   `ResourceConfig.KeepAlivePeriodInSeconds` > 0 (and no managed spot) keeps its cluster `Available`
   once it ends; the next job with the same role, instance type, count and network is placed on it
@@ -32,6 +42,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -41,7 +52,10 @@ from trainstack.errors import TrainstackError
 ROUTE = "/_trainstack/"
 JOB_STATE_CHANGE = "SageMaker Training Job State Change"
 TERMINAL = ("Completed", "Failed", "Stopped")
-_settings: dict[str, Any] = {"jobs_run": False, "stopping_seconds": 1.0}
+JOB_MODES = ("train", "hold", "complete")  # run for real | InProgress until ended | Completed at once
+_settings: dict[str, Any] = {"jobs": "train", "stopping_seconds": 1.0}
+# Called with the job (moto's FakeTrainingJob or FakeProcessingJob) after every status change.
+STATUS_LISTENERS: list[Callable[[Any], None]] = []
 WARM_POOL_MATCH = ("RoleArn", "InstanceType", "InstanceCount", "VpcConfig")
 
 
@@ -54,18 +68,52 @@ def _backend(account: str, region: str) -> Any:
     return sagemaker_backends[account][region]
 
 
-def _transition(job: Any, status: str, secondary: str, message: str) -> None:
+def on_status_change(listener: Callable[[Any], None]) -> None:
+    """Call `listener(job)` after every status change of every job (in the server process)."""
+    STATUS_LISTENERS.append(listener)
+
+
+def change_job_status(job: Any, status: str, secondary: str | None, message: str) -> None:
+    """THE one place where a job's status changes in the emulator (server side): every transition of a
+    training job (the runner's Starting -> Downloading -> Training -> Uploading -> Completed / Failed /
+    Stopped, StopTrainingJob's Stopping, a test's end_training_job) and of a processing job passes here,
+    and then every `on_status_change` listener is called with the job (event delivery hooks in here).
+
+    Training job: TrainingJobStatus `status`, SecondaryStatus `secondary` appended to
+    SecondaryStatusTransitions with `message` (the previous transition gets its EndTime); at a terminal
+    status TrainingEndTime is set and a warm pool in use becomes Available. Processing job:
+    ProcessingJobStatus `status` (`secondary` unused), ExitMessage `message` at the end.
+    """
     now = datetime.now(UTC)
-    for previous in job.secondary_status_transitions:
-        previous.setdefault("EndTime", now)
-    job.secondary_status_transitions.append({"Status": secondary, "StartTime": now, "StatusMessage": message})
-    job.training_job_status, job.secondary_status = status, secondary
-    job.last_modified_time = now
-    if status in TERMINAL:
-        job.training_end_time = now
-        pool = getattr(job, "warm_pool_status", None)
-        if pool is not None and pool.get("Status") == "InUse":
-            pool["Status"] = "Available"
+    if hasattr(job, "processing_job_status"):
+        job.processing_job_status = status
+        job.last_modified_time = now
+        if status in TERMINAL:
+            job.processing_end_time = now
+            job.exit_message = message
+    else:
+        for previous in job.secondary_status_transitions:
+            previous.setdefault("EndTime", now)
+        job.secondary_status_transitions.append(
+            {"Status": secondary, "StartTime": now, "StatusMessage": message}
+        )
+        job.training_job_status, job.secondary_status = status, secondary
+        job.last_modified_time = now
+        if status in TERMINAL:
+            job.training_end_time = now
+            pool = getattr(job, "warm_pool_status", None)
+            if pool is not None and pool.get("Status") == "InUse":
+                pool["Status"] = "Available"
+    for listener in list(STATUS_LISTENERS):
+        try:
+            listener(job)
+        except Exception:  # a listener's fault never stops a job's life
+            import traceback
+
+            traceback.print_exc()
+
+
+_transition = change_job_status  # the old name
 
 
 def end_job(backend: Any, name: str, status: str, secondary: str, reason: str | None) -> dict[str, Any]:
@@ -75,9 +123,14 @@ def end_job(backend: Any, name: str, status: str, secondary: str, reason: str | 
     job = backend.training_jobs.get(name)
     if job is None:
         raise KeyError(name)
-    _transition(job, status, secondary, reason or f"Training job {status.lower()}")
+    from trainstack.emulator import jobs
+
+    runner = jobs.running_job(name)
+    if runner is not None:
+        runner.kill()  # its processes go; the status is the one asked for here
     if reason:
         job.failure_reason = reason
+    change_job_status(job, status, secondary, reason or f"Training job {status.lower()}")
     return {"TrainingJobName": name, "TrainingJobStatus": status, "SecondaryStatus": secondary}
 
 
@@ -155,6 +208,12 @@ def _pascal_step_functions_calls() -> None:
         cls._eval_service_task = translated
 
 
+def _request(response: Any) -> dict[str, Any]:
+    """The whole request a SageMaker (JSON protocol) handler is answering."""
+    body = response.body
+    return json.loads(body.decode() if isinstance(body, bytes) else body or "{}")
+
+
 def install() -> None:
     """Patch moto's SageMaker responses and wrap the server's WSGI app (called by serve())."""
     import threading
@@ -166,13 +225,33 @@ def install() -> None:
 
     _use_python_jsonata()
     _pascal_step_functions_calls()
+    from trainstack.emulator import jobs
+
     create = SageMakerResponse.create_training_job
+    create_processing = SageMakerResponse.create_processing_job
 
     def create_training_job(self: Any) -> Any:
         result = create(self)
         job = self.sagemaker_backend.training_jobs[self._get_param("TrainingJobName")]
         job.environment = self._get_param("Environment") or {}
-        if _settings["jobs_run"]:
+        # moto replaces the request's MetricDefinitions and FinalMetricDataList with made-up ones
+        algorithm = self._get_param("AlgorithmSpecification") or {}
+        job.algorithm_specification["MetricDefinitions"] = algorithm.get("MetricDefinitions") or []
+        job.final_metric_data_list = []
+        if _settings["jobs"] == "train":
+            now = datetime.now(UTC)
+            job.training_job_status, job.secondary_status = "InProgress", "Starting"
+            job.training_end_time = job.training_start_time = None
+            job.secondary_status_transitions = [
+                {
+                    "Status": "Starting",
+                    "StartTime": now,
+                    "StatusMessage": "Preparing the instances for training",
+                }
+            ]
+            _place_on_warm_pool(self.sagemaker_backend, job)
+            jobs.start_training_job(job, _request(self))
+        elif _settings["jobs"] == "hold":
             now = datetime.now(UTC)
             job.training_job_status, job.secondary_status = "InProgress", "Training"
             job.training_end_time = None
@@ -202,7 +281,12 @@ def install() -> None:
                 message="The request was rejected because the training job is in status "
                 f"{job.training_job_status}."
             )
-        if job.training_job_status != "Stopping":
+        runner = jobs.running_job(job.training_job_name)
+        if runner is not None:
+            if job.training_job_status != "Stopping":
+                change_job_status(job, "Stopping", "Stopping", "Stopping the training job")
+            runner.stop("Stopped")  # SIGTERM to its nodes; Stopped once they have exited
+        elif job.training_job_status != "Stopping":
             _transition(job, "Stopping", "Stopping", "Stopping the training job")
 
             def stopped() -> None:
@@ -224,7 +308,41 @@ def install() -> None:
                 pool["Status"] = "Terminated"
         return ActionResult({"TrainingJobArn": job.arn})
 
+    def create_processing_job(self: Any) -> Any:
+        result = create_processing(self)
+        job = self.sagemaker_backend.processing_jobs[self._get_param("ProcessingJobName")]
+        # moto keeps neither; DescribeProcessingJob returns both on AWS
+        job.environment = self._get_param("Environment") or {}
+        job.processing_resources = self._get_param("ProcessingResources") or {}
+        if _settings["jobs"] == "train":
+            job.processing_job_status = "InProgress"
+            job.processing_end_time = None
+            jobs.start_processing_job(job, _request(self))
+        elif _settings["jobs"] == "hold":
+            job.processing_job_status, job.processing_end_time = "InProgress", None
+        return result
+
+    def stop_processing_job(self: Any) -> Any:
+        name = self._get_param("ProcessingJobName")
+        job = self.sagemaker_backend.processing_jobs.get(name)
+        if job is None:
+            raise ValidationError(message=f"Requested resource not found: processing job {name}")
+        if job.processing_job_status in TERMINAL:
+            raise ValidationError(
+                message="The request was rejected because the processing job is in status "
+                f"{job.processing_job_status}."
+            )
+        runner = jobs.running_job(name)
+        change_job_status(job, "Stopping", None, "Stopping the processing job")
+        if runner is not None:
+            runner.stop("Stopped")
+        else:
+            change_job_status(job, "Stopped", None, "The job was stopped")
+        return EmptyResult()
+
     SageMakerResponse.create_training_job = create_training_job
+    SageMakerResponse.create_processing_job = create_processing_job
+    SageMakerResponse.stop_processing_job = stop_processing_job
     SageMakerResponse.stop_training_job = stop_training_job
     SageMakerResponse.update_training_job = update_training_job
 
@@ -245,11 +363,7 @@ def _routes(app: Any) -> Any:
             from trainstack.emulator.endpoint import ACCOUNT, REGION
 
             if path == f"{ROUTE}config":
-                _settings["jobs_run"] = bool(body.get("jobs_run", _settings["jobs_run"]))
-                _settings["stopping_seconds"] = float(
-                    body.get("stopping_seconds", _settings["stopping_seconds"])
-                )
-                answer: dict[str, Any] = dict(_settings)
+                answer: dict[str, Any] = apply_config(body)
             elif path == f"{ROUTE}end-training-job":
                 backend = _backend(body.get("account", ACCOUNT), body.get("region", REGION))
                 answer = end_job(
@@ -295,13 +409,66 @@ def _post(env: dict[str, str], what: str, body: dict[str, Any]) -> dict[str, Any
         ) from None
 
 
-def configure(env: dict[str, str], *, jobs_run: bool, stopping_seconds: float | None = None) -> None:
-    """With `jobs_run`, new training jobs stay InProgress / Training until ended (as on AWS);
-    `stopping_seconds`: how long a stopped job stays Stopping before it is Stopped."""
-    body: dict[str, Any] = {"jobs_run": jobs_run}
-    if stopping_seconds is not None:
-        body["stopping_seconds"] = stopping_seconds
-    _post(env, "config", body)
+def configure(
+    env: dict[str, str],
+    *,
+    jobs: str | None = None,
+    jobs_run: bool | None = None,
+    stopping_seconds: float | None = None,
+    ranks_per_node: int | None = None,
+    kill_after_seconds: float | None = None,
+    mlflow_url: str | None = None,
+) -> dict[str, Any]:
+    """How the emulator treats new jobs. `jobs`: "train" (the default: they run, trainstack.emulator.jobs),
+    or, for a test that asks for it, "hold" (InProgress until ended by hand; `jobs_run=True` is the old
+    spelling) or "complete" (Completed at once, nothing run). `stopping_seconds`: how long a held job stays
+    Stopping after StopTrainingJob; `ranks_per_node`: CPU ranks per node of a running job;
+    `kill_after_seconds`: SIGTERM -> SIGKILL (120 as on SageMaker); `mlflow_url`: the MLflow server jobs
+    track to. Returns the settings now in force."""
+    body: dict[str, Any] = {}
+    if jobs_run is not None:
+        body["jobs"] = "hold" if jobs_run else "complete"
+    if jobs is not None:
+        body["jobs"] = jobs
+    for key, value in (
+        ("stopping_seconds", stopping_seconds),
+        ("ranks_per_node", ranks_per_node),
+        ("kill_after_seconds", kill_after_seconds),
+        ("mlflow_url", mlflow_url),
+    ):
+        if value is not None:
+            body[key] = value
+    return _post(env, "config", body)
+
+
+def apply_config(body: dict[str, Any]) -> dict[str, Any]:
+    """Server side of `configure`."""
+    from trainstack.emulator import jobs
+
+    if "jobs_run" in body:  # the old spelling
+        body = {**body, "jobs": "hold" if body["jobs_run"] else "complete"}
+    mode = body.get("jobs", _settings["jobs"])
+    if mode not in JOB_MODES:
+        raise ValueError(f"jobs must be one of {JOB_MODES}, got {mode!r}")
+    _settings["jobs"] = mode
+    _settings["stopping_seconds"] = float(body.get("stopping_seconds", _settings["stopping_seconds"]))
+    if "ranks_per_node" in body:
+        ranks = int(body["ranks_per_node"])
+        if not 1 <= ranks <= 8:
+            raise ValueError(f"ranks_per_node must be 1..8, got {ranks}")
+        jobs.SETTINGS.ranks_per_node = ranks
+    if "kill_after_seconds" in body:
+        jobs.SETTINGS.kill_after_s = float(body["kill_after_seconds"])
+    if "mlflow_url" in body:
+        jobs.SETTINGS.mlflow_url = body["mlflow_url"] or None
+    return {
+        **_settings,
+        "jobs_run": _settings["jobs"] == "hold",
+        "ranks_per_node": jobs.SETTINGS.ranks_per_node,
+        "kill_after_seconds": jobs.SETTINGS.kill_after_s,
+        "mlflow_url": jobs.SETTINGS.mlflow_url,
+        "jobs_dir": str(jobs.SETTINGS.jobs_dir),
+    }
 
 
 def wait_for_status(

@@ -4,7 +4,8 @@
 it); `Emulator.start` (trainstack.emulator.endpoint) runs the same entry point with `--serve` as a child.
 What is patched, and why, is listed in trainstack.emulator.endpoint's docstring: placeholders for resource
 types moto's CloudFormation lacks, state machine names shortened as CloudFormation does, one Step Functions
-backend for CloudFormation and the API, and (trainstack.emulator.events) training jobs that run until ended.
+backend for CloudFormation and the API, and (trainstack.emulator.events, .jobs) training and
+processing jobs that really run, as local processes. `--jobs-dir` is where their /opt/ml folders and logs go.
 """
 
 from __future__ import annotations
@@ -13,8 +14,9 @@ import os
 import signal
 import sys
 import time
+from pathlib import Path
 
-from trainstack.emulator import events
+from trainstack.emulator import events, jobs
 from trainstack.emulator.endpoint import STATE_FILE, Emulator, export_line, free_port, read_state, write_state
 
 
@@ -70,7 +72,7 @@ def _placeholder_model() -> type:
     return Placeholder
 
 
-def serve(argv: list[str]) -> None:
+def serve(argv: list[str], jobs_dir: Path | None = None) -> None:
     from moto import server
     from moto.cloudformation import parsing
 
@@ -103,7 +105,9 @@ def serve(argv: list[str]) -> None:
     from moto.stepfunctions.parser.models import stepfunctions_parser_backends
 
     sfn_models.stepfunctions_backends = stepfunctions_parser_backends
-    # Training jobs that run until ended, StopTrainingJob, Environment kept (trainstack.emulator.events).
+    # Jobs that really run (trainstack.emulator.jobs), StopTrainingJob, Environment kept (.events).
+    port = argv[argv.index("-p") + 1]
+    jobs.configure_server(f"http://localhost:{port}", jobs_dir)
     events.install()
     _log_error_bodies()
     server.main(argv)
@@ -147,9 +151,10 @@ def main() -> None:
     )
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--jobs-dir", type=Path, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
-        serve(["-H", "127.0.0.1", "-p", str(args.port)])
+        serve(["-H", "127.0.0.1", "-p", str(args.port)], args.jobs_dir)
         return
     emulator = Emulator(port=args.port or free_port())
     # `kill PID` (SIGTERM) stops it like Ctrl-C: the server process and the state file go with it
