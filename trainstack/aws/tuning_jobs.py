@@ -10,7 +10,9 @@ released: P6 capacity is scarce, and a new provisioning per candidate would cost
 
 The log: SageMaker writes a job's stdout and stderr to CloudWatch Logs, group /aws/sagemaker/
 TrainingJobs, one stream per host named `<job name>/algo-N-<epoch>` (developer guide, "Monitor and
-analyze training jobs using Amazon CloudWatch metrics"); the metric lines are read from there.
+analyze training jobs using Amazon CloudWatch metrics"); the metric lines are read from there, with
+the reader `trainstack logs` uses (trainstack.aws.runs). The emulator's jobs (trainstack.emulator.jobs)
+write their logs to the same group and streams.
 """
 
 from __future__ import annotations
@@ -24,7 +26,6 @@ from trainstack.aws import request as requests
 from trainstack.recipes import naming
 from trainstack.recipes.schema import Recipe
 
-LOG_GROUP = "/aws/sagemaker/TrainingJobs"
 TERMINAL = ("Completed", "Failed", "Stopped")
 TUNING_TAG = "trainstack:tuning"  # the tuning run a short job belongs to
 START_UP_ALLOWANCE_S = 3600  # MaxRuntime of a short job: its planned steps x 3, plus this for start-up
@@ -79,6 +80,7 @@ class SageMakerJob:
     lines: tuple[str, ...]
     billable_seconds: float
     image: str  # the image the job ran (its digest where the URI carries one)
+    environment: dict[str, str]  # as DescribeTrainingJob returns it (the emulator adds its stand-in note)
 
 
 def run_training_job(
@@ -113,25 +115,27 @@ def run_training_job(
         job["TrainingJobStatus"],
         job.get("FailureReason", ""),
         tuple(job_log(logs, name)),
-        float(job.get("BillableTimeInSeconds") or job.get("TrainingTimeInSeconds") or 0),
+        _billed_seconds(job),
         job.get("AlgorithmSpecification", {}).get("TrainingImage", ""),
+        dict(job.get("Environment") or {}),
     )
 
 
 def job_log(logs: Any, job_name: str) -> list[str]:
-    """Every line the job's hosts wrote, in time order (the streams of `<job name>/`; none yet: [])."""
-    events: list[tuple[int, str, str]] = []
-    kwargs: dict[str, Any] = {"logGroupName": LOG_GROUP, "logStreamNamePrefix": f"{job_name}/"}
-    try:
-        while True:
-            page = logs.filter_log_events(**kwargs)
-            events += [
-                (e["timestamp"], e.get("logStreamName", ""), e["message"]) for e in page.get("events", [])
-            ]
-            token = page.get("nextToken")
-            if not token:
-                break
-            kwargs["nextToken"] = token
-    except logs.exceptions.ResourceNotFoundException:
-        return []
-    return [message.rstrip("\n") for _, _, message in sorted(events, key=lambda e: (e[0], e[1]))]
+    """Every line the job's hosts wrote (each host's stream in order, algo-1 first; none yet: [])."""
+    from trainstack.aws.runs import LogCursor, log_streams, read_new_lines
+
+    return [
+        message.rstrip("\n")
+        for _, _, message in read_new_lines(logs, sorted(log_streams(logs, job_name)), LogCursor())
+    ]
+
+
+def _billed_seconds(job: dict[str, Any]) -> float:
+    """BillableTimeInSeconds, else TrainingTimeInSeconds, else the training start to end (a runtime
+    that reports neither, as the emulator)."""
+    for key in ("BillableTimeInSeconds", "TrainingTimeInSeconds"):
+        if job.get(key):
+            return float(job[key])
+    start, end = job.get("TrainingStartTime"), job.get("TrainingEndTime")
+    return (end - start).total_seconds() if start and end else 0.0

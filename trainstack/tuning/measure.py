@@ -15,6 +15,7 @@ tokens/s is the window's median.
 from __future__ import annotations
 
 import math
+import re
 import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -193,3 +194,15 @@ def measure(
 
 def _first_line(text: str | None) -> str:
     return " ".join((text or "").split())[:300]
+
+
+_RANKS = re.compile(r"micro_batch \d+ x (\d+) ranks x")
+
+
+def ranks_of(lines: Iterable[str]) -> int | None:
+    """The ranks a job trained on, from the trainer's `layout:` log line (None when it is not there)."""
+    for line in lines:
+        match = _RANKS.search(line)
+        if match:
+            return int(match.group(1))
+    return None

@@ -19,6 +19,7 @@ import typer
 
 from trainstack.cli.commands.plan_options import RecipeArg, RecipesDirOpt, SetOpt, TeamOpt
 from trainstack.cli.commands.status import LocalOpt
+from trainstack.errors import TrainstackError
 
 LOCAL_WINDOW = 12  # steady steps per local CPU job: a spread from a dozen steps, 3 jobs in minutes
 MAX_CANDIDATES = 8  # one warm pool, one after another: eight short jobs is already an hour on a P6
@@ -99,13 +100,24 @@ def tune(
     resolved = resolve(recipe, team=team, overrides=set_ or (), recipes_dir=recipes_dir)
     base = resolved.recipe
     say = (lambda line: typer.echo(line, err=True)) if as_json else typer.echo
+    jobs: _SageMakerJobs | None = None
     if local:
         from trainstack.tuning.local import local_hardware
 
-        jobs = None
-        hardware = local_hardware(ranks)
+        aws = _emulator()
+        if aws is not None:  # the emulator runs training jobs: the SageMaker API, as on AWS
+            jobs = _SageMakerJobs(base, team, say, aws)
+            hardware = jobs.hardware
+        else:
+            say(
+                "note: no local emulator is running (`trainstack emulator start`): the candidates' trainer "
+                "runs as local processes, as the emulator's jobs would run it"
+            )
+            hardware = local_hardware(ranks)
     else:
-        jobs = _SageMakerJobs(base, team, say)
+        from trainstack.aws.session import Aws
+
+        jobs = _SageMakerJobs(base, team, say, Aws(local=False))
         hardware = jobs.hardware
     store = Store()
     cached = None if fresh else store.result(base.name, team, hardware.image)
@@ -170,7 +182,8 @@ def tune(
         run_candidate,
         run=run_id,
         budget_usd=budget_usd,
-        compiled=False,
+        compiled=False if hardware.is_cpu else None,  # the trainer never compiles on CPU
+        window=LOCAL_WINDOW if hardware.is_cpu else None,  # GPU arithmetic cannot size a CPU window
         on_result=progress,
     )
     choice = outcome.choice.to_dict()
@@ -214,27 +227,69 @@ def _tuning_id() -> str:
     return f"tune-{digits}"
 
 
-class _SageMakerJobs:
-    """The candidates' short jobs as SageMaker training jobs of the recipe's deployed stacks (the
-    execution role, the bucket and its key, the deployed training image), one after another."""
+def _emulator() -> Any:
+    """The emulator's Aws when one is running here (its jobs train for real), else None."""
+    from trainstack.aws.session import Aws
+    from trainstack.emulator import endpoint
 
-    def __init__(self, recipe: Any, team: str | None, say: Any):
-        from trainstack.aws.session import Aws
+    try:
+        aws = Aws(local=True)
+    except TrainstackError:
+        return None
+    return aws if endpoint.answers(aws._endpoint or "") else None
+
+
+EMULATOR_ROLE = "arn:aws:iam::123456789012:role/trainstack-tuning"  # the emulator checks no IAM
+EMULATOR_BUCKET = "trainstack-tuning"
+
+
+class _SageMakerJobs:
+    """The candidates' short jobs as SageMaker training jobs, one after another: on AWS those of the
+    recipe's deployed stacks (the execution role, the bucket and its key, the deployed training image);
+    on the emulator the same where the stacks are deployed there, else a role and a bucket of its own
+    (the emulator runs this checkout's trainer whatever the image URI says)."""
+
+    def __init__(self, recipe: Any, team: str | None, say: Any, aws: Any):
         from trainstack.cli.commands.launch import _deployed_image
         from trainstack.cli.commands.run_access import deploy_hint, deployed
         from trainstack.recipes import naming
-        from trainstack.tuning.store import recipe_hardware
+        from trainstack.tuning.store import Hardware, recipe_hardware
 
-        self.recipe, self.team, self.say = recipe, team, say
-        self.aws = Aws(local=False)
-        stacks = deployed(self.aws, naming.stack_prefix(recipe, team), deploy_hint(recipe.name, team, False))
-        self.values = {
-            "role_arn": stacks.launcher["ExecutionRoleArn"],
-            "bucket_name": stacks.data["BucketName"],
-            "kms_key_arn": stacks.data["KeyArn"],
-            "image_uri": _deployed_image(self.aws, stacks.start_job),
-        }
-        self.hardware = recipe_hardware(recipe, self.values["image_uri"])
+        self.recipe, self.team, self.say, self.aws = recipe, team, say, aws
+        try:
+            stacks = deployed(
+                aws, naming.stack_prefix(recipe, team), deploy_hint(recipe.name, team, aws.local)
+            )
+            self.values = {
+                "role_arn": stacks.launcher["ExecutionRoleArn"],
+                "bucket_name": stacks.data["BucketName"],
+                "kms_key_arn": stacks.data["KeyArn"],
+                "image_uri": _deployed_image(aws, stacks.start_job),
+            }
+        except TrainstackError:
+            if not aws.local:
+                raise
+            s3 = aws.client("s3")
+            try:
+                s3.head_bucket(Bucket=EMULATOR_BUCKET)
+            except Exception:
+                s3.create_bucket(Bucket=EMULATOR_BUCKET)
+            self.values = {
+                "role_arn": EMULATOR_ROLE,
+                "bucket_name": EMULATOR_BUCKET,
+                "kms_key_arn": None,
+                "image_uri": "trainstack-local:emulator",
+            }
+        if aws.local:
+            from trainstack.emulator import jobs as emulator_jobs
+            from trainstack.emulator import stand_in
+            from trainstack.tuning.local import LOCAL_INSTANCE, trainer_digest
+
+            nodes = recipe.compute.instance_count
+            ranks = stand_in.ranks_per_node(recipe, nodes, emulator_jobs.RANKS_PER_NODE) * nodes
+            self.hardware = Hardware(LOCAL_INSTANCE, "cpu", trainer_digest(), ranks)
+        else:
+            self.hardware = recipe_hardware(recipe, self.values["image_uri"])
 
     def names(self, tuning_id: str, count: int) -> list[str]:
         from trainstack.aws.tuning_jobs import job_names
@@ -244,6 +299,7 @@ class _SageMakerJobs:
     def run(self, name: str, tuning_id: str, candidate: Any, job_recipe: Any, steps: Any) -> Any:
         from trainstack.aws.tuning_jobs import run_training_job, tuning_job_request
         from trainstack.tuning import engine
+        from trainstack.tuning.measure import ranks_of
 
         body = tuning_job_request(
             job_recipe,
@@ -256,10 +312,21 @@ class _SageMakerJobs:
             region=self.aws.region,
             **self.values,
         )
-        job = run_training_job(self.aws.client("sagemaker"), self.aws.client("logs"), body, echo=self.say)
-        return engine.JobResult(
-            job.lines, job.status != "Completed", job.failure_reason, job.billable_seconds
+        job = run_training_job(
+            self.aws.client("sagemaker"),
+            self.aws.client("logs"),
+            body,
+            poll_s=1.0 if self.aws.local else 15.0,
+            echo=self.say,
         )
+        failed, reason = job.status != "Completed", job.failure_reason
+        stand_in = job.environment.get("TRAINSTACK_EMULATOR_STAND_IN")
+        ranks = ranks_of(job.lines)
+        if stand_in:  # the emulator trained a smaller model: nothing of this layout was measured
+            failed, reason = True, f"not measured: the emulator trained a stand-in ({stand_in})"
+        elif ranks is not None and ranks != self.hardware.ranks:
+            failed, reason = True, f"ran on {ranks} ranks, the tuning run measures {self.hardware.ranks}"
+        return engine.JobResult(job.lines, failed, reason, job.billable_seconds)
 
 
 def _layout_key(base: Any, overrides: tuple[str, ...]) -> list:
@@ -316,10 +383,15 @@ def _record_mlflow(
         "spent_usd": f"{outcome.spent_usd:.4f}",
     }
     tags = {"trainstack.recipe": recipe.name, "trainstack.team": tracking.team_of(recipe, team)}
+    import contextlib
+    import sys
+
     try:
-        parent = tracking.record_tuning(
-            uri, tracking.experiment_name(recipe, team), run_id, tags, summary, choice["candidates"]
-        )
+        # MLflow prints a "View run" line per finished run on stdout, which carries --json's answer.
+        with contextlib.redirect_stdout(sys.stderr):
+            parent = tracking.record_tuning(
+                uri, tracking.experiment_name(recipe, team), run_id, tags, summary, choice["candidates"]
+            )
         say(f"mlflow: {tracking.run_url(uri, parent.experiment_id, parent.run_id)}")
     except Exception as error:  # the tracker's trouble never loses the measurements (already stored)
         say(f"warning: could not record the tuning run in MLflow {uri}: {type(error).__name__}: {error}")
