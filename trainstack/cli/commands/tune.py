@@ -228,15 +228,23 @@ def _tuning_id() -> str:
 
 
 def _emulator() -> Any:
-    """The emulator's Aws when one is running here (its jobs train for real), else None."""
+    """The emulator's Aws when one is running here (its jobs train for real), else None. Running: the
+    recorded emulator's server process is alive (a busy one answers late: trainstack.emulator.endpoint
+    .running waits for it), or AWS_ENDPOINT_URL names one that answers."""
+    import os
+
     from trainstack.aws.session import Aws
     from trainstack.emulator import endpoint
 
+    if os.environ.get("AWS_ENDPOINT_URL"):
+        if not endpoint.answers(os.environ["AWS_ENDPOINT_URL"], timeout_s=15.0):
+            return None
+    elif endpoint.running() is None:
+        return None
     try:
-        aws = Aws(local=True)
+        return Aws(local=True)
     except TrainstackError:
         return None
-    return aws if endpoint.answers(aws._endpoint or "") else None
 
 
 EMULATOR_ROLE = "arn:aws:iam::123456789012:role/trainstack-tuning"  # the emulator checks no IAM
