@@ -58,7 +58,9 @@ def test_tune_local_chooses_by_measurement_and_hands_the_layout_to_plan_show_and
     # plan --local: the chosen layout at its measured step time, said so; the GPU plan unchanged.
     sets = [a for o in result["chosen"]["overrides"] for a in ("--set", o)]
     planned = cli("plan", TINY, *sets, "--local", "--json", "-q", cwd=tmp_path, store=store)
-    measured = json.loads(planned.stdout)["measured"]
+    planned_json = json.loads(planned.stdout)
+    measured = planned_json["measured"]
+    assert planned_json["tuning_run"]["candidates"] == 3 and planned_json["tuning_run"]["usd"] > 0
     assert measured["exact"] and measured["step_time_s"] == pytest.approx(chosen["measured"]["step_time_s"])
     assert measured["source"].startswith("measured by tuning run tune-")
     gpu = cli("plan", TINY, *sets, "--json", "-q", cwd=tmp_path, store=store)

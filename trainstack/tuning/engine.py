@@ -67,6 +67,16 @@ def job_cost_usd(recipe: Recipe, candidate: Candidate, steps: StepPlan) -> float
     return hours * variant.compute.instance_count * price(variant).usd_per_instance_hour
 
 
+def tuning_estimate_usd(recipe: Recipe, n: int = 3) -> float:
+    """What `plan` prices a tuning run of `n` candidates at without searching them: n short jobs of the
+    recipe's own layout (`tune` prints the exact figure for the candidates it picks)."""
+    from trainstack.tuning.candidates import plan_layout
+
+    planned, fits = plan_layout(recipe)
+    own = Candidate("c0", (), "", planned, fits)
+    return n * job_cost_usd(recipe, own, step_plan(recipe, own))
+
+
 def tuning_cost_usd(recipe: Recipe, candidates: list[Candidate]) -> float:
     """The plan's price of the tuning run itself: every candidate's short job."""
     return sum(job_cost_usd(recipe, c, step_plan(recipe, c)) for c in candidates)

@@ -106,17 +106,29 @@ def plan(
 
             write_memory_plot(resolved.recipe, plot)
         measured = _measured(resolved.recipe, local, ranks)
+        from trainstack.tuning.engine import tuning_estimate_usd
+
+        tuning = {"candidates": 3, "usd": round(tuning_estimate_usd(resolved.recipe, 3), 2)}
         if as_json:
-            typer.echo(json.dumps({**result.to_dict(), "measured": measured}, indent=2))
+            typer.echo(json.dumps({**result.to_dict(), "measured": measured, "tuning_run": tuning}, indent=2))
         else:
             title = resolved.recipe.name + (f" (team {team})" if team else "")
-            print_plan(result, title, _command(recipe, team, set_ or [], result.recommendations.set_flags))
+            lines = [
+                f"tuning run: 3 candidates cost about {tuning['usd']:,.2f} USD of short jobs on these nodes "
+                "(trainstack tune; docs/tuning.md)"
+            ]
             if measured is not None:
-                typer.echo(
+                lines.append(
                     f"measured: step {measured['step_time_s']:.4g} s, "
                     f"{measured['tokens_per_s']:,.0f} tokens/s per GPU on {measured['hardware']} "
                     f"(planned {measured['planned_step_time_s']:.4g} s): {measured['source']}"
                 )
+            print_plan(
+                result,
+                title,
+                _command(recipe, team, set_ or [], result.recommendations.set_flags),
+                tuple(lines),
+            )
             if plot is not None:
                 typer.echo(f"wrote {plot}")
     from trainstack.aws import request_check
