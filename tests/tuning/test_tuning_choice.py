@@ -304,6 +304,29 @@ def test_the_budget_bounds_the_jobs_started(tiny, tiny_candidates):
         tune(tiny, tiny_candidates, run_job, run="tune-y", budget_usd=one / 10)
 
 
+def test_parallel_jobs_all_start_within_the_budget_and_are_measured_alike(tiny, tiny_candidates):
+    run_job, ran = replay({"c0": "c0", "c1": "c1", "c2": "c2"})
+    sequential = tune(tiny, tiny_candidates, run_job, run="tune-s", compiled=False, window=12)
+    run_job, ran = replay({"c0": "c0", "c1": "c1", "c2": "c2"})
+    parallel = tune(tiny, tiny_candidates, run_job, run="tune-p", compiled=False, window=12, parallel=True)
+    assert sorted(r[0] for r in ran) == ["c0", "c1", "c2"]
+    assert parallel.measurements == sequential.measurements
+    assert parallel.choice.to_dict() == sequential.choice.to_dict()
+    one = tuning_cost_usd(tiny, tiny_candidates) / 3
+    run_job, ran = replay({"c0": "c0", "c1": "c1", "c2": "c2"})
+    bounded = tune(
+        tiny,
+        tiny_candidates,
+        run_job,
+        run="t",
+        compiled=False,
+        window=12,
+        parallel=True,
+        budget_usd=one * 2.1,
+    )
+    assert sorted(r[0] for r in ran) == ["c0", "c1"] and bounded.skipped == ("c2",)
+
+
 # --- the store and the refit --------------------------------------------------------------------------
 
 

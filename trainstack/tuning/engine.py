@@ -1,8 +1,9 @@
 """One tuning run: the candidates' short jobs one after another, measured, then the choice.
 
 The jobs run through `run_job` (a local CPU process, or a SageMaker training job on the recipe's warm
-pool: the CLI passes which). Sequential by design: P6 capacity is scarce, one warm pool is reused by
-each next job of the same instance type and count, and a budget can stop the run between jobs. Every
+pool: the CLI passes which). Sequential by default: P6 capacity is scarce, one warm pool is reused by
+each next job of the same instance type and count, and a budget can stop the run between jobs; in
+parallel where asked (all at once, each on its own instances, the budget checked before any starts). Every
 job trains the same run with the same measurement settings (MEASUREMENT_SETTINGS): a metric line every
 step, one checkpoint (the final save, measured whole), no validation, no experiment tracking of its
 own (the tuning run records its figures itself).
@@ -101,6 +102,7 @@ def tune(
     budget_usd: float | None = None,
     compiled: bool | None = None,
     window: int | None = None,
+    parallel: bool = False,
     on_result: Callable[[Candidate, Measurement, JobResult], None] | None = None,
 ) -> TuningRun:
     """Run each candidate's short job in order, measure it, and choose. `budget_usd`: a job is started
@@ -116,14 +118,19 @@ def tune(
             )
     usd_per_hour = recipe.compute.instance_count * price(recipe).usd_per_instance_hour
     spent, measurements, skipped = 0.0, {}, []
+    planned_spend = 0.0
+    jobs: list[tuple[Candidate, StepPlan]] = []
     for c in candidates:
         steps = step_plan(recipe, c, compiled, window)
-        planned = job_cost_usd(recipe, c, steps)
-        if budget_usd is not None and spent + planned > budget_usd:
-            skipped.append(c.name)
-            continue
-        result = run_job(c, job_recipe(recipe, c, steps), steps)
-        spent += result.seconds / HOUR_S * usd_per_hour
+        cost = job_cost_usd(recipe, c, steps)
+        if parallel:  # nothing is spent yet when each starts: the planned costs are what is bounded
+            if budget_usd is not None and planned_spend + cost > budget_usd:
+                skipped.append(c.name)
+                continue
+            planned_spend += cost
+        jobs.append((c, steps))
+
+    def finish(c: Candidate, steps: StepPlan, result: JobResult) -> float:
         m = measure(
             result.lines,
             job_failed=result.failed,
@@ -134,6 +141,23 @@ def tune(
         measurements[c.name] = m
         if on_result is not None:
             on_result(c, m, result)
+        return result.seconds / HOUR_S * usd_per_hour
+
+    if parallel:
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(max_workers=max(1, len(jobs))) as pool:
+            futures = [
+                (c, steps, pool.submit(run_job, c, job_recipe(recipe, c, steps), steps)) for c, steps in jobs
+            ]
+            for c, steps, future in futures:
+                spent += finish(c, steps, future.result())
+    else:
+        for c, steps in jobs:
+            if budget_usd is not None and spent + job_cost_usd(recipe, c, steps) > budget_usd:
+                skipped.append(c.name)
+                continue
+            spent += finish(c, steps, run_job(c, job_recipe(recipe, c, steps), steps))
     choice = choose(recipe, candidates, measurements)
     date = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
     return TuningRun(run, date, choice, measurements, spent, tuple(skipped))

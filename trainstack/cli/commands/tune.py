@@ -56,6 +56,14 @@ def tune(
     ranks: Annotated[
         int, typer.Option("--ranks", min=1, max=8, help="--local: CPU processes per job (default 1).")
     ] = 1,
+    parallel: Annotated[
+        bool,
+        typer.Option(
+            "--parallel",
+            help="Run the candidates' jobs at once, each on its own instances (no shared warm pool; needs "
+            "the capacity for all of them). Locally they share this machine's CPUs and slow each other.",
+        ),
+    ] = False,
     fresh: Annotated[
         bool,
         typer.Option("--fresh", help="Measure again even where a result for this recipe and image exists."),
@@ -140,6 +148,8 @@ def tune(
         + (f" (budget {budget_usd:,.2f} USD)" if budget_usd is not None else "")
     )
     run_id = _tuning_id()
+    if parallel and hardware.is_cpu:
+        say("note: --parallel on this machine: the jobs share its CPUs, and each measures the others' load")
 
     def announce(candidate: Any, steps: Any) -> None:
         say(
@@ -184,6 +194,7 @@ def tune(
         budget_usd=budget_usd,
         compiled=False if hardware.is_cpu else None,  # the trainer never compiles on CPU
         window=LOCAL_WINDOW if hardware.is_cpu else None,  # GPU arithmetic cannot size a CPU window
+        parallel=parallel,
         on_result=progress,
     )
     choice = outcome.choice.to_dict()
@@ -288,6 +299,8 @@ class _SageMakerJobs:
                 "kms_key_arn": None,
                 "image_uri": "trainstack-local:emulator",
             }
+        # Clients made once: boto3 clients may be shared by threads (--parallel), a session's factory not.
+        self.sagemaker, self.logs = aws.client("sagemaker"), aws.client("logs")
         if aws.local:
             from trainstack.emulator import jobs as emulator_jobs
             from trainstack.emulator import stand_in
@@ -321,8 +334,8 @@ class _SageMakerJobs:
             **self.values,
         )
         job = run_training_job(
-            self.aws.client("sagemaker"),
-            self.aws.client("logs"),
+            self.sagemaker,
+            self.logs,
             body,
             poll_s=1.0 if self.aws.local else 15.0,
             echo=self.say,
