@@ -172,17 +172,28 @@ class Refit:
     date: str
 
 
-def refit(recipe: Recipe, hardware: Hardware, store: Store, exclude_run: str | None = None) -> Refit | None:
+def refit(
+    recipe: Recipe,
+    hardware: Hardware,
+    store: Store,
+    exclude_run: str | None = None,
+    leave_out_own: bool = False,
+) -> Refit | None:
     """`recipe`'s step time on `hardware` from what tuning runs measured there: this layout's own
     measurement (the newest), else the arithmetic times the median measured/planned ratio of the newest
     tuning run of this shape on this hardware. None when nothing of this shape was measured there.
-    `exclude_run`: leave that run's measurements out (a check of the refit against a fresh job)."""
-    records = [m for m in store.measurements(recipe, hardware) if m["run"] != exclude_run]
+    `exclude_run`: leave that run's measurements out (a check of the refit against a fresh job);
+    `leave_out_own`: leave this layout's own measurements out (the refit's leave-one-out check)."""
+    mine = layout_key(recipe)
+    records = [
+        m
+        for m in store.measurements(recipe, hardware)
+        if m["run"] != exclude_run and not (leave_out_own and m["layout"] == mine)
+    ]
     if not records:
         return None
     planned, _ = plan_layout(recipe, hardware.ranks)
     tokens_per_step = recipe.training.global_batch * recipe.training.seq_len / hardware.ranks
-    mine = layout_key(recipe)
     exact = [m for m in records if m["layout"] == mine]
     if exact:
         m = exact[0]
