@@ -18,7 +18,6 @@ from typing import Annotated, Any
 import typer
 
 from trainstack.cli.commands.plan_options import RecipeArg, RecipesDirOpt, SetOpt, TeamOpt
-from trainstack.cli.commands.status import LocalOpt
 from trainstack.errors import TrainstackError
 
 LOCAL_WINDOW = 12  # steady steps per local CPU job: a spread from a dozen steps, 3 jobs in minutes
@@ -52,9 +51,20 @@ def tune(
             "would pass it is not started.",
         ),
     ] = None,
-    local: LocalOpt = False,
+    local: Annotated[
+        bool,
+        typer.Option(
+            "--local",
+            help="Run the jobs on the local AWS emulator (AWS_ENDPOINT_URL, or the one `trainstack emulator "
+            "start` started here), whose jobs train on this machine's CPU; without one, as local trainer "
+            "processes (the output's first line says which).",
+        ),
+    ] = False,
     ranks: Annotated[
-        int, typer.Option("--ranks", min=1, max=8, help="--local: CPU processes per job (default 1).")
+        int,
+        typer.Option(
+            "--ranks", min=1, max=8, help="--local without an emulator: CPU processes per job (default 1)."
+        ),
     ] = 1,
     parallel: Annotated[
         bool,
@@ -96,7 +106,7 @@ def tune(
 
     Examples:
 
-      trainstack tune 30b-fp8 --budget-usd 400
+      trainstack tune 30b-fp8 --budget-usd 500
 
       trainstack tune tests/trainer/fixtures/tiny.yaml --local --json
     """
@@ -114,6 +124,7 @@ def tune(
 
         aws = _emulator()
         if aws is not None:  # the emulator runs training jobs: the SageMaker API, as on AWS
+            say(f"the candidates run as training jobs of the local emulator ({aws.where})")
             jobs = _SageMakerJobs(base, team, say, aws)
             hardware = jobs.hardware
         else:
@@ -222,7 +233,7 @@ def tune(
     store.save()
     if outcome.skipped:
         say(f"not run within the budget: {', '.join(outcome.skipped)}")
-    _record_mlflow(mlflow_uri, local, base, team, run_id, outcome, choice, say)
+    _record_mlflow(mlflow_uri, local, jobs, base, team, run_id, outcome, choice, say)
     _print(choice, as_json, say)
     say(f"recorded in {store.path} as tuning run {run_id}")
     raise typer.Exit(0 if chosen else 1)
@@ -382,6 +393,7 @@ def _print(choice: dict, as_json: bool, say: Any) -> None:
 def _record_mlflow(
     uri: str | None,
     local: bool,
+    jobs: Any,
     recipe: Any,
     team: str | None,
     run_id: str,
@@ -389,11 +401,22 @@ def _record_mlflow(
     choice: dict,
     say: Any,
 ) -> None:
-    """The tuning run in MLflow, where a tracker is known; a tracker's trouble is one warning line."""
+    """The tuning run in MLflow, where a tracker is known: --mlflow, else the emulator's (--local), else
+    the recipe's own tracker (tracking.mlflow; trainstack.cli.commands.mlflow_access). A tracker's
+    trouble is one warning line: the measurements are already in the tuning store."""
     if uri is None and local:
         from trainstack.emulator import endpoint
 
         uri = (endpoint.read_state() or {}).get("mlflow")
+    elif uri is None and jobs is not None:
+        from trainstack.cli.commands import mlflow_access
+        from trainstack.cli.commands.run_access import deploy_hint
+
+        try:
+            uri = mlflow_access.tracking_uri(jobs.aws, recipe, team, deploy_hint(recipe.name, team, False))
+        except TrainstackError as error:
+            say(f"warning: {error}; the tuning run is not recorded in MLflow")
+            return
     if not uri:
         return
     from trainstack.aws import tracking
