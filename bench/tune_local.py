@@ -128,7 +128,7 @@ def _fresh_job(recipe_path: str, overrides: list[str], env: dict):
     else:
         work = Path(tempfile.mkdtemp())
         lines = run_job("fresh", job_recipe(recipe, candidate, steps), steps.max_steps, 1, work).lines
-    return measure(lines, warmup=steps.warmup, final_step=steps.max_steps)
+    return measure(lines, warmup=steps.warmup, final_step=steps.max_steps, clock="cpu")
 
 
 if __name__ == "__main__":

@@ -387,6 +387,7 @@ def _loop(ctx: LoopContext, state: TrainerState, max_steps: int, stop: StopReque
     step, position = state.step, state.samples_consumed
     interval_loss, interval_steps = torch.zeros((), device=device), 0
     interval_start = time.perf_counter()
+    interval_cpu = time.process_time()  # this process's CPU time (every thread): what a CPU step costs
     watch = NonFiniteWatch(ctx.control)
     # Checkpoint every interval_steps steps, or every interval_minutes of wall time (the recipe's, else
     # the plan's Young/Daly optimum). Rank 0's clock decides, shared in the stop vote.
@@ -471,8 +472,10 @@ def _loop(ctx: LoopContext, state: TrainerState, max_steps: int, stop: StopReque
                     peak,
                     validation,
                     data_wait_s=batches.waited_s,
+                    cpu_time_s=time.process_time() - interval_cpu,
                 )
                 batches.waited_s = 0.0
+                interval_cpu = time.process_time()
                 if ctx.rank == 0:
                     print(line, flush=True)
                     if ctx.tracking.on:  # the same values, queued for MLflow / TensorBoard
@@ -517,9 +520,12 @@ def _metric_line(
     peak: float,
     validation: dict[str, float] | None = None,
     data_wait_s: float = 0.0,
+    cpu_time_s: float = 0.0,
 ) -> str:
     """The log step's metric line; reads the loss and the block timers (the log step's host syncs).
-    `data_wait_s`: this rank's wait for micro-batches over the interval (trainer.data.Prefetcher)."""
+    `data_wait_s`: this rank's wait for micro-batches over the interval (trainer.data.Prefetcher);
+    `cpu_time_s`: this process's CPU time over the interval (on CPU, the step's cost without the wait for
+    other processes sharing the cores)."""
     tr = ctx.recipe.training
     total = interval_loss.detach().clone()
     dist.all_reduce(total)
@@ -545,6 +551,7 @@ def _metric_line(
         straggler_skew=slowest.skew,
         mem_reserved_gib=peak_reserved_gib(ctx.device),
         data_wait_s=data_wait_s / steps,
+        cpu_time_s=cpu_time_s / steps,
     )
 
 

@@ -77,6 +77,14 @@ FIELDS: tuple[MetricField, ...] = (
         optional=True,
     ),
     MetricField(
+        "cpu_time_s",
+        float,
+        "Seconds",
+        "CPU seconds per step of this rank's process, every thread (on CPU: the step without the wait "
+        "for other processes sharing the cores)",
+        optional=True,
+    ),
+    MetricField(
         "val_loss",
         float,
         "None",
@@ -136,7 +144,7 @@ def parse_line(line: str, sources: Sequence[str] = ()) -> dict[str, float]:
 
 
 def metric_definitions(sources: Sequence[str] = ()) -> list[dict[str, str]]:
-    """CreateTrainingJob AlgorithmSpecification.MetricDefinitions (at most 40: 15, plus one per blend
+    """CreateTrainingJob AlgorithmSpecification.MetricDefinitions (at most 40: 16, plus one per blend
     source, at most 16 of them: trainstack.recipes.schema.MAX_SOURCES)."""
     return [{"Name": f.metric_name, "Regex": f.regex} for f in fields(sources)]
 

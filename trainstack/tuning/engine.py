@@ -103,6 +103,7 @@ def tune(
     compiled: bool | None = None,
     window: int | None = None,
     parallel: bool = False,
+    clock: str = "wall",
     on_result: Callable[[Candidate, Measurement, JobResult], None] | None = None,
 ) -> TuningRun:
     """Run each candidate's short job in order, measure it, and choose. `budget_usd`: a job is started
@@ -137,6 +138,7 @@ def tune(
             failure_reason=result.failure_reason,
             warmup=steps.warmup,
             final_step=steps.max_steps,
+            clock=clock,
         )
         measurements[c.name] = m
         if on_result is not None:

@@ -7,6 +7,11 @@ slower than WARMUP_FACTOR x the median of the second half of the job: a compile 
 planned must not read as a slow layout. The final step is left out too (its metric line is followed
 by the blocking final save, which the checkpoint figure measures on its own).
 
+Clock: wall time (the metric line's `step_time_s`), except on CPU hardware shared with other
+processes, where `clock="cpu"` takes the rank's CPU time per step (`cpu_time_s`): there the wall time
+measures the neighbours (on the project's 2 shared cores the same layout's median step moved by 1.8x
+between two runs minutes apart), the CPU time the layout. Tokens/s follow the same clock.
+
 Spread: half the distance between the 10th and 90th percentile of the window's per-step figures
 (robust to one outlier step, which a standard deviation over ten samples is not). A candidate's
 tokens/s is the window's median.
@@ -72,6 +77,7 @@ class Measurement:
     checkpoint_save_s: float | None = None  # the final save, whole
     straggler: Straggler | None = None
     losses: tuple[tuple[int, float], ...] = field(default=())  # (step, loss) over the window
+    clock: str = "wall"  # what step_time_s and tokens_per_s are measured in: wall | cpu (see above)
 
     @property
     def ok(self) -> bool:
@@ -94,6 +100,7 @@ class Measurement:
             "data_wait_s": None if self.data_wait_s is None else round(self.data_wait_s, 6),
             "checkpoint_save_s": self.checkpoint_save_s,
             "straggler": None if self.straggler is None else vars(self.straggler),
+            "clock": self.clock,
             "warmup_steps": self.warmup,
             "window_steps": self.steps,
             "loss_first": round(self.losses[0][1], 5),
@@ -130,12 +137,14 @@ def measure(
     compiled: bool = False,
     warmup: int | None = None,
     final_step: int | None = None,
+    clock: str = "wall",
 ) -> Measurement:
     """The Measurement of one job from its log lines (stdout and stderr, any order of other lines).
     `job_failed`: the job did not complete (its FailureReason in `failure_reason`). `compiled`: the
     candidate compiles (a longer warm-up); `warmup`: the steps to leave out, when the job's StepPlan
     says (overrides `compiled`). `final_step`: the job's last step (left out; default: the
-    last metric line's)."""
+    last metric line's). `clock`: "cpu" measures the step in the rank's CPU time where the lines carry
+    it (CPU hardware; see above), else wall time."""
     lines = list(lines)
     oom = failure_status(failure_reason, lines)
     if oom:
@@ -154,10 +163,15 @@ def measure(
     if warmup is None:
         warmup = WARMUP_STEPS_COMPILED if compiled else WARMUP_STEPS_EAGER
     candidates = [s for s in steps if s > warmup]
+    key = (
+        "cpu_time_s"
+        if clock == "cpu" and all("cpu_time_s" in by_step[s] for s in candidates)
+        else "step_time_s"
+    )
     if len(candidates) >= 2:
         second_half = candidates[len(candidates) // 2 :]
-        steady = statistics.median(by_step[s]["step_time_s"] for s in second_half)
-        while candidates and by_step[candidates[0]]["step_time_s"] > WARMUP_FACTOR * steady:
+        steady = statistics.median(by_step[s][key] for s in second_half)
+        while candidates and by_step[candidates[0]][key] > WARMUP_FACTOR * steady:
             candidates.pop(0)
     if len(candidates) < 2:
         return Measurement(
@@ -167,6 +181,13 @@ def measure(
     window = [by_step[s] for s in candidates]
     tps = [m["tokens_per_sec"] for m in window]
     times = [m["step_time_s"] for m in window]
+    used = "wall"
+    if clock == "cpu" and all(m.get("cpu_time_s", 0.0) > 0 for m in window):
+        used = "cpu"
+        tps = [
+            m["tokens_per_sec"] * m["step_time_s"] / m["cpu_time_s"] for m in window
+        ]  # tokens a step / CPU s
+        times = [m["cpu_time_s"] for m in window]
     worst = max(window, key=lambda m: m.get("straggler_skew", 0.0))
     straggler = (
         Straggler(int(worst["straggler_rank"]), int(worst.get("straggler_host", 0)), worst["straggler_skew"])
@@ -189,6 +210,7 @@ def measure(
         checkpoint_save_s=saves[-1][1] if saves else None,
         straggler=straggler,
         losses=tuple((s, by_step[s]["loss"]) for s in candidates),
+        clock=used,
     )
 
 

@@ -167,6 +167,7 @@ class Refit:
     peak_gib: float | None  # measured allocated peak (exact layout only)
     planned_step_time_s: float  # the arithmetic's, on the same ranks
     source: str  # "measured by tuning run X on <date>" or "refit from N measurements of ..."
+    clock: str = "wall"  # step_time_s in wall seconds, or CPU seconds (CPU hardware: tuning.measure)
     exact: bool  # this very layout was measured
     run: str
     date: str
@@ -207,6 +208,7 @@ def refit(
             True,
             m["run"],
             m["date"],
+            m["measured"].get("clock", "wall"),
         )
     newest = records[0]["run"]
     same_run = [m for m in records if m["run"] == newest]
@@ -222,4 +224,5 @@ def refit(
         False,
         newest,
         records[0]["date"],
+        records[0]["measured"].get("clock", "wall"),
     )

@@ -119,8 +119,9 @@ def plan(
             ]
             if measured is not None:
                 lines.append(
-                    f"measured: step {measured['step_time_s']:.4g} s, "
-                    f"{measured['tokens_per_s']:,.0f} tokens/s per GPU on {measured['hardware']} "
+                    f"measured: step {measured['step_time_s']:.4g} s"
+                    + (" of CPU time" if measured["clock"] == "cpu" else "")
+                    + f", {measured['tokens_per_s']:,.0f} tokens/s per GPU on {measured['hardware']} "
                     f"(planned {measured['planned_step_time_s']:.4g} s): {measured['source']}"
                 )
             print_plan(
@@ -159,6 +160,7 @@ def _measured(recipe, local: bool, ranks: int) -> dict | None:
         "peak_mem_gib": found.peak_gib,
         "planned_step_time_s": found.planned_step_time_s,
         "exact": found.exact,
+        "clock": found.clock,
         "source": found.source,
         "hardware": hardware.describe(),
         "run": found.run,

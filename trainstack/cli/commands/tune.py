@@ -206,6 +206,7 @@ def tune(
         compiled=False if hardware.is_cpu else None,  # the trainer never compiles on CPU
         window=LOCAL_WINDOW if hardware.is_cpu else None,  # GPU arithmetic cannot size a CPU window
         parallel=parallel,
+        clock="cpu" if hardware.is_cpu else "wall",  # shared CPUs: wall time measures the neighbours
         on_result=progress,
     )
     choice = outcome.choice.to_dict()
