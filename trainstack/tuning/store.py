@@ -167,10 +167,10 @@ class Refit:
     peak_gib: float | None  # measured allocated peak (exact layout only)
     planned_step_time_s: float  # the arithmetic's, on the same ranks
     source: str  # "measured by tuning run X on <date>" or "refit from N measurements of ..."
-    clock: str = "wall"  # step_time_s in wall seconds, or CPU seconds (CPU hardware: tuning.measure)
     exact: bool  # this very layout was measured
     run: str
     date: str
+    clock: str = "wall"  # step_time_s in wall seconds, or CPU seconds (CPU hardware: tuning.measure)
 
 
 def refit(
