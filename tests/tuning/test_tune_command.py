@@ -46,6 +46,7 @@ def test_tune_local_chooses_by_measurement_and_hands_the_layout_to_plan_show_and
         assert c["status"] == "ok", c
         assert {"tokens_per_s", "tokens_per_s_spread", "peak_mem_gib", "step_time_s"} <= set(c["measured"])
         assert c["measured"]["window_steps"] >= 8 and c["measured"]["checkpoint_save_s"] is not None
+        assert c["measured"]["clock"] == "cpu"  # shared cores: the rank's CPU time, not its wall time
     chosen = next(c for c in result["candidates"] if c["overrides"] == result["chosen"]["overrides"])
     fastest = min(result["candidates"], key=lambda c: c["measured"]["step_time_s"])
     reach = fastest["measured"]["step_time_s"] + fastest["measured"]["step_time_spread_s"]
@@ -62,7 +63,7 @@ def test_tune_local_chooses_by_measurement_and_hands_the_layout_to_plan_show_and
     measured = planned_json["measured"]
     assert planned_json["tuning_run"]["candidates"] == 3 and planned_json["tuning_run"]["usd"] > 0
     assert measured["exact"] and measured["step_time_s"] == pytest.approx(chosen["measured"]["step_time_s"])
-    assert measured["source"].startswith("measured by tuning run tune-")
+    assert measured["source"].startswith("measured by tuning run tune-") and measured["clock"] == "cpu"
     gpu = cli("plan", TINY, *sets, "--json", "-q", cwd=tmp_path, store=store)
     assert json.loads(gpu.stdout)["measured"] is None  # a CPU measurement never changes a GPU plan
 

@@ -10,12 +10,14 @@ Where a test needs figures no recording has (a clear winner), it builds a Measur
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 
 import pytest
 
 from trainstack.errors import TrainstackError
 from trainstack.protocol import exit_codes
+from trainstack.protocol.metrics import parse_line
 from trainstack.recipes.loader import resolve
 from trainstack.tuning.candidates import apply, candidates
 from trainstack.tuning.choose import LOSS_TOLERANCE, choose
@@ -131,6 +133,20 @@ def test_recorded_job_is_measured_over_its_steady_window(recorded):
     assert m.peak_reserved_gib is not None and m.peak_reserved_gib >= m.peak_mem_gib > 0
     assert m.data_wait_s is not None and m.data_wait_s >= 0
     assert m.straggler is not None and m.straggler.rank == 0
+
+
+def test_cpu_hardware_measures_the_step_in_the_ranks_cpu_time():
+    lines = log("c0")
+    m = measure(lines, warmup=2, final_step=FINAL_STEP, clock="cpu")
+    assert m.clock == "cpu"
+    window = {s for s, _ in m.losses}
+    values = [parse_line(line) for line in lines if line.startswith("step=")]
+    cpu = [v["cpu_time_s"] for v in values if v["step"] in window]
+    assert m.step_time_s == pytest.approx(statistics.median(cpu))
+    assert m.step_time_spread == pytest.approx(spread(cpu))
+    # Lines of an image that does not print cpu_time_s: wall time, and the measurement says so.
+    older = [line.split(" cpu_time_s=")[0] if line.startswith("step=") else line for line in lines]
+    assert measure(older, warmup=2, final_step=FINAL_STEP, clock="cpu").clock == "wall"
 
 
 def test_a_leading_step_still_slow_after_the_fixed_warm_up_is_left_out():
