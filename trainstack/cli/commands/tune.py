@@ -124,7 +124,7 @@ def tune(
 
         aws = _emulator()
         if aws is not None:  # the emulator runs training jobs: the SageMaker API, as on AWS
-            say(f"the candidates run as training jobs of the local emulator ({aws.where})")
+            say(f"the candidates run as training jobs of {aws.where}")
             jobs = _SageMakerJobs(base, team, say, aws)
             hardware = jobs.hardware
         else:
