@@ -6,8 +6,8 @@
 1. hashlib's SHA-256 on 1, 2 and 4 threads at once (hashlib releases the GIL on large buffers, as on
    the 4 DCP writer threads of an S3 save): GiB/s per thread and in all.
 2. `dcp.save` of a state dict of that size to a local directory through torch's FileSystemWriter,
-   plain and with its file system wrapped by trainer.integrity.DigestingWrites (what every save does):
-   best of 3 each, and the digests checked against hashlib reading the files back.
+   plain and with its file system wrapped by trainer.checkpoint.integrity.DigestingWrites (what every save
+   does): best of 3 each, and the digests checked against hashlib reading the files back.
 Record results in docs/benchmarks.md (## Checkpoint integrity).
 """
 
@@ -33,7 +33,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.distributed.checkpoint as dcp  # noqa: E402
 from torch.distributed.checkpoint import FileSystemWriter  # noqa: E402
-from trainer.integrity import DigestingWrites  # noqa: E402
+from trainer.checkpoint.integrity import DigestingWrites  # noqa: E402
 
 
 def hash_rate(threads: int, mib: int = 256) -> float:

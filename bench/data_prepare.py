@@ -9,7 +9,7 @@ the `tokenizers` library (a hub tokenizer cannot be fetched; real ones of 128K i
 
 1. reference: `Tokenizer.encode_batch` over every document, with the library's own thread pool on
    every core (what a single-process script would do);
-2. ours: `trainer.prepare.prepare` on the same files, one worker process per core, writing shards
+2. ours: `trainer.prepare.pipeline.prepare` on the same files, one worker process per core, writing shards
    (reading JSONL, hashing for the validation split, writing .bin/.idx, markers, indexes);
 3. memory: the largest resident set of any worker (ru_maxrss of children), for inputs of 1x and 4x the
    size in ONE file: bounded means it does not grow with the file;
@@ -81,7 +81,7 @@ def worker_rss_mib(args: list[str]) -> tuple[float, float, float]:
     one file leaves one worker) of a `python -m trainer.prepare` run."""
     probe = (
         "import resource, sys, time, runpy; sys.argv = ['prepare'] + sys.argv[1:]; t = time.time()\n"
-        "from trainer.prepare import main\n"
+        "from trainer.prepare.pipeline import main\n"
         "code = main(sys.argv[1:])\n"
         "usage = [resource.getrusage(w) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]\n"
         "cpu = sum(u.ru_utime + u.ru_stime for u in usage)\n"

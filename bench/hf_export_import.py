@@ -4,9 +4,10 @@
 For each size: random Llama-shaped weights are written as a trainer checkpoint (DCP, one rank), then
 timed in a fresh process each:
 
-- export: `trainer.export.export` (one FP32 tensor at a time -> BF16 safetensors files of 2 GB at most),
+- export: `trainer.export.hf_folder.export` (one FP32 tensor at a time -> BF16 safetensors files of 2 GB at
+  most),
   GB of BF16 output per second and the process's peak resident memory;
-- import: `trainer.hf.load_base` of that folder into the FSDP-sharded model (a world of one, FP32
+- import: `trainer.hf.conversion.load_base` of that folder into the FSDP-sharded model (a world of one, FP32
   masters), GB of BF16 read per second and peak resident memory (which holds the model itself: one
   rank of a world of one holds every shard).
 
@@ -46,10 +47,10 @@ def _recipe(shape: dict):
 def make_checkpoint(shape: dict, where: Path) -> None:
     import torch
     import torch.distributed as dist
-    from trainer.checkpoint import CheckpointManager, TrainerState
-    from trainer.model import build_model, pytorch_backend
+    from trainer.checkpoint.manager import CheckpointManager, TrainerState
+    from trainer.distributed.parallel import build_mesh, shard_model
+    from trainer.models.model import build_model, pytorch_backend
     from trainer.optim import build_optimizer, build_scheduler
-    from trainer.parallel import build_mesh, shard_model
 
     recipe = _recipe(shape)
     dist.init_process_group("gloo", init_method=f"file://{where}/store", rank=0, world_size=1)
@@ -73,7 +74,7 @@ def make_checkpoint(shape: dict, where: Path) -> None:
 
 
 def run_export(shape: dict, where: Path) -> dict:
-    from trainer.export import export
+    from trainer.export.hf_folder import export
 
     started = time.perf_counter()
     result = export(_recipe(shape), str(where / "ck"), str(where / "hf"))
@@ -83,9 +84,9 @@ def run_export(shape: dict, where: Path) -> dict:
 
 def run_import(shape: dict, where: Path) -> dict:
     import torch.distributed as dist
-    from trainer.hf import load_base
-    from trainer.model import build_model, pytorch_backend
-    from trainer.parallel import build_mesh, shard_model
+    from trainer.distributed.parallel import build_mesh, shard_model
+    from trainer.hf.conversion import load_base
+    from trainer.models.model import build_model, pytorch_backend
 
     recipe = _recipe(shape)
     dist.init_process_group("gloo", init_method=f"file://{where}/store2", rank=0, world_size=1)

@@ -79,8 +79,8 @@ def train(steps: int, env: dict[str, str], work: Path) -> tuple[list[float], str
 
 def per_call_costs() -> tuple[float, float]:
     """The training thread's cost of one log step's record, tracker unreachable: (log_line us, put us)."""
-    from trainer.delivery import Delivery
-    from trainer.tracking import Tracking
+    from trainer.metrics.delivery import Delivery
+    from trainer.metrics.tracking import Tracking
 
     hung = threading.Event()
     delivery = Delivery("bench", lambda batch: hung.wait(30), capacity=10_000)

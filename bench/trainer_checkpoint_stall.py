@@ -4,7 +4,7 @@
     python bench/trainer_checkpoint_stall.py --params 400e6     # larger; needs ~6 bytes x params x 3 RAM
 
 A world of one (gloo), a stack of Linear layers with AdamW state (12 bytes per parameter saved: FP32
-weights and both moments, as the recipes), saved through trainer.checkpoint.CheckpointManager to a
+weights and both moments, as the recipes), saved through trainer.checkpoint.manager.CheckpointManager to a
 local directory. For each mode it prints the seconds the training thread is held:
 
 - blocking: `save(..., blocking=True)` (what the final save and a SIGTERM save cost);
@@ -33,7 +33,7 @@ for path in (REPO, REPO / "training_image"):
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
-from trainer.checkpoint import CheckpointManager, TrainerState  # noqa: E402
+from trainer.checkpoint.manager import CheckpointManager, TrainerState  # noqa: E402
 
 
 def build(params: float, width: int = 2048) -> tuple[torch.nn.Module, torch.optim.Optimizer, object]:

@@ -63,8 +63,10 @@ PYDANTIC_FROM = make_importable("pydantic")  # before anything imports the recip
 import torch.distributed as dist  # noqa: E402
 from saved_tensors import count_saved_bytes  # noqa: E402
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
-from trainer.activation_checkpointing import apply_activation_checkpointing, recompute_function  # noqa: E402
-from trainer.model import (  # noqa: E402
+from trainer.distributed.parallel import build_mesh, shard_model  # noqa: E402
+from trainer.metrics.throughput import GIB, detected_gpu, peak_tflops  # noqa: E402
+from trainer.models.activation_checkpointing import apply_activation_checkpointing, recompute_function  # noqa: E402
+from trainer.models.model import (  # noqa: E402
     Block,
     build_model,
     compile_blocks,
@@ -73,8 +75,6 @@ from trainer.model import (  # noqa: E402
     transformer_engine_backend,
 )
 from trainer.optim import build_optimizer  # noqa: E402
-from trainer.parallel import build_mesh, shard_model  # noqa: E402
-from trainer.throughput import GIB, detected_gpu, peak_tflops  # noqa: E402
 
 from trainstack.planner import (  # noqa: E402
     flops_per_token,

@@ -91,8 +91,8 @@ def test_imports_point_down_the_layers():
     )
 
 
-def test_no_import_circles():
-    graph = {module_name(p): imported_modules(p) for p in SOURCES}
+def import_circles(graph: dict[str, set[str]]) -> list[str]:
+    """Every circle of `graph` (node -> the nodes it imports), each as `a -> b -> a`."""
     state: dict[str, int] = {}
     circles = []
 
@@ -110,11 +110,16 @@ def test_no_import_circles():
     for module in sorted(graph):
         if module not in state:
             visit(module, [module])
+    return circles
+
+
+def test_no_import_circles():
+    circles = import_circles({module_name(p): imported_modules(p) for p in SOURCES})
     assert not circles, "import circles:\n" + "\n".join(circles)
 
 
 def test_the_trainer_and_the_stacks_sit_outside_the_package():
-    for path in sorted((ROOT / "training_image" / "trainer").glob("*.py")):
+    for path in TRAINER_SOURCES:
         for target in imported_modules(path):
             assert target in OPEN_TO_ALL or package_of(target) in TRAINER_ALLOWED, (
                 f"{path.relative_to(ROOT)} imports {target}: the image carries only {sorted(TRAINER_ALLOWED)}"
@@ -122,3 +127,111 @@ def test_the_trainer_and_the_stacks_sit_outside_the_package():
     for path in SOURCES:
         for outside in ("stacks", "trainer"):
             assert not imported_modules(path, outside), f"{path.relative_to(ROOT)} imports {outside}"
+
+
+# --- The trainer (training_image/trainer): packages by concern, the same rules, its own table ---------
+# Its units are its packages and the modules at its top level; `trainer` itself (its __init__, the
+# layout's docstring) is open to all. The table is the one trainer/__init__.py and docs/architecture.md
+# draw: the job's steps (train, __main__, entrypoint, export, prepare) on top, then what they compose.
+TRAINER = ROOT / "training_image" / "trainer"
+TRAINER_SOURCES = sorted(TRAINER.rglob("*.py"))
+TRAINER_LAYERS = {
+    "__main__": {"train", "checkpoint", "runtime"},
+    "entrypoint": {"distributed"},
+    "train": {
+        "validation",
+        "checkpoint",
+        "hf",
+        "distributed",
+        "models",
+        "data",
+        "metrics",
+        "runtime",
+        "config",
+        "optim",
+        "storage",
+    },
+    "export": {"checkpoint", "hf", "config", "storage"},
+    "prepare": {"data"},
+    "validation": {"data", "config"},
+    "checkpoint": {"runtime", "optim", "storage"},
+    "hf": {"storage"},
+    "distributed": {"models"},
+    "models": set(),
+    "data": set(),
+    "metrics": set(),
+    "runtime": set(),
+    "config": set(),
+    "optim": set(),
+    "storage": set(),
+}
+TRAINER_TOP_LEVEL_MODULES_AT_MOST = 10
+
+
+def trainer_unit(module: str) -> str:
+    """`trainer.checkpoint.manager` -> `checkpoint`, `trainer.train` -> `train`, `trainer` -> `trainer`."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[1] != "__init__" else "trainer"
+
+
+def trainer_module_name(path: Path) -> str:
+    parts = ("trainer", *path.relative_to(TRAINER).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def trainer_imports(path: Path) -> set[str]:
+    """Every trainer module `path` imports (`from trainer.x import y` counts `trainer.x.y` when y is a
+    module of the trainer, else `trainer.x`); lazy imports included, as for trainstack/."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.split(".")[0] == "trainer")
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            if node.module.split(".")[0] != "trainer":
+                continue
+            for alias in node.names:
+                base = TRAINER.joinpath(*node.module.split(".")[1:], alias.name)
+                held = base.with_suffix(".py").is_file() or (base / "__init__.py").is_file()
+                found.add(f"{node.module}.{alias.name}" if held else node.module)
+    return found
+
+
+def test_the_trainer_keeps_few_modules_at_its_top_level_and_every_unit_is_in_the_table():
+    top = sorted(p.name for p in TRAINER.glob("*.py"))
+    assert len(top) <= TRAINER_TOP_LEVEL_MODULES_AT_MOST, (
+        f"{len(top)} modules at training_image/trainer's top level (at most "
+        f"{TRAINER_TOP_LEVEL_MODULES_AT_MOST}): move some into a package by concern: {top}"
+    )
+    packages = {p.name for p in TRAINER.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    units = packages | {p.stem for p in TRAINER.glob("*.py") if p.name != "__init__.py"}
+    assert units == set(TRAINER_LAYERS), f"units not in TRAINER_LAYERS: {sorted(units ^ set(TRAINER_LAYERS))}"
+    assert not import_circles(TRAINER_LAYERS), "TRAINER_LAYERS is not a layering: it has a circle"
+
+
+@pytest.mark.parametrize("package", sorted(k for k in TRAINER_LAYERS if (TRAINER / k).is_dir()))
+def test_trainer_package_docstring_says_what_it_owns_and_may_import(package):
+    doc = ast.get_docstring(ast.parse((TRAINER / package / "__init__.py").read_text()))
+    assert doc and "may import" in doc.lower(), (
+        f"training_image/trainer/{package}/__init__.py: say what it owns and what it may import"
+    )
+
+
+def test_trainer_imports_point_down_its_layers():
+    wrong = []
+    for path in TRAINER_SOURCES:
+        mine = trainer_unit(trainer_module_name(path))
+        for target in sorted(trainer_imports(path)):
+            theirs = trainer_unit(target)
+            if theirs in ("trainer", mine):
+                continue
+            if mine == "trainer" or theirs not in TRAINER_LAYERS[mine]:
+                wrong.append(f"{path.relative_to(ROOT)} imports {target}")
+    assert not wrong, (
+        "trainer imports against its layering (tests/test_architecture.py TRAINER_LAYERS):\n"
+        + "\n".join(wrong)
+    )
+
+
+def test_no_import_circles_in_the_trainer():
+    circles = import_circles({trainer_module_name(p): trainer_imports(p) for p in TRAINER_SOURCES})
+    assert not circles, "import circles in the trainer:\n" + "\n".join(circles)

@@ -534,7 +534,8 @@ def job_ended_definition(
             "Parameters": {
                 f"{INPUT_RUN}.$": "$.Numbers.Run",
                 f"{INPUT_REQUEST}.$": "States.StringToJson($.Registry.Item.request.S)",
-                # the trainer tags the run's MLflow run with why the previous job ended (trainer.tracking)
+                # the trainer tags the run's MLflow run with why the previous job ended
+                # (trainer.metrics.tracking)
                 INPUT_JOB_ENVIRONMENT: {f"{PREVIOUS_JOB_END_ENV}.$": "$.Decision.Rule"},
                 "Names": {"JobName.$": "$.Decision.NextJob"},
                 "Decision": {

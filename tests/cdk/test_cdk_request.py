@@ -230,7 +230,7 @@ def test_job_name_suffix_is_checked(suffix: str) -> None:
 def test_a_multi_node_jobs_environment_lets_the_comms_gate_read_nccls_log() -> None:
     """The request leaves NCCL_DEBUG to the image's entrypoint, which on several hosts turns on the INIT and
     NET log the trainer's comms gate reads; a job-level NCCL_DEBUG would make the gate stop every job."""
-    from trainer.comms import local_problem
+    from trainer.distributed.comms import local_problem
     from trainer.entrypoint import ResourceConfig, build_environment
 
     r = recipe("30b-fp8")

@@ -72,7 +72,9 @@ def _source(module: str) -> Path | None:
 
 def trainstack_files_the_trainer_imports() -> set[str]:
     """trainstack/ files reachable from any trainer module by imports (packages: every file in them)."""
-    todo = [f"trainer.{p.stem}" for p in TRAINER.glob("*.py")]
+    todo = [
+        ".".join(("trainer", *p.relative_to(TRAINER).with_suffix("").parts)) for p in TRAINER.rglob("*.py")
+    ]
     seen: set[str] = set()
     while todo:
         module = todo.pop()

@@ -27,7 +27,7 @@ def _save_three(env: dict[str, str], tmp_path) -> None:
     import os
 
     import torch.distributed as dist
-    from trainer.checkpoint import CheckpointManager, TrainerState
+    from trainer.checkpoint.manager import CheckpointManager, TrainerState
 
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)

@@ -1,4 +1,4 @@
-"""Token-shard datasets for the blend and validation tests, written in trainer.data's format."""
+"""Token-shard datasets for the blend and validation tests, written in trainer.data.loader's format."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import numpy as np
 
 
 def write_dataset(directory: Path, first_token: int, tokens: int = 4000, shift: int = 0) -> Path:
-    """A token-shard directory (trainer.data's format) whose token t is first_token + (t + shift) % 50:
+    """A token-shard directory (trainer.data.loader's format) whose token t is first_token + (t + shift) % 50:
     a source a tiny model learns in a few steps, told apart from another by its token range."""
     directory.mkdir(parents=True)
     values = (first_token + (np.arange(tokens) + shift) % 50).astype(np.uint16)

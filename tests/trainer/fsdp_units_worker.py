@@ -11,8 +11,8 @@ import sys
 import torch
 import torch.distributed as dist
 from torch.distributed.fsdp import FSDPModule
-from trainer.model import build_model, pytorch_backend
-from trainer.parallel import build_mesh, fsdp_units, shard_model
+from trainer.distributed.parallel import build_mesh, fsdp_units, shard_model
+from trainer.models.model import build_model, pytorch_backend
 
 from trainstack.planner.trainer_memory import gathered_parameter_bytes_after_forward
 from trainstack.recipes.loader import resolve

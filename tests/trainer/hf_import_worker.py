@@ -1,6 +1,6 @@
 """Run under `torchrun --nproc-per-node 2` (gloo, CPU) by test_trainer_hf.py: shard the model as the
-trainer does, load the base model of the recipe (argv[1], JSON) with trainer.hf.start_from_base, and
-write, per rank, to argv[2]/rank<r>.json: the elements this rank holds against the whole model, the
+trainer does, load the base model of the recipe (argv[1], JSON) with trainer.hf.conversion.start_from_base,
+and write, per rank, to argv[2]/rank<r>.json: the elements this rank holds against the whole model, the
 bytes it read from the safetensors files, and the largest difference between its local rows and the
 same rows of the base's tensors (read here whole, after the load, for the comparison only)."""
 
@@ -15,9 +15,9 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import load_file
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
-from trainer.hf import pieces, start_from_base
-from trainer.model import build_model, pytorch_backend
-from trainer.parallel import build_mesh, shard_model
+from trainer.distributed.parallel import build_mesh, shard_model
+from trainer.hf.conversion import pieces, start_from_base
+from trainer.models.model import build_model, pytorch_backend
 
 from trainstack.recipes.schema import Recipe
 

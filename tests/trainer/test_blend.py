@@ -1,5 +1,5 @@
-"""The blend's schedule (trainer.blend): a pure function of the data position, low-discrepancy, exact
-across weight changes; and a blend over real token shards read through trainer.data."""
+"""The blend's schedule (trainer.data.blend): a pure function of the data position, low-discrepancy, exact
+across weight changes; and a blend over real token shards read through trainer.data.loader."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import json
 import numpy as np
 import pytest
 from blend_helpers import write_dataset
-from trainer.blend import Blend, Schedule, Segment, counts, open_blend, pick, split_ratios
-from trainer.data import open_source
+from trainer.data.blend import Blend, Schedule, Segment, counts, open_blend, pick, split_ratios
+from trainer.data.loader import open_source
 from trainer_helpers import TINY
 
 from trainstack.errors import TrainstackError

@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from trainer.data import open_source
-from trainer.prepare import prepare
+from trainer.data.loader import open_source
+from trainer.prepare.pipeline import prepare
 
 TINY = Path(__file__).parent / "fixtures" / "tiny.yaml"
 

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from trainer.data import open_source
-from trainer.prepare import main as prepare_main
-from trainer.prepare import prepare
+from trainer.data.loader import open_source
+from trainer.prepare.pipeline import main as prepare_main
+from trainer.prepare.pipeline import prepare
 
 from trainstack.errors import TrainstackError
 

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from trainer.data import open_source, same_data
-from trainer.manifest import require_tokenizer
-from trainer.megatron_index import index_bytes
-from trainer.prepare import prepare
+from trainer.data.loader import open_source, same_data
+from trainer.data.manifest import require_tokenizer
+from trainer.data.megatron_index import index_bytes
+from trainer.prepare.pipeline import prepare
 
 from trainstack.errors import TrainstackError
 

@@ -1,10 +1,11 @@
-"""The event files trainer.tensorboard writes, read back by TensorBoard's own EventAccumulator (dev extra),
-not by our code: what SageMaker syncs to S3 from TensorBoardOutputConfig's LocalPath must open in it."""
+"""The event files trainer.metrics.tensorboard writes, read back by TensorBoard's own EventAccumulator (dev
+extra), not by our code: what SageMaker syncs to S3 from TensorBoardOutputConfig's LocalPath must open
+in it."""
 
 from __future__ import annotations
 
 import pytest
-from trainer import tensorboard
+from trainer.metrics import tensorboard
 
 
 def test_crc32c_is_castagnoli():

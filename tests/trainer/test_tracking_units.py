@@ -11,8 +11,8 @@ import threading
 import time
 
 import pytest
-from trainer.delivery import Delivery
-from trainer.tracking import JobContext, job_tags, open_tracking, outcome_of, recipe_params
+from trainer.metrics.delivery import Delivery
+from trainer.metrics.tracking import JobContext, job_tags, open_tracking, outcome_of, recipe_params
 from trainer_helpers import TINY
 
 from trainstack.errors import RecipeError, TrainstackError

@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
-from trainer.checkpoint import (
+from trainer.checkpoint.manager import (
     MARKER,
     CheckpointManager,
     TrainerState,

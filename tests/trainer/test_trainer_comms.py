@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from trainer.comms import (
+from trainer.distributed.comms import (
     NCCL_DEBUG_FILE,
     CommsGateError,
     check_efa,

@@ -9,14 +9,14 @@ import tomllib
 from pathlib import Path
 
 import pytest
-from trainer import te_requirements
+from trainer.models import te_requirements
 
 from trainstack.gitops.gitdiff import image_context
 
 REPO = Path(__file__).resolve().parents[2]
 DOCKERFILE = REPO / "training_image" / "Dockerfile"
 HADOLINT = Path(sys.executable).parent / "hadolint"
-TRAINER_TE_USERS = ("model.py", "precision.py", "activation_checkpointing.py")
+TRAINER_TE_USERS = ("models/model.py", "models/precision.py", "models/activation_checkpointing.py")
 
 
 def test_hadolint_reports_nothing():
@@ -60,7 +60,7 @@ def test_the_required_api_is_what_the_trainer_calls():
 
 
 def test_the_build_checks_the_constructor_keywords_the_model_passes():
-    """te_requirements checks every keyword trainer.model passes to a TE module (the fake TE's
+    """te_requirements checks every keyword trainer.models.model passes to a TE module (the fake TE's
     classes take exactly TE 2.8's keywords the trainer uses; a missing one is named)."""
     import types
 
@@ -75,7 +75,7 @@ def test_the_build_checks_the_constructor_keywords_the_model_passes():
     without_bias["LayerNormLinear"] = tuple(k for k in without_bias["LayerNormLinear"] if k != "bias")
     fake = types.SimpleNamespace(**{name: module(kw) for name, kw in without_bias.items()})
     assert te_requirements.missing_arguments(fake) == ["LayerNormLinear(bias=)"]
-    model_source = (REPO / "training_image" / "trainer" / "model.py").read_text()
+    model_source = (REPO / "training_image" / "trainer" / "models" / "model.py").read_text()
     for name, keywords in te_requirements.REQUIRED_ARGUMENTS:
         for keyword in keywords:
             assert f"{keyword}=" in model_source, (name, keyword)
@@ -127,8 +127,8 @@ def test_trainer_imports_only_what_the_image_installs():
 import importlib.abc, sys
 class Block(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path, target=None):
-        # mlflow: the tracking client is imported only when tracking is on (trainer.tracking), never
-        # by importing the trainer; tensorboard is not in the image at all (trainer.tensorboard).
+        # mlflow: the tracking client is imported only when tracking is on (trainer.metrics.tracking), never
+        # by importing the trainer; tensorboard is not in the image at all (trainer.metrics.tensorboard).
         if name.split(".")[0] in {"typer", "rich", "boto3", "botocore", "aws_cdk", "constructs", "cdk_nag",
                                   "sagemaker", "matplotlib", "moto", "mlflow", "sagemaker_mlflow",
                                   "tensorboard"}:
@@ -139,8 +139,9 @@ class Block(importlib.abc.MetaPathFinder):
         ):
             raise ImportError("not in the image's build context (.dockerignore): " + name)
 sys.meta_path.insert(0, Block())
-import trainer.__main__, trainer.entrypoint, trainer.make_shards, trainer.prepare, trainer.train
-import trainer.tracking, trainer.tensorboard, trainer.delivery
+import trainer.__main__, trainer.entrypoint, trainer.train
+import trainer.prepare.__main__, trainer.prepare.make_shards, trainer.export.__main__
+import trainer.metrics.tracking, trainer.metrics.tensorboard, trainer.metrics.delivery
 import s3torchconnector.dcp  # the S3 checkpoint backend, imported only for s3:// locations
 """
     )

@@ -7,7 +7,7 @@ nothing intact exists, one line and exit 2. The uninterrupted run is made once p
 fixture) and its checkpoints are copied and damaged per test. Trainer runs are in-process (a world of
 one) unless the fault needs processes of their own: a kill -9, a SIGTERM, several ranks (forked from a
 server that imported the trainer once: tests/trainer/fault_harness.py). Kills hit an exact phase of a
-save through TRAINSTACK_FAULT_INJECT (trainer/faults.py, test-only).
+save through TRAINSTACK_FAULT_INJECT (trainer/runtime/faults.py, test-only).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 from fault_harness import Forked, read_trace, run_in_process
-from trainer.faults import PHASES
+from trainer.runtime.faults import PHASES
 from trainer_helpers import TINY
 
 from trainstack.protocol.checkpoint_format import MARKER, extras_name, manifest_name, step_dir_name

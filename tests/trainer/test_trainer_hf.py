@@ -23,13 +23,13 @@ from pathlib import Path
 import pytest
 import torch
 from torch.distributed.fsdp import MixedPrecisionPolicy
-from trainer import parallel
-from trainer.checkpoint import CheckpointManager, TrainerState
-from trainer.export import export
-from trainer.hf import load_base, pieces
-from trainer.model import build_model, pytorch_backend
+from trainer.checkpoint.manager import CheckpointManager, TrainerState
+from trainer.distributed import parallel
+from trainer.distributed.parallel import build_mesh, shard_model
+from trainer.export.hf_folder import export
+from trainer.hf.conversion import load_base, pieces
+from trainer.models.model import build_model, pytorch_backend
 from trainer.optim import build_optimizer, build_scheduler
-from trainer.parallel import build_mesh, shard_model
 from trainer_helpers import REPO, TINY, trainer_env, trainer_ranks
 
 from trainstack.errors import TrainstackError

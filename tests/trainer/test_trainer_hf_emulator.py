@@ -17,12 +17,12 @@ import time
 import pytest
 import torch
 from safetensors.torch import load, save
-from trainer.checkpoint import CheckpointManager, TrainerState
-from trainer.export import main as export_main
-from trainer.hf import pieces, start_from_base, to_hf
-from trainer.model import build_model, pytorch_backend
+from trainer.checkpoint.manager import CheckpointManager, TrainerState
+from trainer.distributed.parallel import build_mesh, shard_model
+from trainer.export.hf_folder import main as export_main
+from trainer.hf.conversion import pieces, start_from_base, to_hf
+from trainer.models.model import build_model, pytorch_backend
 from trainer.optim import build_optimizer, build_scheduler
-from trainer.parallel import build_mesh, shard_model
 from trainer_helpers import TINY
 
 from trainstack.aws.export_job import export_input, export_job_request
@@ -192,6 +192,6 @@ def test_base_in_s3_to_export_in_s3_through_the_export_state_machine(
 
 
 def _full_shapes(shape):
-    from trainer.hf import parameter_shapes
+    from trainer.hf.conversion import parameter_shapes
 
     return parameter_shapes(shape)

@@ -6,9 +6,9 @@ import pytest
 import torch
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule
-from trainer.data import SyntheticTokens, load_batch, micro_batch_indices
-from trainer.model import build_model, pytorch_backend
-from trainer.parallel import set_gradient_sync, shard_model
+from trainer.data.loader import SyntheticTokens, load_batch, micro_batch_indices
+from trainer.distributed.parallel import set_gradient_sync, shard_model
+from trainer.models.model import build_model, pytorch_backend
 from trainer_helpers import TINY
 
 from trainstack.recipes.loader import resolve

@@ -8,9 +8,9 @@ import time
 import numpy as np
 import pytest
 import torch
-from trainer.data import Prefetcher, SyntheticTokens, load_batch, micro_batch_plan
-from trainer.stopping import EXIT_MARGIN_S, plan_stop
-from trainer.throughput import BlockComputeTimer, current_host, host_number, slowest_rank
+from trainer.data.loader import Prefetcher, SyntheticTokens, load_batch, micro_batch_plan
+from trainer.metrics.throughput import BlockComputeTimer, current_host, host_number, slowest_rank
+from trainer.runtime.stopping import EXIT_MARGIN_S, plan_stop
 
 GRACE = 120.0
 

@@ -1,6 +1,6 @@
 """trainstack.planner.trainer_memory says what the real block keeps and recomputes.
 
-Counted on the real pure-PyTorch block (training_image/trainer/model.py) in BF16 on CPU, for several
+Counted on the real pure-PyTorch block (training_image/trainer/models/model.py) in BF16 on CPU, for several
 shapes and every checkpointing mode, by bench/saved_tensors.py: storages alive between forward and
 backward, deduplicated, at their dtype sizes (and, outside checkpoints, the tensors autograd packs
 through saved-tensor hooks). A change to the block that the planner's formulas do not follow fails
@@ -14,8 +14,12 @@ import sys
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from trainer.activation_checkpointing import ATTENTION_OPS, apply_activation_checkpointing, recompute_function
-from trainer.model import Block, build_model, pytorch_backend, rotary_tables
+from trainer.models.activation_checkpointing import (
+    ATTENTION_OPS,
+    apply_activation_checkpointing,
+    recompute_function,
+)
+from trainer.models.model import Block, build_model, pytorch_backend, rotary_tables
 from trainer_helpers import REPO
 
 from trainstack.planner import trainer_memory

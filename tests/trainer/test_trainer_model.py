@@ -17,16 +17,17 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.nn.attention import SDPBackend
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
-from trainer import model as model_module
-from trainer.activation_checkpointing import (
+from trainer.config import recipe_from_json
+from trainer.data.loader import SyntheticTokens
+from trainer.distributed.parallel import shard_model
+from trainer.models import model as model_module
+from trainer.models.activation_checkpointing import (
     ATTENTION_OPS,
     apply_activation_checkpointing,
     checkpointed_blocks,
     is_op_level,
 )
-from trainer.config import recipe_from_json
-from trainer.data import SyntheticTokens
-from trainer.model import (
+from trainer.models.model import (
     SDPA_PRIORITY,
     Block,
     NormSwiGLU,
@@ -39,7 +40,6 @@ from trainer.model import (
     rotary_tables,
     select_backend,
 )
-from trainer.parallel import shard_model
 from trainer_helpers import TINY
 
 from trainstack.errors import RecipeError

@@ -1,7 +1,7 @@
-"""Resuming a run through its doors (trainer.resume, trainer.capacity): a changed recipe's safe keys take
-effect and are logged, unsafe ones are refused in one line; TRAINSTACK_RESUME_STEP=N loads checkpoint N
-with its data position and removes the later ones (markers first); every host writes the fatal marker;
-a training plan's capacity block ends in a save and exit 0.
+"""Resuming a run through its doors (trainer.checkpoint.resume, trainer.runtime.capacity): a changed recipe's
+safe keys take effect and are logged, unsafe ones are refused in one line; TRAINSTACK_RESUME_STEP=N loads
+checkpoint N with its data position and removes the later ones (markers first); every host writes the fatal
+marker; a training plan's capacity block ends in a save and exit 0.
 
 One first job (20 steps, checkpoints at 10 and 20) runs once, in this process as a world of one; each
 test resumes a copy of its checkpoints, also in this process. Only the two-host test starts processes.
@@ -27,11 +27,11 @@ from unittest import mock
 import pytest
 import torch
 from trainer.__main__ import main
-from trainer.capacity import EXPIRY_ENV, RECLAIM_BEFORE_END_S, capacity_deadline, watch_capacity
-from trainer.checkpoint import MARKER, CheckpointManager, TrainerState, complete_steps
+from trainer.checkpoint.manager import MARKER, CheckpointManager, TrainerState, complete_steps
+from trainer.checkpoint.resume import RESUME_STEP_ENV, ResumePlan, abandon_after, recipe_changes, refusal
 from trainer.optim import build_optimizer, build_scheduler, follow_schedule, lr_factor
-from trainer.resume import RESUME_STEP_ENV, ResumePlan, abandon_after, recipe_changes, refusal
-from trainer.stopping import StopRequest
+from trainer.runtime.capacity import EXPIRY_ENV, RECLAIM_BEFORE_END_S, capacity_deadline, watch_capacity
+from trainer.runtime.stopping import StopRequest
 from trainer.storage import open_storage
 from trainer_helpers import REPO, TINY, free_port, trainer_env
 

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from trainer.checkpoint import MARKER, completeness_problem
+from trainer.checkpoint.manager import MARKER, completeness_problem
 from trainer.entrypoint import child_pids
 from trainer_helpers import REPO, TINY, metric_lines, torchrun, trainer_env, trainer_ranks, two_nodes
 
@@ -362,7 +362,7 @@ def test_trains_from_token_shards_written_by_make_shards(tmp_path):
         [
             sys.executable,
             "-m",
-            "trainer.make_shards",
+            "trainer.prepare.make_shards",
             "--tokenizer",
             "bytes",
             "--shard-tokens",

@@ -12,14 +12,14 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from trainer.activation_checkpointing import apply_activation_checkpointing, checkpointed_blocks
 from trainer.config import recipe_from_json, resolve_layout
-from trainer.data import SyntheticTokens, micro_batch_indices, open_source
-from trainer.loss import chunked_cross_entropy
-from trainer.make_shards import write_shards
-from trainer.model import apply_rotary, build_model, pytorch_backend, rotary_tables
+from trainer.data.loader import SyntheticTokens, micro_batch_indices, open_source
+from trainer.models.activation_checkpointing import apply_activation_checkpointing, checkpointed_blocks
+from trainer.models.loss import chunked_cross_entropy
+from trainer.models.model import apply_rotary, build_model, pytorch_backend, rotary_tables
+from trainer.models.precision import TE_RECIPE_CLASS, check_precision
 from trainer.optim import lr_factor
-from trainer.precision import TE_RECIPE_CLASS, check_precision
+from trainer.prepare.make_shards import write_shards
 from trainer_helpers import REPO, TINY, trainer_env
 
 from trainstack.errors import RecipeError, TrainstackError
@@ -207,7 +207,7 @@ def test_fp8_without_a_gpu_is_refused_not_downgraded():
 
 def test_mxfp8_on_a_hopper_gpu_fails_at_start_with_a_clear_message(monkeypatch):
     # A Blackwell recipe started on an H100: no silent fallback to another scaling recipe.
-    import trainer.precision as precision
+    import trainer.models.precision as precision
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))

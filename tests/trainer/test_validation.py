@@ -11,10 +11,10 @@ import torch
 import torch.nn.functional as F
 from torch.distributed.device_mesh import init_device_mesh
 from trainer.config import resolve_layout
-from trainer.data import SyntheticTokens, load_batch, micro_batch_indices
-from trainer.model import build_model, pytorch_backend
+from trainer.data.loader import SyntheticTokens, load_batch, micro_batch_indices
+from trainer.distributed.parallel import set_gradient_sync, shard_model
+from trainer.models.model import build_model, pytorch_backend
 from trainer.optim import build_optimizer
-from trainer.parallel import set_gradient_sync, shard_model
 from trainer.validation import SYNTHETIC_HELD_OUT, HeldOut, ValidationSet, Validator
 from trainer_helpers import TINY
 

@@ -316,7 +316,7 @@ def test_full_recompute_replays_what_the_backends_checkpoint_replays():
 
 @pytest.mark.parametrize("name", BASE)
 def test_each_base_recipe_recomputes_as_the_block_it_runs_on(name):
-    # trainer.model.select_backend on a GPU with TE (the image always has it): TE in BF16 and FP8
+    # trainer.models.model.select_backend on a GPU with TE (the image always has it): TE in BF16 and FP8
     # alike, the pure-PyTorch block only for the op-level policy.
     recipe = resolve(name).recipe
     t = plan(recipe).throughput

@@ -77,7 +77,7 @@ def test_fp8_needs_a_scaling_recipe_and_mxfp8_needs_blackwell():
 
 
 def test_fp8_with_the_op_level_policy_is_refused_by_the_schema_and_bf16_keeps_it():
-    # training_image/trainer/activation_checkpointing.py: a per-op policy cannot see inside Transformer
+    # training_image/trainer/models/activation_checkpointing.py: a per-op policy cannot see inside Transformer
     # Engine's fused FP8 modules, so the trainer could only fail at start; the schema says so first.
     data = resolve("8b-fp8").recipe.model_dump()
     data["activation_checkpointing"] = {"mode": "selective", "policy": "op"}

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import torch
 
-from trainer.checkpoint import CheckpointError
-from trainer.health import EXIT_NON_FINITE, NonFiniteLoss
+from trainer.checkpoint.manager import CheckpointError
+from trainer.runtime.health import EXIT_NON_FINITE, NonFiniteLoss
 from trainer.train import RunOptions, run
 from trainstack.errors import TrainstackError
 from trainstack.protocol import exit_codes

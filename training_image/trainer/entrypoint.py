@@ -13,7 +13,7 @@ fragmentation OOMs seen on B200), NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME from
 interface for NCCL's bootstrap and for the gloo group the trainer's checkpointing uses; gloo would
 otherwise pick whatever interface the host name resolves to). On several hosts, unless the job sets
 NCCL_DEBUG itself: NCCL_DEBUG=INFO, NCCL_DEBUG_SUBSYS=INIT,NET and a per-process NCCL_DEBUG_FILE,
-which the trainer's comms gate (trainer.comms) reads to check that NCCL runs over EFA.
+which the trainer's comms gate (trainer.distributed.comms) reads to check that NCCL runs over EFA.
 (TORCH_ELASTIC_SHUTDOWN_TIMEOUT is not set: torchrun reads it only from torch 2.11, newer than the
 base image's.)
 
@@ -26,7 +26,7 @@ stays pending and unseen. Were torchrun to handle it, its elastic agent would fo
 workers, SIGKILL them after its shutdown timeout (30 s on the base image's torch, whatever the save
 still needs) and exit 1 even after a good save, failing the job. The block is inherited by the
 workers (it survives fork and exec); the trainer unblocks SIGTERM as soon as its handler is set
-(trainer.stopping.StopRequest). A SIGTERM sent to torchrun alone is therefore ignored: SageMaker
+(trainer.runtime.stopping.StopRequest). A SIGTERM sent to torchrun alone is therefore ignored: SageMaker
 signals the container's first process, which is this one.
 
 The local emulator (trainstack.emulator.jobs) runs this same entrypoint as each "node" of a job, a plain
@@ -48,7 +48,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainer.comms import NCCL_DEBUG_FILE, NCCL_LOG_DIR
+from trainer.distributed.comms import NCCL_DEBUG_FILE, NCCL_LOG_DIR
 from trainstack.protocol.container import opt_ml
 
 RESOURCE_CONFIG = opt_ml("input/config/resourceconfig.json")  # under $TRAINSTACK_OPT_ML in the emulator

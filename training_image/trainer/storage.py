@@ -1,6 +1,6 @@
 """Where checkpoints live: a local directory (CPU runs, tests) or an S3 prefix (SageMaker), one interface.
 
-The checkpoint manager (trainer.checkpoint) sees only this: the step directories present, the files of
+The checkpoint manager (trainer.checkpoint.manager) sees only this: the step directories present, the files of
 one and their sizes, small whole-file reads and writes, deleting a step, and the DCP storage writer and
 reader for a step. Both backends give the same guarantee for a small file: a reader sees all of it or
 none of it (local: write to `.tmp`, then rename; S3: a PUT is atomic, and s3torchconnector's writer

@@ -1,15 +1,15 @@
 """The training loop: build, shard, resume, step, log, checkpoint, stop cleanly.
 
 Exit codes: 0 finished, or stopped by SIGTERM (after a final save, or after logging which checkpoint
-the next job resumes from when none fits; trainer.stopping); 1 the final save failed; 2 a mistake in
+the next job resumes from when none fits; trainer.runtime.stopping); 1 the final save failed; 2 a mistake in
 the recipe or the environment (one line naming the field); 3 the loss or gradient norm became NaN/inf
 (found on the next log step or before the next save, whichever is first; nothing is saved from that
 step on, the previous complete checkpoint stays the newest).
 
 No stalls between steps: the host never waits on the GPU except on log steps (the metric line reads
 the loss and the stragglers' CUDA events there) and at saves; micro-batches are read ahead on a
-thread into pinned memory (trainer.data.Prefetcher); a save's host copy goes to pinned memory on a
-side stream and is awaited only before the next optimizer step (trainer.checkpoint); Python's cyclic
+thread into pinned memory (trainer.data.loader.Prefetcher); a save's host copy goes to pinned memory on a
+side stream and is awaited only before the next optimizer step (trainer.checkpoint.manager); Python's cyclic
 GC runs every GC_EVERY_STEPS steps on every rank at once instead of whenever one rank's allocator
 trips it.
 """
@@ -30,16 +30,11 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 from torch.optim.lr_scheduler import LRScheduler
 
-from trainer import blend, faults
-from trainer.activation_checkpointing import (
-    apply_activation_checkpointing,
-    is_op_level,
-)
-from trainer.capacity import watch_capacity
-from trainer.checkpoint import CheckpointManager, TrainerState
-from trainer.comms import check_efa
+from trainer.checkpoint.manager import CheckpointManager, TrainerState
+from trainer.checkpoint.resume import apply_changes, recipe_record, resume_checkpoint
 from trainer.config import Layout, load_recipe, resolve_layout
-from trainer.data import (
+from trainer.data import blend
+from trainer.data.loader import (
     Prefetcher,
     TokenSource,
     micro_batch_indices,
@@ -47,16 +42,16 @@ from trainer.data import (
     open_source,
     same_data,
 )
-from trainer.health import NonFiniteWatch, Trace
-from trainer.hf import start_from_base
-from trainer.model import Transformer, build_model, compile_blocks, compile_decision, select_backend
-from trainer.optim import build_optimizer, build_scheduler
-from trainer.parallel import build_mesh, init_distributed, mesh_description, set_gradient_sync, shard_model
-from trainer.precision import autocast_factory, check_precision
-from trainer.resume import apply_changes, recipe_record, resume_checkpoint
-from trainer.stopping import EXIT_MARGIN_S, StopPlan, StopRequest, StopVote, plan_stop
-from trainer.storage import open_storage
-from trainer.throughput import (
+from trainer.distributed.comms import check_efa
+from trainer.distributed.parallel import (
+    build_mesh,
+    init_distributed,
+    mesh_description,
+    set_gradient_sync,
+    shard_model,
+)
+from trainer.hf.conversion import start_from_base
+from trainer.metrics.throughput import (
     BlockComputeTimer,
     current_host,
     host_number,
@@ -65,7 +60,19 @@ from trainer.throughput import (
     peak_tflops,
     slowest_rank,
 )
-from trainer.tracking import Tracking, open_tracking
+from trainer.metrics.tracking import Tracking, open_tracking
+from trainer.models.activation_checkpointing import (
+    apply_activation_checkpointing,
+    is_op_level,
+)
+from trainer.models.model import Transformer, build_model, compile_blocks, compile_decision, select_backend
+from trainer.models.precision import autocast_factory, check_precision
+from trainer.optim import build_optimizer, build_scheduler
+from trainer.runtime import faults
+from trainer.runtime.capacity import watch_capacity
+from trainer.runtime.health import NonFiniteWatch, Trace
+from trainer.runtime.stopping import EXIT_MARGIN_S, StopPlan, StopRequest, StopVote, plan_stop
+from trainer.storage import open_storage
 from trainer.validation import Validator, build_validator
 from trainstack.errors import TrainstackError
 from trainstack.planner import flops_per_token, plan
@@ -176,7 +183,7 @@ def _train(
         recipe, layout, rank, device, options.data_dir, options.synthetic, token_source, open_dataset
     )
     storage = open_storage(options.checkpoint_location)  # a bad URI or missing region: exit 2 before building
-    # MLflow / TensorBoard from rank 0, on a background thread (trainer.tracking); never raises.
+    # MLflow / TensorBoard from rank 0, on a background thread (trainer.metrics.tracking); never raises.
     tracking, job = open_tracking(
         recipe, rank, plan=plan(recipe), data_source=token_source.name, data_dir=data_dir
     )
@@ -234,7 +241,7 @@ def _train(
         data_schedule=blend.schedule_of(token_source),
     )
     # The newest intact checkpoint (damaged ones skipped; exit 2 if none of several is intact), or
-    # TRAINSTACK_RESUME_STEP's; unsafe recipe changes refused before anything loads (resume.py)
+    # TRAINSTACK_RESUME_STEP's; unsafe recipe changes refused before anything loads (checkpoint/resume.py)
     resuming, resumed = resume_checkpoint(checkpoints, recipe, model, optimizer, scheduler)
     if resumed is not None:
         state, latest = resumed, resumed.step
@@ -433,7 +440,7 @@ def _loop(ctx: LoopContext, state: TrainerState, max_steps: int, stop: StopReque
                 stopping = True
                 break
             checkpoints.wait_for_staging()  # the optimizer step changes what an in-flight save copies
-            if faults.nan_gradients_at(step + 1):  # test-only (trainer.faults): a diverged step
+            if faults.nan_gradients_at(step + 1):  # test-only (trainer.runtime.faults): a diverged step
                 next(model.parameters()).grad.mul_(float("nan"))
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), tr.grad_clip)
             if hasattr(grad_norm, "full_tensor"):
@@ -523,7 +530,7 @@ def _metric_line(
     cpu_time_s: float = 0.0,
 ) -> str:
     """The log step's metric line; reads the loss and the block timers (the log step's host syncs).
-    `data_wait_s`: this rank's wait for micro-batches over the interval (trainer.data.Prefetcher);
+    `data_wait_s`: this rank's wait for micro-batches over the interval (trainer.data.loader.Prefetcher);
     `cpu_time_s`: this process's CPU time over the interval (on CPU, the step's cost without the wait for
     other processes sharing the cores)."""
     tr = ctx.recipe.training

@@ -3,7 +3,7 @@
 What is evaluated: samples 0 .. batches x global_batch - 1 of each validation split, every time, so two
 evaluations differ only by the model (no zig-zag from changing batches), and the set does not depend on
 the world size: rank r takes the samples a training step from position b x global_batch would give it
-(trainer.data.micro_batch_indices), for b = 0 .. batches - 1.
+(trainer.data.loader.micro_batch_indices), for b = 0 .. batches - 1.
 
 Where from: a prepared dataset keeps its validation split in `<dataset>/validation/`, in the same
 format as its training shards (`trainstack data prepare --validation-fraction`); a blend evaluates each
@@ -30,9 +30,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from trainer.blend import source_directories
 from trainer.config import Layout
-from trainer.data import Prefetcher, TokenSource, micro_batch_indices
+from trainer.data.blend import source_directories
+from trainer.data.loader import Prefetcher, TokenSource, micro_batch_indices
 from trainstack.errors import TrainstackError
 from trainstack.protocol.metrics import SOURCE_VAL_LOSS
 from trainstack.recipes.schema import VALIDATION_DIR, Recipe, Validation

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-BASE_CHANNEL = "base"  # the trainer reads SM_CHANNEL_BASE (trainer.hf.base_folder)
+BASE_CHANNEL = "base"  # the trainer reads SM_CHANNEL_BASE (trainer.hf.conversion.base_folder)
 
 
 def base_channel(init_from: str) -> dict[str, Any]:

@@ -9,8 +9,9 @@ or tracking server ARN; or `managed`, the team's own SageMaker MLflow App, which
   links the job to the MLflow resource and returns `MlflowDetails` from DescribeTrainingJob);
 - MLFLOW_TRACKING_URI (the ARN; the sagemaker-mlflow plugin in the image signs requests with the job's
   role), MLFLOW_EXPERIMENT_NAME, TRAINSTACK_TEAM, TRAINSTACK_IMAGE and TRAINSTACK_PREVIOUS_JOB_END (why the
-  run's previous job ended, as the supervisor decided) in its environment; the trainer (trainer.tracking)
-  appends to the MLflow run tagged `trainstack.run=<run>`, which `trainstack launch` creates.
+  run's previous job ended, as the supervisor decided) in its environment; the trainer
+  (trainer.metrics.tracking) appends to the MLflow run tagged `trainstack.run=<run>`, which
+  `trainstack launch` creates.
 
 With `tracking.tensorboard`, TensorBoardOutputConfig syncs the trainer's event files to
 `s3://<bucket>/output/<team>/<recipe>/tensorboard/` (one folder per run below it).

@@ -116,7 +116,7 @@ class Calibration:
     # m and v and writes parameter, m and v (7 x 4 bytes), the gradient-norm clip reads gradients (4).
     optimizer_bytes_per_param: float = 32.0
     # FP32 passes over one loss chunk's logits (cast, softmax, its recompute, gradient). Assumption from
-    # the op list of training_image/trainer/loss.py.
+    # the op list of training_image/trainer/models/loss.py.
     loss_logit_passes: float = 6.0
     # Causal attention computes about half of the T x T scores (flash attention skips masked tiles), and
     # its backward is 2.5x its forward (FlashAttention-2 paper's accounting).

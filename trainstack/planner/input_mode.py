@@ -12,7 +12,7 @@ for choosing the data source and input mode):
   serialize easily, or uses a random read access pattern": the job must run in a VPC (VpcConfig), and
   the file system is created and linked to the S3 prefix outside the job.
 
-The trainer reads each dataset sequentially (trainer.data: a sample is a contiguous slice of a shard,
+The trainer reads each dataset sequentially (trainer.data.loader: a sample is a contiguous slice of a shard,
 samples taken in shard order; a blend reads each of its sources in order) from large shards, and
 little of it: a node reads its tokens/s x at most 4 bytes per token (`plan` prints the figure; a few
 MB/s for the fastest recipe). So: File up to FILE_MODE_MAX_GB (the low end of the documented range),
@@ -39,7 +39,7 @@ FILE_MODE_GB_PER_MINUTE = 10.0
 # At most this share of a node's storage is given to a File-mode copy (the rest: logs, the output model,
 # the trainer's own files).
 FILE_MODE_VOLUME_SHARE = 0.5
-BYTES_PER_TOKEN = 4  # at most: uint32 token ids (uint16 below a 65,536 vocabulary; trainer.data)
+BYTES_PER_TOKEN = 4  # at most: uint32 token ids (uint16 below a 65,536 vocabulary; trainer.data.loader)
 
 
 @dataclass(frozen=True)

@@ -17,8 +17,9 @@ from trainstack.recipes.schema import ModelShape, Recipe
 GB = 1e9
 # A base model is published in BF16 (Llama 3.x, Qwen2.5): 2 bytes per parameter to copy and read.
 BASE_BYTES_PER_PARAM = 2
-# Reading the local copy into the shards: each GPU reads only its rows (trainer.hf), from the node's NVMe,
-# and every replica group reads the model once. Assumption: 2 GB/s per GPU from the page cache / NVMe.
+# Reading the local copy into the shards: each GPU reads only its rows (trainer.hf.conversion), from the
+# node's NVMe, and every replica group reads the model once. Assumption: 2 GB/s per GPU from the page
+# cache / NVMe.
 LOCAL_READ_BYTES_PER_S_PER_GPU = 2e9
 # The export job reads each FP32 tensor of the model from the checkpoint (4 bytes per parameter) and
 # writes it in the export dtype, one process, bound by memory copies. Measured on the shared 2-core

@@ -14,7 +14,7 @@ a save after SIGTERM are whole saves the trainer waits for. With HSDP, DCP write
 once, so a node uploads its share of one copy (while every rank stages its own shard); on resume every
 GPU reads its own shards, so every replica reads the model again.
 
-After SIGTERM (training_image/trainer/stopping.py) the trainer drops the step in flight (or, when its
+After SIGTERM (training_image/trainer/runtime/stopping.py) the trainer drops the step in flight (or, when its
 last micro-step is already done, completes it), so at most one micro-step and an optimizer step run
 before the save, and it keeps EXIT_MARGIN_S for the exit.
 
@@ -39,7 +39,7 @@ SIGTERM_GRACE_S = 120.0  # SageMaker: SIGTERM, then SIGKILL 120 s later (Stoppin
 # What the trainer keeps free after its last save for the process to exit: logs flushed, process
 # groups torn down, torchrun and the entrypoint exiting (the trainer-loop engineer saw about 2 s on
 # CPU; GPU teardown is slower). Defined here, where the planner can import it without torch;
-# training_image/trainer/stopping.py imports it from here.
+# training_image/trainer/runtime/stopping.py imports it from here.
 EXIT_MARGIN_S = 15.0
 
 # What one checkpoint holds per parameter: FP32 master weights (4) and AdamW's m and v (8).

@@ -47,7 +47,7 @@ from trainstack.planner.trainer_memory import block_activation_bytes, full_recom
 from trainstack.recipes.hardware import Instance
 from trainstack.recipes.schema import ModelShape
 
-GRAD_REDUCE_BYTES = 4  # reduce_dtype FP32 (trainer/parallel.py)
+GRAD_REDUCE_BYTES = 4  # reduce_dtype FP32 (trainer/distributed/parallel.py)
 BF16 = 2
 
 KINDS = (
@@ -91,7 +91,7 @@ def _block_matmul_params(m: ModelShape) -> int:
 
 def trainer_backend(policy: ActivationPolicy) -> str:
     """The block the trainer runs for this policy on a catalogued instance (all NVIDIA GPUs, and the
-    training image always has Transformer Engine: its build imports it). trainer.model.select_backend:
+    training image always has Transformer Engine: its build imports it). trainer.models.model.select_backend:
     Transformer Engine on CUDA, in BF16 and FP8 alike, unless the op-level policy needs every op
     visible to PyTorch's dispatcher, which only the pure-PyTorch block allows."""
     return "pytorch" if policy.op_level else "transformer_engine"

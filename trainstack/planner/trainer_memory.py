@@ -27,7 +27,7 @@ from trainstack.recipes.schema import ModelShape
 BF16 = 2
 FP32 = 4
 
-# --- FSDP units in flight (training_image/trainer/parallel.py) -----------------------------------
+# --- FSDP units in flight (training_image/trainer/distributed/parallel.py) -------------------------------
 # Units: the embedding, each block, and [final norm + output head] (one [embedding, norm, head] unit
 # when tied). At the step's peak (the start of backward) the head unit and the last block are
 # gathered (neither reshards after forward); the embedding is resharded until the end of backward.
@@ -74,7 +74,7 @@ def gathered_parameter_bytes_after_forward(m: ModelShape) -> int:
 
 # --- what one block saves for backward, bytes per token -------------------------------------------
 def block_activation_bytes(m: ModelShape) -> int:
-    """Bytes per token one block (training_image/trainer/model.py, pure PyTorch) saves for backward
+    """Bytes per token one block (training_image/trainer/models/model.py, pure PyTorch) saves for backward
     without checkpointing, tensor by tensor (h hidden, q = heads x head_dim, which is h unless the
     shape sets head_dim, kv = kv_heads x head_dim, H heads, f ffn):
 
@@ -104,7 +104,7 @@ def full_checkpoint_bytes(m: ModelShape) -> int:
 
 def op_selective_bytes(m: ModelShape) -> int:
     """Bytes per token a block keeps under op-level selective checkpointing
-    (trainer/activation_checkpointing.py: attention's outputs and every other matmul's saved): the
+    (trainer/models/activation_checkpointing.py: attention's outputs and every other matmul's saved): the
     block input (2h), the fused Q/K/V output (2q + 4kv), attention's output (2q) and FP32 log-sum-exp
     (4H), fc1's output (4f). = 2h + 4q + 4kv + 4f + 4H (6h + ... when q = h)."""
     h, q, kv, f = m.hidden, m.q_dim, _kv(m), m.ffn

@@ -1,6 +1,6 @@
 """The checkpoint folder's format, defined once: file names, the marker and manifest schema, the digest.
 
-The trainer writes it (training_image/trainer/checkpoint.py), the trainer and `trainstack checkpoints`
+The trainer writes it (training_image/trainer/checkpoint/manager.py), the trainer and `trainstack checkpoints`
 read it. Standard library only: the training image imports this module.
 
 One checkpoint is one folder under the run's location (a local directory or an s3:// prefix):

@@ -7,7 +7,7 @@ The trainer prints one line per log interval:
 
 (one line; on a validation step it ends with `val_loss=2.5012`, and for a blend with one
 `val_loss_<source>=` per source). The straggler fields name the rank whose own compute was slowest on
-the log step and how much slower than the median rank it was; see trainer.throughput for what is
+the log step and how much slower than the median rank it was; see trainer.metrics.throughput for what is
 timed and why (step time cannot show it: collectives make every rank wait for the slowest).
 `straggler_host` is the N of SageMaker's host name algo-N (metric values are numbers), 0 off SageMaker.
 

@@ -1,7 +1,7 @@
 """How a training job and the CLI find the one MLflow run of a trainstack run: by its tag, in the
 experiment named after the team and recipe unless the recipe names one. `trainstack launch` creates the
 run (trainstack.aws.tracking); each job's trainer finds it, or creates it when launch could not
-(trainer.tracking)."""
+(trainer.metrics.tracking)."""
 
 from __future__ import annotations
 

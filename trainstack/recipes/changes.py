@@ -59,7 +59,7 @@ SAFE_MID_RUN = (
     "export.*",
     "budget.*",
     "tags.*",
-    "data.sources.*.weight",  # the blend's schedule changes from the resumed position on (trainer.blend)
+    "data.sources.*.weight",  # the blend's schedule changes from the resumed position on (trainer.data.blend)
     "data.sources.*.size_gb",  # how the shards reach the nodes, not which shards (planner.input_mode)
     "data.size_gb",
     "data.input_mode",

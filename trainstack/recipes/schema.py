@@ -390,7 +390,7 @@ class Image(Section):
 TokenizerIdentity = Annotated[str, Field(pattern=r"^(bytes|sha256:[0-9a-f]{64})$")]
 
 
-# --- Data: one prepared dataset, or a blend of several (training_image/trainer/blend.py) ----------
+# --- Data: one prepared dataset, or a blend of several (training_image/trainer/data/blend.py) ----------
 # Each source of a blend reaches the job as an input channel of its own, and adds one metric definition
 # (its val_loss_<name>). CreateTrainingJob takes at most 20 channels and 40 metric definitions
 # (botocore's SageMaker model: InputDataConfig max 20, MetricDefinitions max 40); the metric line has 13
@@ -686,7 +686,7 @@ class Recipe(Section):
         if self.activation_checkpointing.policy == "op" and self.precision.dtype == "fp8":
             # Refused here, not at job start: the trainer runs FP8 only in Transformer Engine's fused
             # modules, and the op policy needs every op visible to PyTorch's dispatcher
-            # (training_image/trainer/activation_checkpointing.py).
+            # (training_image/trainer/models/activation_checkpointing.py).
             raise ValueError(
                 "activation_checkpointing.policy: op cannot run with precision.dtype fp8 (a per-op policy "
                 "cannot see inside Transformer Engine's fused FP8 modules); use mode full, or mode "

@@ -4,7 +4,7 @@ The tracking URI is the recipe's ARN (`tracking.mlflow: arn:...`), the team's ma
 `MlflowAppArn` of stack `Trainstack-<team>-Tracking`), or, with `--local`, the MLflow server the emulator
 runs beside moto (`mlflow` in .emulator/endpoint.json: the emulator's MLflow App is a placeholder). Talking
 to the tracker never stops a launch: an unreachable one is one warning line, and the run's first job then
-creates the MLflow run itself (trainer.tracking finds or creates it by its `trainstack.run` tag).
+creates the MLflow run itself (trainer.metrics.tracking finds or creates it by its `trainstack.run` tag).
 """
 
 from __future__ import annotations

@@ -35,7 +35,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-from trainer.model import Transformer
+from trainer.models.model import Transformer
 
 MIXED_PRECISION = MixedPrecisionPolicy(
     param_dtype=torch.bfloat16, reduce_dtype=torch.float32, cast_forward_inputs=False

@@ -40,15 +40,15 @@ import torch
 import torch.distributed as dist
 from pydantic import ValidationError
 
-from trainer.checkpoint import MARKER, CheckpointDamaged, CheckpointManager, TrainerState, extras_name
-from trainer.discovery import NoIntactCheckpoint
+from trainer.checkpoint.discovery import NoIntactCheckpoint
+from trainer.checkpoint.manager import MARKER, CheckpointDamaged, CheckpointManager, TrainerState, extras_name
 from trainer.optim import follow_schedule
 from trainstack.errors import TrainstackError
 from trainstack.protocol.checkpoint_format import abandoned_marker_document, digest_of
 from trainstack.recipes.changes import Change, changes, is_safe
 from trainstack.recipes.schema import Recipe
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("trainer.resume")  # its log lines' name before the package move
 
 RESUME_STEP_ENV = "TRAINSTACK_RESUME_STEP"
 # What an abandoned checkpoint's marker is overwritten with: valid JSON without the fields a complete

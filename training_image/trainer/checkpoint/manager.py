@@ -2,8 +2,9 @@
 
 The folder's format (file names, COMPLETE.json and manifest schema, SHA-256 per file) is defined in
 trainstack.protocol.checkpoint_format; where it lives (a local directory or an s3:// prefix written
-straight from every rank) in trainer.storage; which folders are candidates in trainer.discovery; how
-digests are computed while writing and checked while reading in trainer.integrity.
+straight from every rank) in trainer.storage; which folders are candidates in
+trainer.checkpoint.discovery; how digests are computed while writing and checked while reading in
+trainer.checkpoint.integrity.
 
 A save, step by step (`_write`, on a background thread, over a gloo process group of its own so
 nothing interleaves with the training loop's collectives; every rank runs the same collectives in
@@ -26,8 +27,9 @@ not already give, and DCP's `get_state_dict` would first give the fresh optimize
 (torch initialises optimizer state by running `step()` with zero gradients), so a resume from it
 would count one step too many.
 
-Resume (`resume`): rank 0 inspects every step folder (trainer.discovery) and tells every rank; the
-newest candidate is loaded with every file verified against its digest by one rank (trainer.integrity);
+Resume (`resume`): rank 0 inspects every step folder (trainer.checkpoint.discovery) and tells every rank; the
+newest candidate is loaded with every file verified against its digest by one rank
+(trainer.checkpoint.integrity);
 a mismatch anywhere makes every rank skip that checkpoint, log which file, and load the next older
 one. When the location holds step folders but none can be resumed from, the job stops (exit 2, fatal
 for the supervisor: `NoIntactCheckpoint`) instead of starting again at step 0 over the run's history;
@@ -66,8 +68,7 @@ from torch.distributed.checkpoint.metadata import BytesStorageMetadata, Metadata
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-from trainer import faults
-from trainer.discovery import (
+from trainer.checkpoint.discovery import (
     NoIntactCheckpoint,
     complete_steps,
     completeness_problem,
@@ -78,7 +79,8 @@ from trainer.discovery import (
     step_dirs,
     storage_completeness_problem,
 )
-from trainer.integrity import DigestingWrites, VerifiedReads
+from trainer.checkpoint.integrity import DigestingWrites, VerifiedReads
+from trainer.runtime import faults
 from trainer.storage import CheckpointStorage, open_storage
 from trainstack.protocol.checkpoint_format import (
     DAMAGED,
@@ -94,7 +96,7 @@ from trainstack.protocol.checkpoint_format import (
 )
 from trainstack.protocol.metrics import checkpoint_saved_line
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("trainer.checkpoint")  # its log lines' name before the package move
 EXTRA_STATE = "_extra_state"
 
 __all__ = [
@@ -136,8 +138,10 @@ class TrainerState:
     samples_consumed: int  # the data position: sample indices below this are used
     data_source: str  # name of the token source; resuming onto a different one is refused
     world_size: int
-    recipe: str | None = None  # the resolved recipe (JSON) it was written with; trainer.resume compares
-    data_schedule: str = ""  # a blend's weights by data position (trainer.blend.Schedule); "" otherwise
+    recipe: str | None = (
+        None  # the resolved recipe (JSON) it was written with; trainer.checkpoint.resume compares
+    )
+    data_schedule: str = ""  # a blend's weights by data position (trainer.data.blend.Schedule); "" otherwise
 
 
 def _rng_state() -> dict[str, torch.Tensor]:
@@ -226,8 +230,8 @@ class CheckpointManager:
 
     # --- discover and load --------------------------------------------------------------------------
     def discover(self) -> int | None:
-        """Every step folder as rank 0 inspects it (trainer.discovery), agreed by every rank; the newest
-        candidate's step."""
+        """Every step folder as rank 0 inspects it (trainer.checkpoint.discovery), agreed by every rank; the
+        newest candidate's step."""
         found = inspect_all(self.storage) if self.rank == 0 else None
         shared = [found]
         dist.broadcast_object_list(shared, src=0, group=self.group)
@@ -353,7 +357,7 @@ class CheckpointManager:
         and raise CheckpointError unless it is complete. One save is in flight at a time: an earlier
         one is finished first."""
         if state.step < 1:
-            raise ValueError("no step-0 checkpoint: nothing trained yet (see trainer.checkpoint)")
+            raise ValueError("no step-0 checkpoint: nothing trained yet (see trainer.checkpoint.manager)")
         blocking = blocking or not self.asynchronous
         self.wait()
         started = time.monotonic()

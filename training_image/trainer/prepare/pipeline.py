@@ -35,8 +35,9 @@ from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainer.manifest import DATASET_FORMAT
-from trainer.prepare_inputs import (
+from trainer.data.manifest import DATASET_FORMAT
+from trainer.data.shard_index import FORMAT, INDEX_FILE, MANIFEST_FILE
+from trainer.prepare.inputs import (
     RecordCounts,
     TokenizerInfo,
     format_of,
@@ -44,9 +45,8 @@ from trainer.prepare_inputs import (
     load_tokenizer,
     read_documents,
 )
-from trainer.prepare_store import S3Store, open_store, split_s3
-from trainer.shard_index import FORMAT, INDEX_FILE, MANIFEST_FILE
-from trainer.shard_writer import ShardWriter
+from trainer.prepare.shard_writer import ShardWriter
+from trainer.prepare.store import S3Store, open_store, split_s3
 from trainstack import __version__
 from trainstack.errors import TrainstackError
 

@@ -5,9 +5,9 @@ the format's checks (trainstack.protocol.checkpoint_format.inspect: the marker p
 consistent, every file it lists is present with its size), then DCP's index: `.metadata`'s digest
 (only then is it unpickled), that it is a DCP `Metadata`, and that every byte range it points at lies
 inside a listed shard. What remains is checked on load, by the ranks that read the bytes
-(trainer.integrity): every shard's, rank file's and manifest's digest.
+(trainer.checkpoint.integrity): every shard's, rank file's and manifest's digest.
 
-Rank 0 runs these (trainer.checkpoint.CheckpointManager.discover) and tells every rank the result.
+Rank 0 runs these (trainer.checkpoint.manager.CheckpointManager.discover) and tells every rank the result.
 """
 
 from __future__ import annotations

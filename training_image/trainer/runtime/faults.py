@@ -14,7 +14,7 @@ else; no launcher, recipe or image sets it. Unset, every hook below is one compa
     oom@<step>                       optimizer step <step>'s forward raises torch.OutOfMemoryError, as a
                                      layout too big for the GPU does (the tuning tests on CPU)
 
-Phases, in the order a save passes them (trainer.checkpoint): before-shards (rank-N.pt written, no
+Phases, in the order a save passes them (trainer.checkpoint.manager): before-shards (rank-N.pt written, no
 shard yet), mid-shards (the first bytes of a shard written, the shard not finished), after-shards
 (DCP returned: every shard and .metadata written), after-manifests (every rank's manifest written),
 before-marker (rank 0 about to write COMPLETE.json), after-marker (COMPLETE.json written).

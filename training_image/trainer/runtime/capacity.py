@@ -15,7 +15,7 @@ trainer requests its own stop at reclaim time - lead, where the lead is what the
 takes (the last micro-step, the optimizer step and a whole save: `run.checkpoint.sigterm_seconds`)
 doubled, since the planner's figures are estimates (and at least a minute: a block lasts days), plus
 the exit margin. From there the stop is the
-SIGTERM path (trainer.stopping): every rank agrees at the next micro-step, the state is saved, and the
+SIGTERM path (trainer.runtime.stopping): every rank agrees at the next micro-step, the state is saved, and the
 trainer exits 0. The run's next job (on the plan's next block, or elsewhere) resumes from that save.
 
 Not handled: a plan extended while the job runs moves the block's end, but the job's environment keeps
@@ -32,10 +32,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from trainer.stopping import StopRequest
+from trainer.runtime.stopping import StopRequest
 from trainstack.planner.run_plan import EXIT_MARGIN_S
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("trainer.capacity")  # its log lines' name before the package move
 
 EXPIRY_ENV = "SAGEMAKER_CURRENT_CAPACITY_BLOCK_EXPIRATION_TIMESTAMP"
 RECLAIM_BEFORE_END_S = 30 * 60.0  # the guide: termination begins 30 minutes before the block ends

@@ -207,7 +207,7 @@ def in_validation(split_key: bytes, fraction: float) -> bool:
 
 @dataclass(frozen=True)
 class TokenizerInfo:
-    identity: str  # "bytes" or "sha256:<hex>" (trainer.manifest.tokenizer_identity)
+    identity: str  # "bytes" or "sha256:<hex>" (trainer.data.manifest.tokenizer_identity)
     file: str  # what the manifest names: the file name, or "bytes"
     vocab_size: int
     eos_id: int
@@ -225,7 +225,7 @@ def load_tokenizer(
     path: str, eos_token: str | None, shown: str | None = None
 ) -> tuple[TokenizerInfo, Encoder]:
     """`bytes`, or a local tokenizer.json read with the `tokenizers` library (nothing is downloaded)."""
-    from trainer.manifest import tokenizer_identity
+    from trainer.data.manifest import tokenizer_identity
 
     if path == "bytes":
         info = TokenizerInfo("bytes", "bytes", BYTES_EOS + 1, BYTES_EOS)

@@ -1,7 +1,7 @@
 """A blend: several prepared datasets mixed by weight, as one TokenSource (`data.sources` in the recipe).
 
 Which source sample index p draws from, and which sample of that source, is a pure function of p and
-the blend's schedule; nothing else is kept, so the data position (trainer.data: samples consumed) stays
+the blend's schedule; nothing else is kept, so the data position (trainer.data.loader: samples consumed) stays
 one integer, exact across restarts and world sizes, exactly as with one dataset.
 
 The mix is a stride schedule, low-discrepancy by construction. Normalise the weights to shares w_j and
@@ -13,7 +13,7 @@ n * w_j samples give or take j + 1 (tests/trainer/test_blend.py pins the bound):
 7 of every 10 consecutive samples, not 70% on average over an epoch. The arithmetic is on exact
 fractions of the recipe's float weights, so every rank and every job computes the same schedule.
 
-A source smaller than its share wraps, as one dataset does (trainer.data: index mod windows, the next
+A source smaller than its share wraps, as one dataset does (trainer.data.loader: index mod windows, the next
 epoch of that source); a larger one is never exhausted.
 
 Changing the weights mid-run (`trainstack resume RUN --set data.sources.0.weight=...`, safe by
@@ -36,12 +36,12 @@ from pathlib import Path
 
 import numpy as np
 
-from trainer.data import TokenSource
+from trainer.data.loader import TokenSource
 from trainstack.errors import TrainstackError
 from trainstack.protocol.container import opt_ml
 from trainstack.recipes.schema import Recipe
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("trainer.blend")  # its log lines' name before the package move
 SAGEMAKER_INPUT = opt_ml("input/data")  # one folder per input channel (SageMaker's container contract)
 
 Ratio = tuple[int, int]  # an exact fraction: (numerator, denominator)

@@ -4,17 +4,17 @@ Two layouts are read (docs/data.md):
 
 - **trainstack token shards**: `index.json` (format `trainstack-tokens-v1`) listing `.bin` files of raw
   little-endian token ids, each with a Megatron `.idx` beside it when written by `trainer.prepare`, and
-  a `manifest.json` (tokenizer, sources, splits; trainer.manifest).
+  a `manifest.json` (tokenizer, sources, splits; trainer.data.manifest).
 - **Megatron indexed datasets** written by other tools (Megatron-LM's preprocess_data.py, datatrove,
   NeMo Curator): no index.json, one or more `<prefix>.idx` / `<prefix>.bin` pairs anywhere below the
-  directory, told apart by the .idx header (`MMIDIDX`, trainer.megatron_index).
+  directory, told apart by the .idx header (`MMIDIDX`, trainer.data.megatron_index).
 
 Every mistake is one line naming the file and field (a TrainstackError, exit 2), never a traceback, and
 no path outside the data directory is ever opened: entries are relative, without `..`, and resolve
 (symlinks followed) inside the directory, checked before a file is touched.
 
 The dataset's content hash (`DatasetIndex.content_sha256`) is what identifies the data in a checkpoint
-(trainer.data.open_source): for trainstack shards the bytes of index.json, which lists every shard's
+(trainer.data.loader.open_source): for trainstack shards the bytes of index.json, which lists every shard's
 SHA-256 (computed while it was written) and token count; for Megatron datasets every .idx file's bytes
 with its name and its .bin's size. Re-tokenised, re-shuffled or appended shards under the same prefix
 change it; so does renaming a shard. Shard contents are not re-hashed at start (terabytes on every rank).
@@ -29,7 +29,7 @@ from pathlib import Path, PurePosixPath
 
 import numpy as np
 
-from trainer.megatron_index import is_megatron_index, read_index
+from trainer.data.megatron_index import is_megatron_index, read_index
 from trainstack.errors import TrainstackError
 
 FORMAT = "trainstack-tokens-v1"

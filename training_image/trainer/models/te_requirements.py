@@ -26,7 +26,8 @@ import sys
 
 MINIMUM = "2.8"
 DISTRIBUTIONS = ("transformer_engine", "transformer-engine")
-# (module, attribute) pairs trainer.model, trainer.precision and trainer.activation_checkpointing use.
+# (module, attribute) pairs trainer.models.model, trainer.models.precision and
+# trainer.models.activation_checkpointing use.
 REQUIRED_API = (
     ("transformer_engine.pytorch", "LayerNormLinear"),
     ("transformer_engine.pytorch", "LayerNormMLP"),
@@ -41,7 +42,7 @@ REQUIRED_API = (
     ("transformer_engine.common.recipe", "MXFP8BlockScaling"),
 )
 
-# Constructor keywords trainer.model passes (the Q/K/V bias of Qwen2-shaped models, the shape's RMSNorm
+# Constructor keywords trainer.models.model passes (the Q/K/V bias of Qwen2-shaped models, the shape's RMSNorm
 # epsilon, TE's deferred allocation on the meta device): a release that renamed one would fail the
 # first job, so the build checks them too.
 REQUIRED_ARGUMENTS = (

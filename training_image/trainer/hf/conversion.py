@@ -42,7 +42,7 @@ from trainstack.errors import TrainstackError
 from trainstack.recipes.hf_config import HfConfigError, shape_mismatch
 from trainstack.recipes.schema import ModelShape
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("trainer.hf")  # its log lines' name before the package move
 # Tensors a Hugging Face folder may hold that carry no weights of the model (older Llama exports saved
 # the rotary inverse frequencies): ignored on import.
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
@@ -245,7 +245,7 @@ def base_folder(init_from: str, local_rank: int, group=None) -> Path:
     (a local run, the emulator) each node's first rank copies its files to local disk, streamed, while
     the node's other ranks wait. Either way every rank then reads only its own rows from local files.
     """
-    from trainer.hf_files import open_folder
+    from trainer.hf.files import open_folder
 
     folder = open_folder(init_from, "model.init_from")
     if not folder.is_s3:

@@ -12,7 +12,7 @@ by ARN through the sagemaker-mlflow plugin, http(s)://, sqlite:///..., file:...)
 - only rank 0 logs: one MLflow run per training run, never one per rank (mlflow/mlflow#11782).
 
 Never in the way: nothing here runs on the training thread but an append to a bounded buffer
-(trainer.delivery): the MLflow client is imported, the run found and every value sent on a background
+(trainer.metrics.delivery): the MLflow client is imported, the run found and every value sent on a background
 thread; an unreachable or throttling tracker costs retries there, never step time, and never fails or
 stops the job; what could not be delivered is counted in the job's log when it ends.
 
@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trainer.delivery import Delivery
+from trainer.metrics.delivery import Delivery
 from trainstack.protocol import exit_codes
 from trainstack.protocol.metrics import parse_line
 from trainstack.protocol.tracking import RUN_TAG, default_experiment, run_filter
@@ -326,7 +326,7 @@ class TensorBoardSink:
         self.writer: Any = None
 
     def prepare(self) -> None:
-        from trainer.tensorboard import EventWriter
+        from trainer.metrics.tensorboard import EventWriter
 
         self.writer = EventWriter(self.directory)
         log.info("tracking tensorboard: writing %s", self.writer.path)
@@ -434,7 +434,7 @@ def open_tracking(
             tracking.sinks.append(sink)
             tracking.deliveries.append(Delivery("mlflow", sink.send, prepare=sink.prepare, capacity=capacity))
         if recipe.tracking.tensorboard:
-            from trainer.tensorboard import default_directory
+            from trainer.metrics.tensorboard import default_directory
 
             sink = TensorBoardSink(default_directory(job.run, recipe.name, dict(environ or os.environ)))
             tracking.sinks.append(sink)

@@ -15,7 +15,7 @@ later. What happens in between:
    async save in flight is finished if its expected remainder fits, else abandoned (it stays without
    COMPLETE.json and is skipped on resume); then a final save is made if its expected time fits and
    the state is not already saved (never before the first step: no step-0 checkpoint, see
-   trainer.checkpoint), else the trainer says which checkpoint the next job resumes from and exits
+   trainer.checkpoint.manager), else the trainer says which checkpoint the next job resumes from and exits
    0. Expected times: the slowest save this job measured, else the plan's
    `run.checkpoint.save_seconds` (its `sigterm_fits` tells the user before launch).
 """
@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from trainer import faults
+from trainer.runtime import faults
 
 # EXIT_MARGIN_S: kept free after the last save for the process to exit (logs flushed, process groups
 # torn down, torchrun and the entrypoint exiting). Defined with SageMaker's grace in
@@ -50,7 +50,9 @@ class StopRequest:
         self.requested = False
         self.at: float | None = None
         self.grace_s = SIGTERM_GRACE_S  # from `at` until the process is killed
-        self.no_time = faults.sigterm_no_time()  # test-only (trainer.faults); also validates the variable
+        self.no_time = (
+            faults.sigterm_no_time()
+        )  # test-only (trainer.runtime.faults); also validates the variable
         signal.signal(signal.SIGTERM, self._handle)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
         if faults.sigterm_at_start():
@@ -60,8 +62,8 @@ class StopRequest:
         self.request(SIGTERM_GRACE_S)
 
     def request(self, grace_s: float) -> None:
-        """Stop as on SIGTERM, with `grace_s` until the kill (trainer.capacity: a capacity block ends);
-        a second request can only bring the kill closer."""
+        """Stop as on SIGTERM, with `grace_s` until the kill (trainer.runtime.capacity: a capacity block
+        ends); a second request can only bring the kill closer."""
         if not self.requested or grace_s < self.seconds_left():
             self.at, self.grace_s = time.monotonic(), grace_s
         self.requested = True

@@ -32,7 +32,7 @@ from collections.abc import Callable
 import torch
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
-from trainer.model import Transformer
+from trainer.models.model import Transformer
 from trainstack.recipes.schema import ActivationCheckpointing
 
 _aten = torch.ops.aten

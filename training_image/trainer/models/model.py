@@ -13,16 +13,16 @@ Two interchangeable backends build blocks with the same parameter names, shapes 
 
 So a block's state-dict keys are the same on both backends (TE adds only its `_extra_state` FP8
 metadata). The output head is always a plain `nn.Linear` so FP8 never touches the logits, and the
-loss is computed in chunks by `trainer.loss` so full FP32 logits never exist.
+loss is computed in chunks by `trainer.models.loss` so full FP32 logits never exist.
 
 What a Hugging Face Llama / Qwen2 / Mistral config can say and this model follows (trainstack's
 ModelShape): the RMSNorm epsilon (`norm_eps`), Q/K/V biases (`attention_bias`: Qwen2; TE's
 `LayerNormLinear(bias=True)`, a `bias` parameter beside `weight`), a head width other than hidden /
 heads (`head_dim`), and Llama 3.1's RoPE frequency scaling (`rope_scaling`, in `rope_inverse_frequencies`).
-trainer.hf maps these parameters to and from a Hugging Face folder.
+trainer.hf.conversion maps these parameters to and from a Hugging Face folder.
 
 Rotary tables are FP32 buffers of the root module, passed to every block as a tuple. FSDP2 is told
-not to cast forward inputs (trainer.parallel), so they reach attention in FP32: in BF16 the lowest
+not to cast forward inputs (trainer.distributed.parallel), so they reach attention in FP32: in BF16 the lowest
 frequency of an 8K table has only 877 distinct (cos, sin) pairs.
 
 Models are built on the meta device and materialised after sharding (`init_weights`), so a 64B model
@@ -42,10 +42,10 @@ from torch import nn
 from torch.distributed.tensor import DTensor, distribute_tensor
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from trainer.loss import chunked_cross_entropy
+from trainer.models.loss import chunked_cross_entropy
 from trainstack.recipes.schema import ModelShape, RopeScaling
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("trainer.model")  # its log lines' name before the package move
 NORM_EPS = 1e-5  # ModelShape.norm_eps's default (Llama 3)
 INIT_STD = 0.02
 # SDPA backend priority, as torchtitan orders it: cuDNN attention where the GPU and torch support it,
@@ -340,7 +340,7 @@ class Block(nn.Module):
         super().__init__()
         self.attention = Attention(shape, backend)
         self.feed_forward = backend.norm_mlp(shape.hidden, shape.ffn, shape.norm_eps)
-        # Set by trainer.activation_checkpointing: recompute this block's activations in backward.
+        # Set by trainer.models.activation_checkpointing: recompute this block's activations in backward.
         # Kept as an attribute (not a wrapper module) so parameter names, and so checkpoints, do not
         # depend on the checkpointing mode.
         self.recompute: Callable[..., torch.Tensor] | None = None

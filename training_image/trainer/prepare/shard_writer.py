@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from trainer.megatron_index import index_bytes
+from trainer.data.megatron_index import index_bytes
 from trainstack.errors import TrainstackError
 
 FLUSH_TOKENS = 1 << 20
@@ -31,7 +31,7 @@ class _Open:
 
 
 class ShardWriter:
-    """Shards `<prefix>-00000.bin`, `-00001.bin`, ... in `store` (trainer.prepare_store)."""
+    """Shards `<prefix>-00000.bin`, `-00001.bin`, ... in `store` (trainer.prepare.store)."""
 
     def __init__(self, store, prefix: str, dtype: str, eos_id: int, shard_tokens: int, relative_to: str = ""):
         self.store, self.prefix, self.dtype, self.eos = store, prefix, np.dtype(dtype), eos_id

@@ -38,10 +38,10 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import HuggingFaceStorageWriter
 
-from trainer.checkpoint import complete_steps, storage_completeness_problem
+from trainer.checkpoint.manager import complete_steps, storage_completeness_problem
 from trainer.config import load_recipe
-from trainer.hf import Piece, parameter_shapes, pieces
-from trainer.hf_files import Folder, open_folder, tokenizer_files
+from trainer.hf.conversion import Piece, parameter_shapes, pieces
+from trainer.hf.files import Folder, open_folder, tokenizer_files
 from trainer.storage import open_storage, step_dir_name
 from trainstack.errors import TrainstackError
 from trainstack.recipes.hf_config import generation_config, hf_config_from_shape

@@ -1,6 +1,6 @@
 """Training data: token shards read by memory map, or a synthetic source; exact positions for resume.
 
-Shards are what `trainer.shard_index` validated: trainstack token shards (index.json, written by
+Shards are what `trainer.data.shard_index` validated: trainstack token shards (index.json, written by
 `trainstack data prepare`) or a Megatron indexed dataset of another tool. Their token ids, in index order,
 form one stream; a sample is a window of seq_len + 1 consecutive tokens of it (inputs = window[:-1],
 targets = window[1:]), window w starting at token w * seq_len, so the stream holds
@@ -39,8 +39,8 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from trainer.manifest import check_tokenizer, read_manifest
-from trainer.shard_index import FORMAT, INDEX_FILE, DatasetIndex, read_dataset  # noqa: F401 (re-exported)
+from trainer.data.manifest import check_tokenizer, read_manifest
+from trainer.data.shard_index import FORMAT, INDEX_FILE, DatasetIndex, read_dataset  # noqa: F401 (re-exported)
 from trainstack.errors import TrainstackError
 
 log = logging.getLogger("trainer.data")

@@ -1,11 +1,12 @@
-"""`python -m trainer.make_shards`: the earlier command for text files, now a front for trainer.prepare.
+"""`python -m trainer.prepare.make_shards`: the earlier command for text files, now a front for
+trainer.prepare.
 
-    python -m trainer.make_shards --tokenizer bytes --out DIR a.txt b.txt ...
+    python -m trainer.prepare.make_shards --tokenizer bytes --out DIR a.txt b.txt ...
 
 Each file is one document (trainer.prepare's plain-text format), nothing is held out for validation,
 and the shards, index.json and manifest.json are what `trainstack data prepare` writes. `--seed` is
 accepted and ignored: documents are no longer shuffled when written, the trainer visits windows in a
-seeded permutation of the whole stream instead (trainer.data.WindowOrder). New work:
+seeded permutation of the whole stream instead (trainer.data.loader.WindowOrder). New work:
 `trainstack data prepare` (docs/data.md).
 """
 
@@ -17,8 +18,8 @@ import sys
 from collections.abc import Iterable
 from pathlib import Path
 
-from trainer.prepare import DEFAULT_SHARD_TOKENS, prepare
-from trainer.shard_index import INDEX_FILE
+from trainer.data.shard_index import INDEX_FILE
+from trainer.prepare.pipeline import DEFAULT_SHARD_TOKENS, prepare
 from trainstack.errors import TrainstackError
 
 
@@ -50,7 +51,7 @@ def write_shards(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m trainer.make_shards", description=__doc__.split("\n\n")[0]
+        prog="python -m trainer.prepare.make_shards", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument("texts", nargs="+", type=Path, help="text files, one document each")
     parser.add_argument("--out", type=Path, required=True, help="output directory")

@@ -24,7 +24,7 @@ import json
 import logging
 from pathlib import Path
 
-from trainer.shard_index import MANIFEST_FILE
+from trainer.data.shard_index import MANIFEST_FILE
 from trainstack.errors import TrainstackError
 
 DATASET_FORMAT = "trainstack-dataset-v1"

@@ -1,6 +1,6 @@
 """A Hugging Face folder where it lives: a local directory or an S3 prefix, one small interface.
 
-Used by trainer.hf (a base model to start from, `model.init_from`) and trainer.export (the folder a
+Used by trainer.hf.conversion (a base model to start from, `model.init_from`) and trainer.export (the folder a
 run ends with). S3 goes through s3torchconnector's client, as the checkpoints do (trainer.storage:
 region and endpoint from the environment, path-style addressing against an emulator): listing, whole
 reads of small files (config.json, tokenizer files), and streamed copies of large ones in

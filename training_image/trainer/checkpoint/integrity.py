@@ -26,7 +26,7 @@ from typing import Any
 
 from torch.distributed.checkpoint.filesystem import FileSystemBase
 
-from trainer import faults
+from trainer.runtime import faults
 from trainstack.protocol.checkpoint_format import (
     DCP_METADATA,
     SHARD,

@@ -1,0 +1,5 @@
+"""`python -m trainer.export`: a run's checkpoint as a Hugging Face folder (`hf_folder`; `__main__` runs
+it as the export job's entrypoint).
+
+May import `trainer.checkpoint`, `trainer.hf`, `trainer.storage` and `trainer.config`; nothing imports it.
+"""
