@@ -22,7 +22,8 @@ ALLOWED = {
     "emulator": {"planner", "recipes", "protocol"},  # jobs: the container contract; stand_in: the planner
     "gitops": {"planner", "recipes"},
     "aws": {"planner", "recipes", "protocol", "emulator"},
-    "cli": {"aws", "gitops", "emulator", "planner", "recipes", "protocol"},
+    "tuning": {"planner", "recipes", "protocol"},
+    "cli": {"aws", "gitops", "emulator", "tuning", "planner", "recipes", "protocol"},
 }
 OPEN_TO_ALL = {"trainstack", "trainstack.errors"}
 # What the training image may import: its build context holds only these (see .dockerignore).

@@ -7,6 +7,7 @@ Packages, by concern; each may import only the ones below it (tests/test_archite
                 the runs view, the supervisor's decision, the CDK app's deployment configuration
     gitops/     what a merge deploys: the plan diff against a git ref, the template diff, their report
     emulator/   the local AWS endpoint (moto) and the events it does not send
+    tuning/     the tuning run: candidates, what short jobs measured, the choice, the measured plan
     planner/    recipe -> plan: memory, throughput, cost, the run, budgets and sanity warnings
     recipes/    the recipe schema, its files and layering, overrides, names, the instance catalogue
     protocol/   what a training job and the control plane agree on: exit codes, the metric line

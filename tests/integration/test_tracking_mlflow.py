@@ -317,3 +317,47 @@ def _deliver_twice_from_s3(found, kept_bytes: bytes) -> None:
                     os.environ.pop(name, None)
                 else:
                     os.environ[name] = value
+
+
+def test_a_tuning_run_is_one_parent_run_with_a_child_per_candidate(server):
+    """trainstack tune's record (trainstack.aws.tracking.record_tuning), read back with MLflow's client:
+    the parent tagged with the tuning run and its choice, each candidate a child (mlflow.parentRunId) with
+    its planned and measured figures as metrics, from the recorded tuning logs (tests/tuning/data)."""
+    from mlflow.tracking import MlflowClient
+
+    from trainstack.recipes.loader import resolve
+    from trainstack.tuning.candidates import candidates
+    from trainstack.tuning.choose import choose
+    from trainstack.tuning.measure import measure
+
+    data = Path(__file__).resolve().parents[1] / "tuning" / "data"
+    recipe = resolve(str(TINY)).recipe
+    found = candidates(recipe, 3, world=1, compile_choices=False)
+    measured = {
+        c.name: measure((data / f"{c.name}.log").read_text().splitlines(), warmup=2, final_step=15)
+        for c in found
+    }
+    choice = choose(recipe, found, measured).to_dict()
+    summary = {"chosen": choice["chosen"]["name"], "why": choice["chosen"]["why"]}
+    parent = tracking.record_tuning(
+        server.url,
+        "platform/tuning",
+        "tune-abc",
+        {"trainstack.recipe": recipe.name},
+        summary,
+        choice["candidates"],
+    )
+    client = MlflowClient(server.url)
+    got = client.get_run(parent.run_id)
+    assert got.data.tags["trainstack.tuning"] == "tune-abc"
+    assert got.data.tags["trainstack.chosen"] == choice["chosen"]["name"] and got.info.status == "FINISHED"
+    children = client.search_runs(
+        [parent.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{parent.run_id}'"
+    )
+    assert sorted(r.info.run_name for r in children) == ["tune-abc/c0", "tune-abc/c1", "tune-abc/c2"]
+    for child in children:
+        c = next(x for x in choice["candidates"] if child.info.run_name.endswith(x["name"]))
+        assert child.data.tags["trainstack.status"] == "ok"
+        assert child.data.metrics["measured.step_time_s"] == pytest.approx(c["measured"]["step_time_s"])
+        assert child.data.metrics["planned.step_time_s"] == pytest.approx(c["planned"]["step_time_s"])
+        assert child.data.params["overrides"] == (" ".join(c["overrides"]) or "(the recipe's own layout)")

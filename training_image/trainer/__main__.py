@@ -7,6 +7,8 @@ import os
 import sys
 from pathlib import Path
 
+import torch
+
 from trainer.checkpoint.manager import CheckpointError
 from trainer.runtime.health import EXIT_NON_FINITE, NonFiniteLoss
 from trainer.train import RunOptions, run
@@ -49,6 +51,7 @@ exit codes:
   1  the final checkpoint could not be saved
   2  a mistake in the recipe, the data or the environment (one line names the file and field)
   3  the loss or the gradient norm became NaN/inf (nothing saved from that step on)
+  5  the GPU ran out of memory (the layout does not fit)
 """
 
 
@@ -148,6 +151,9 @@ def main(argv: list[str] | None = None) -> int:
         return report_failure(EXIT_NON_FINITE, str(exc))
     except CheckpointError as exc:
         return report_failure(EXIT_SAVE_FAILED, str(exc))
+    except torch.OutOfMemoryError as exc:  # the layout needs more memory than the GPU has
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return report_failure(exit_codes.OUT_OF_MEMORY, f"{exit_codes.OOM_MESSAGE}: {first}")
 
 
 if __name__ == "__main__":

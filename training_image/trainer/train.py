@@ -56,6 +56,7 @@ from trainer.metrics.throughput import (
     current_host,
     host_number,
     peak_memory_gib,
+    peak_reserved_gib,
     peak_tflops,
     slowest_rank,
 )
@@ -416,6 +417,7 @@ def _loop(ctx: LoopContext, state: TrainerState, max_steps: int, stop: StopReque
     step, position = state.step, state.samples_consumed
     interval_loss, interval_steps = torch.zeros((), device=device), 0
     interval_start = time.perf_counter()
+    interval_cpu = time.process_time()  # this process's CPU time (every thread): what a CPU step costs
     watch = NonFiniteWatch(ctx.control)
     # Checkpoint every interval_steps steps, or every interval_minutes of wall time (the recipe's, else
     # the plan's Young/Daly optimum). Rank 0's clock decides, shared in the stop vote.
@@ -459,6 +461,8 @@ def _loop(ctx: LoopContext, state: TrainerState, max_steps: int, stop: StopReque
             save_due = (
                 ctx.rank == 0 and save_every_s is not None and time.monotonic() - last_save >= save_every_s
             )
+            if faults.oom_at(step + 1):  # test-only (trainer.faults): a layout too big for the GPU
+                raise torch.OutOfMemoryError(f"fault injection: out of memory at step {step + 1}")
             done = _forward_backward(ctx, position, autocast, batches, vote, save_due)
             if done.done < layout.grad_accum:
                 optimizer.zero_grad(set_to_none=True)
@@ -501,8 +505,20 @@ def _loop(ctx: LoopContext, state: TrainerState, max_steps: int, stop: StopReque
                 watch.check()
                 elapsed = time.perf_counter() - interval_start - validation_s  # tokens/s of training only
                 line = _metric_line(
-                    ctx, step, lr, interval_loss, interval_steps, elapsed, hosts, peak, validation
+                    ctx,
+                    step,
+                    lr,
+                    interval_loss,
+                    interval_steps,
+                    elapsed,
+                    hosts,
+                    peak,
+                    validation,
+                    data_wait_s=batches.waited_s,
+                    cpu_time_s=time.process_time() - interval_cpu,
                 )
+                batches.waited_s = 0.0
+                interval_cpu = time.process_time()
                 if ctx.rank == 0:
                     print(line, flush=True)
                     if ctx.tracking.on:  # the same values, queued for MLflow / TensorBoard
@@ -546,8 +562,13 @@ def _metric_line(
     hosts: list[int],
     peak: float,
     validation: dict[str, float] | None = None,
+    data_wait_s: float = 0.0,
+    cpu_time_s: float = 0.0,
 ) -> str:
-    """The log step's metric line; reads the loss and the block timers (the log step's host syncs)."""
+    """The log step's metric line; reads the loss and the block timers (the log step's host syncs).
+    `data_wait_s`: this rank's wait for micro-batches over the interval (trainer.data.loader.Prefetcher);
+    `cpu_time_s`: this process's CPU time over the interval (on CPU, the step's cost without the wait for
+    other processes sharing the cores)."""
     tr = ctx.recipe.training
     total = interval_loss.detach().clone()
     dist.all_reduce(total)
@@ -574,6 +595,9 @@ def _metric_line(
         straggler_rank=slowest.rank,
         straggler_compute_s=slowest.compute_s,
         straggler_skew=slowest.skew,
+        mem_reserved_gib=peak_reserved_gib(ctx.device),
+        data_wait_s=data_wait_s / steps,
+        cpu_time_s=cpu_time_s / steps,
     )
 
 

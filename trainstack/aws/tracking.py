@@ -22,6 +22,7 @@ to a tracker, and only when tracking is on.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -326,3 +327,50 @@ class _KeptFiles:
             (self.root / name).unlink(missing_ok=True)
         else:
             self.s3.delete_object(Bucket=self.bucket, Key=self.prefix + name)
+
+
+def record_tuning(
+    tracking_uri: str,
+    experiment: str,
+    tuning_run: str,
+    tags: Mapping[str, str],
+    summary: Mapping[str, Any],
+    candidates: list[Mapping[str, Any]],
+) -> MlflowRun:
+    """A tuning run in MLflow: one parent run (tag `trainstack.tuning`, the choice as tags) and one
+    child per candidate (MLflow's `mlflow.parentRunId` tag) with its planned and measured figures as
+    metrics (`planned.*`, `measured.*`), its overrides and status as tags."""
+    from mlflow.entities import Metric, Param
+
+    mlflow_client = client(tracking_uri)
+    experiment_id = _experiment_id(mlflow_client, experiment, create=True)
+    parent_tags = {
+        "trainstack.tuning": tuning_run,
+        **tags,
+        **{f"trainstack.{k}": str(v) for k, v in summary.items()},
+    }
+    parent = mlflow_client.create_run(experiment_id, run_name=tuning_run, tags=parent_tags)
+    now = int(time.time() * 1000)
+    for c in candidates:
+        child = mlflow_client.create_run(
+            experiment_id,
+            run_name=f"{tuning_run}/{c['name']}",
+            tags={
+                "mlflow.parentRunId": parent.info.run_id,
+                "trainstack.tuning": tuning_run,
+                "trainstack.status": c["status"],
+                "trainstack.layout": c["layout"],
+                **({"trainstack.why": str(c["why"])[:5000]} if c.get("why") else {}),
+            },
+        )
+        metrics = [
+            Metric(f"{kind}.{key}", float(value), now, 0)
+            for kind in ("planned", "measured")
+            for key, value in (c.get(kind) or {}).items()
+            if isinstance(value, (int, float)) and not isinstance(value, bool)
+        ]
+        params = [Param("overrides", " ".join(c["overrides"]) or "(the recipe's own layout)")]
+        mlflow_client.log_batch(child.info.run_id, metrics=metrics, params=params)
+        mlflow_client.set_terminated(child.info.run_id, "FINISHED" if c["status"] == "ok" else "FAILED")
+    mlflow_client.set_terminated(parent.info.run_id, "FINISHED")
+    return MlflowRun(tracking_uri, experiment_id, parent.info.run_id, "FINISHED", parent_tags)

@@ -32,6 +32,7 @@ COMMAND_MODULES = [
     "trainstack.cli.commands.status",
     "trainstack.cli.commands.logs",
     "trainstack.cli.commands.launch",
+    "trainstack.cli.commands.tune",
     "trainstack.cli.commands.runs",
     "trainstack.cli.commands.stop_resume",
     "trainstack.cli.commands.checkpoints",

@@ -26,7 +26,11 @@ OK = 0  # finished, or stopped by SIGTERM after saving (or after logging which c
 RECIPE_OR_ENVIRONMENT = 2  # a mistake in the recipe, the data or the job's environment
 NON_FINITE = 3  # the loss or the gradient norm became NaN/inf
 NETWORK = 4  # a multi-node job whose collectives would not run over EFA (the comms gate)
-FATAL = frozenset({RECIPE_OR_ENVIRONMENT, NON_FINITE, NETWORK})
+# The GPU ran out of memory. Fatal: the next job runs the same layout on the same GPUs and would run out
+# the same way; the tuning run (trainstack.tuning) records such a candidate as `oom`, not as a crash.
+OUT_OF_MEMORY = 5
+FATAL = frozenset({RECIPE_OR_ENVIRONMENT, NON_FINITE, NETWORK, OUT_OF_MEMORY})
+OOM_MESSAGE = "out of GPU memory"  # how the trainer's failure line starts its message for OUT_OF_MEMORY
 
 # SageMaker reads the reason a job failed from this file (at most 1,024 characters are kept).
 FAILURE_FILE = "/opt/ml/output/failure"
@@ -40,6 +44,14 @@ def failure_line(exit_code: int, message: str) -> str:
     head = f"{FATAL_MARKER} exit={exit_code}" if exit_code in FATAL else f"trainstack exit={exit_code}"
     text = f"{head}: {' '.join(message.split())}"
     return text[:FAILURE_REASON_MAX]
+
+
+def exit_code_of(failure_reason: str | None) -> int | None:
+    """The exit code a `failure_line` names (`... exit=N: ...`), or None for another reason."""
+    import re
+
+    match = re.search(r"\bexit=(\d+):", failure_reason or "")
+    return int(match.group(1)) if match else None
 
 
 def is_fatal(failure_reason: str | None) -> bool:

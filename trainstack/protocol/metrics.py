@@ -60,6 +60,30 @@ FIELDS: tuple[MetricField, ...] = (
     MetricField("straggler_rank", int, "None", "the global rank with the slowest compute on the log step"),
     MetricField("straggler_compute_s", float, "Seconds", "that rank's block forward compute time, one step"),
     MetricField("straggler_skew", float, "None", "that time over the median rank's, minus 1"),
+    # Printed by images from the tuning work on (trainstack.tuning measures them); optional so that lines
+    # of older images still parse and format.
+    MetricField(
+        "mem_reserved_gib",
+        float,
+        "Gigabytes",
+        "peak GPU memory reserved by the caching allocator on this rank, GiB (CPU: the peak RSS)",
+        optional=True,
+    ),
+    MetricField(
+        "data_wait_s",
+        float,
+        "Seconds",
+        "mean seconds per step the training loop waited for its micro-batches",
+        optional=True,
+    ),
+    MetricField(
+        "cpu_time_s",
+        float,
+        "Seconds",
+        "CPU seconds per step of this rank's process, every thread (on CPU: the step without the wait "
+        "for other processes sharing the cores)",
+        optional=True,
+    ),
     MetricField(
         "val_loss",
         float,
@@ -135,6 +159,21 @@ def parse_line(line: str, sources: Sequence[str] = ()) -> dict[str, float]:
 
 
 def metric_definitions(sources: Sequence[str] = ()) -> list[dict[str, str]]:
-    """CreateTrainingJob AlgorithmSpecification.MetricDefinitions (at most 40: 13, plus one per blend
+    """CreateTrainingJob AlgorithmSpecification.MetricDefinitions (at most 40: 16, plus one per blend
     source, at most 16 of them: trainstack.recipes.schema.MAX_SOURCES)."""
     return [{"Name": f.metric_name, "Regex": f.regex} for f in fields(sources)]
+
+
+# The trainer's log line for a completed checkpoint save; the tuning run reads the save time from it.
+_SAVED = re.compile(r"checkpoint complete: (\S+) \(([0-9]*\.?[0-9]+) s\)")
+
+
+def checkpoint_saved_line(where: str, seconds: float) -> str:
+    """`checkpoint complete: <where> (<seconds> s)`: what the trainer logs when a save has completed."""
+    return f"checkpoint complete: {where} ({seconds:.3f} s)"
+
+
+def parse_checkpoint_saved(line: str) -> tuple[str, float] | None:
+    """(where, seconds) of a `checkpoint_saved_line`, or None for any other line."""
+    match = _SAVED.search(line)
+    return (match.group(1), float(match.group(2))) if match else None

@@ -94,6 +94,7 @@ from trainstack.protocol.checkpoint_format import (
     record_of,
     step_dir_name,
 )
+from trainstack.protocol.metrics import checkpoint_saved_line
 
 log = logging.getLogger("trainer.checkpoint")  # its log lines' name before the package move
 EXTRA_STATE = "_extra_state"
@@ -426,7 +427,7 @@ class CheckpointManager:
             return False
         self._pending = None
         self.measured_save_s = max(self.measured_save_s or 0.0, seconds)
-        log.info("checkpoint complete: %s (%.1f s)", self.describe(pending.step), seconds)
+        log.info("%s", checkpoint_saved_line(self.describe(pending.step), seconds))
         return True
 
     def close(self) -> None:

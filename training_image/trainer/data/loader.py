@@ -32,6 +32,7 @@ import hashlib
 import logging
 import queue
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -260,6 +261,7 @@ class Prefetcher:
         self._closed = threading.Event()
         self._thread = threading.Thread(target=self._run, args=(source, plan), name="prefetch", daemon=True)
         self._thread.start()
+        self.waited_s = 0.0  # time `next` blocked on an empty queue: the loop waiting for data (metric line)
 
     def _run(self, source: TokenSource, plan: Iterator[range]) -> None:
         try:
@@ -285,7 +287,12 @@ class Prefetcher:
         return False
 
     def next(self, expected: range) -> Batch:
-        item = self._queue.get()
+        try:
+            item = self._queue.get_nowait()
+        except queue.Empty:  # the reader is behind: the training loop waits for data
+            started = time.perf_counter()
+            item = self._queue.get()
+            self.waited_s += time.perf_counter() - started
         if isinstance(item, BaseException):
             raise item
         indices, (inputs, targets) = item

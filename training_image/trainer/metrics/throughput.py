@@ -56,6 +56,14 @@ def peak_memory_gib(device: torch.device) -> float:
     return kib * (1 if sys.platform != "darwin" else 1 / 1024) / (1024**2)
 
 
+def peak_reserved_gib(device: torch.device) -> float:
+    """The caching allocator's peak reservation (what the GPU actually gave up: an out-of-memory comes
+    when this, not the allocated peak, reaches the GPU's memory); on CPU the peak RSS, as above."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_reserved(device) / GIB
+    return peak_memory_gib(device)
+
+
 # --- stragglers -------------------------------------------------------------------------------------
 #
 # Collectives equalise wall time: every rank's step ends when the slowest rank's gradients arrive, so

@@ -11,6 +11,8 @@ else; no launcher, recipe or image sets it. Unset, every hook below is one compa
     nan-gradients@<step>             the gradients of optimizer step <step> become NaN before clipping,
                                      as a diverging run's do (recipe bounds keep an lr that diverges on
                                      purpose out of reach)
+    oom@<step>                       optimizer step <step>'s forward raises torch.OutOfMemoryError, as a
+                                     layout too big for the GPU does (the tuning tests on CPU)
 
 Phases, in the order a save passes them (trainer.checkpoint.manager): before-shards (rank-N.pt written, no
 shard yet), mid-shards (the first bytes of a shard written, the shard not finished), after-shards
@@ -32,6 +34,7 @@ ENV = "TRAINSTACK_FAULT_INJECT"
 PHASES = ("before-shards", "mid-shards", "after-shards", "after-manifests", "before-marker", "after-marker")
 ACTIONS = ("sigterm-no-time", "sigterm-at-start")
 _NAN = re.compile(r"^nan-gradients@(?P<step>\d+)$")
+_OOM = re.compile(r"^oom@(?P<step>\d+)$")
 _KILL = re.compile(r"^kill:(?P<phase>[a-z-]+)(?:@(?P<step>\d+))?(?:#(?P<rank>\d+))?$")
 
 
@@ -49,11 +52,13 @@ def parse(text: str) -> Fault:
         return Fault(text)
     if nan := _NAN.match(text):
         return Fault("nan-gradients", step=int(nan["step"]))
+    if oom := _OOM.match(text):
+        return Fault("oom", step=int(oom["step"]))
     match = _KILL.match(text)
     if not match or match["phase"] not in PHASES:
         raise TrainstackError(
             f"{ENV}={text!r}: expected kill:<phase>[@<step>][#<rank>] with a phase of {', '.join(PHASES)}, "
-            f"nan-gradients@<step>, or one of {', '.join(ACTIONS)} (test-only)"
+            f"nan-gradients@<step>, oom@<step>, or one of {', '.join(ACTIONS)} (test-only)"
         )
     step, rank = match["step"], match["rank"]
     return Fault("kill", match["phase"], int(step) if step else None, int(rank) if rank else None)
@@ -99,3 +104,8 @@ def sigterm_at_start() -> bool:
 def nan_gradients_at(step: int) -> bool:
     fault = active()
     return fault is not None and fault.action == "nan-gradients" and fault.step == step
+
+
+def oom_at(step: int) -> bool:
+    fault = active()
+    return fault is not None and fault.action == "oom" and fault.step == step

@@ -82,6 +82,14 @@ def launch(
             "(placeholders, marked as such, for what only the deployed stacks know).",
         ),
     ] = False,
+    tuned: Annotated[
+        bool,
+        typer.Option(
+            "--tuned",
+            help="Train with the layout `trainstack tune` chose for this recipe and team (its --set "
+            "overrides, from the tuning store; see `trainstack show`).",
+        ),
+    ] = False,
     as_json: JsonOpt = False,
     recipes_dir: RecipesDirOpt = None,
 ) -> None:
@@ -114,10 +122,12 @@ def launch(
     resolved = resolve(recipe, team=team, recipes_dir=recipes_dir)
     deployed_recipe = resolved.recipe
     run_recipe = deployed_recipe
+    if tuned:
+        run_recipe = _tuned(deployed_recipe, team, local)
     if max_steps is not None:
         from pydantic import ValidationError
 
-        data = deployed_recipe.model_dump(mode="json", exclude={"extends"})
+        data = run_recipe.model_dump(mode="json", exclude={"extends"})
         data["training"]["steps"] = max_steps
         try:
             run_recipe = Recipe.model_validate(data)
@@ -215,6 +225,32 @@ def launch(
             raise TrainstackError(
                 f"lost contact with {aws.where} while waiting for {job}: {explain(exc)}"
             ) from None
+
+
+def _tuned(recipe: Any, team: str | None, local: bool) -> Any:
+    """The recipe with the layout its newest tuning run chose (on the emulator's CPU with --local, else
+    on the recipe's GPU): a CPU choice never becomes a GPU run's layout."""
+    from trainstack.tuning.candidates import apply
+    from trainstack.tuning.store import Store
+
+    store = Store()
+    result = store.latest_result(recipe.name, team)
+    wanted_gpu = "cpu" if local else recipe.instance.gpu.name
+    if result is None or result["hardware"]["gpu"] != wanted_gpu or result.get("overrides") is None:
+        raise TrainstackError(
+            f"--tuned: no tuning result for {recipe.name}"
+            + (f" (team {team})" if team else "")
+            + f" on {wanted_gpu} in {store.path}: run `trainstack tune {recipe.name}"
+            + (f" --team {team}" if team else "")
+            + (" --local" if local else "")
+            + "` first"
+        )
+    typer.echo(
+        f"tuned: the layout of tuning run {result['run']} ({result['date']}): "
+        + (" ".join(f"--set {o}" for o in result["overrides"]) or "the recipe's own"),
+        err=True,
+    )
+    return apply(recipe, tuple(result["overrides"]), "--tuned")
 
 
 def _mlflow_run(aws: Any, recipe: Any, team: str | None, run: str, hint: str) -> Any:

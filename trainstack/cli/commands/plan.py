@@ -47,6 +47,21 @@ def plan(
     quiet: Annotated[
         bool, typer.Option("--quiet", "-q", help="No warnings about values that look wrong.")
     ] = False,
+    local: Annotated[
+        bool,
+        typer.Option(
+            "--local",
+            help="Beside the arithmetic, the figures measured by `trainstack tune --local` (CPU jobs) "
+            "instead of those measured on the recipe's instance type: a CPU measurement never changes a "
+            "GPU plan.",
+        ),
+    ] = False,
+    ranks: Annotated[
+        int,
+        typer.Option(
+            "--ranks", min=1, max=8, help="--local: the CPU processes per job measured (default 1)."
+        ),
+    ] = 1,
 ) -> None:
     """Plan a recipe: per-GPU memory breakdown and verdict, tokens/s, MFU, time and cost with their
     ranges, the run (jobs, checkpoints), and one recommendation beside the recipe's own values.
@@ -90,11 +105,31 @@ def plan(
             from trainstack.cli.commands.plan_plot import write_memory_plot
 
             write_memory_plot(resolved.recipe, plot)
+        measured = _measured(resolved.recipe, local, ranks)
+        from trainstack.tuning.engine import tuning_estimate_usd
+
+        tuning = {"candidates": 3, "usd": round(tuning_estimate_usd(resolved.recipe, 3), 2)}
         if as_json:
-            typer.echo(json.dumps(result.to_dict(), indent=2))
+            typer.echo(json.dumps({**result.to_dict(), "measured": measured, "tuning_run": tuning}, indent=2))
         else:
             title = resolved.recipe.name + (f" (team {team})" if team else "")
-            print_plan(result, title, _command(recipe, team, set_ or [], result.recommendations.set_flags))
+            lines = [
+                f"tuning run: 3 candidates cost about {tuning['usd']:,.2f} USD of short jobs on these nodes "
+                "(trainstack tune; docs/tuning.md)"
+            ]
+            if measured is not None:
+                lines.append(
+                    f"measured: step {measured['step_time_s']:.4g} s"
+                    + (" of CPU time" if measured["clock"] == "cpu" else "")
+                    + f", {measured['tokens_per_s']:,.0f} tokens/s per GPU on {measured['hardware']} "
+                    f"(planned {measured['planned_step_time_s']:.4g} s): {measured['source']}"
+                )
+            print_plan(
+                result,
+                title,
+                _command(recipe, team, set_ or [], result.recommendations.set_flags),
+                tuple(lines),
+            )
             if plot is not None:
                 typer.echo(f"wrote {plot}")
     from trainstack.aws import request_check
@@ -103,6 +138,34 @@ def plan(
     budget.enforce(resolved, result)  # over a team cap: the plan above, then one line and exit 2
     request_check.enforce(resolved)  # a request AWS would refuse: likewise (trainstack.aws.request_check)
     raise typer.Exit(0 if result.fits else 1)
+
+
+def _measured(recipe, local: bool, ranks: int) -> dict | None:
+    """What tuning runs measured for this layout on the hardware planned for (trainstack.tuning.store):
+    the recipe's instance type and GPU, or with --local the emulator's CPU jobs; None when nothing was."""
+    from trainstack.tuning.store import Store, recipe_hardware, refit
+
+    if local:
+        from trainstack.tuning.local import local_hardware
+
+        hardware = local_hardware(ranks)
+    else:
+        hardware = recipe_hardware(recipe)
+    found = refit(recipe, hardware, Store())
+    if found is None:
+        return None
+    return {
+        "step_time_s": found.step_time_s,
+        "tokens_per_s": found.tokens_per_s,
+        "peak_mem_gib": found.peak_gib,
+        "planned_step_time_s": found.planned_step_time_s,
+        "exact": found.exact,
+        "clock": found.clock,
+        "source": found.source,
+        "hardware": hardware.describe(),
+        "run": found.run,
+        "date": found.date,
+    }
 
 
 def _command(recipe: str, team: str | None, sets: list[str], new_flags: tuple[str, ...]) -> str:

@@ -146,8 +146,9 @@ def verdict_word(plan: Plan) -> str:
     return "TIGHT" if plan.memory.peak_gib > plan.memory.budget_gib else "FITS"
 
 
-def print_plan(plan: Plan, title: str, command: str) -> None:
-    """The plan as tables, each within PLAN_WIDTH columns. `command` is how to re-run it (for fixes)."""
+def print_plan(plan: Plan, title: str, command: str, measured: tuple[str, ...] = ()) -> None:
+    """The plan as tables, each within PLAN_WIDTH columns. `command` is how to re-run it (for fixes);
+    `measured`: lines of what tuning runs measured (trainstack.tuning), printed before the verdict."""
     from rich.table import Table
 
     from trainstack.planner.run_plan import EXIT_MARGIN_S
@@ -236,6 +237,8 @@ def print_plan(plan: Plan, title: str, command: str) -> None:
             out.print(line, style="dim", markup=False, highlight=False)
 
     _print_recommendation(out, plan, command)
+    for line in measured:
+        out.print(line, markup=False, highlight=False)
     style = {"FITS": "bold green", "TIGHT": "bold yellow"}.get(verdict_word(plan), "bold red")
     detail = plan.verdict.split(": ", 1)[1].split("; fix: ", 1)[0]
     out.print(f"{verdict_word(plan)}: {detail}", style=style, markup=False, highlight=False)

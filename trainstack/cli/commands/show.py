@@ -42,6 +42,7 @@ def show(
 
         sanity.print_warnings(resolved, plan(resolved.recipe))
     values = flatten(resolved.recipe.model_dump(mode="json"))
+    tuned = tuned_line(resolved.recipe.name, team)
     if as_json:
         typer.echo(
             json.dumps(
@@ -49,6 +50,7 @@ def show(
                     "recipe": resolved.recipe.model_dump(mode="json"),
                     "sources": {path: resolved.source_of(path) for path in values},
                     "files": list(resolved.files),
+                    "tuned": tuned,
                 },
                 indent=2,
             )
@@ -69,6 +71,29 @@ def show(
         source = resolved.source_of(path)
         table.add_row(path, json.dumps(value), source, style="dim" if source == "default" else None)
     console().print(table)
+    if tuned is not None:
+        typer.echo(tuned)
+
+
+def tuned_line(recipe: str, team: str | None) -> str | None:
+    """Where the recipe's tuned layout comes from: "chosen by tuning run X on <date>: 1.18x tokens per
+    dollar over the recipe's layout (--set ...)", from the tuning store; None when it was never tuned."""
+    from trainstack.tuning.store import Store
+
+    result = Store().latest_result(recipe, team)
+    if result is None or result.get("overrides") is None:
+        return None
+    gain = result.get("gain")
+    versus = (
+        f"{gain:.2f}x tokens per dollar over the recipe's layout"
+        if gain
+        else "the recipe's layout did not complete"
+    )
+    flags = " ".join(f"--set {o}" for o in result["overrides"]) or "the recipe's own layout"
+    return (
+        f"chosen by tuning run {result['run']} on {result['date']} ({result['hardware']['instance_type']}, "
+        f"{result['hardware']['gpu']}): {versus} ({flags}); `trainstack launch --tuned` uses it"
+    )
 
 
 def flatten(tree: dict, prefix: str = "") -> dict[str, object]:
