@@ -88,6 +88,8 @@ from typing import Any
 
 from trainstack.protocol.container import OPT_ML_ENV, map_opt_ml
 
+BASE_CHANNEL = "base"  # trainstack.aws.channels.BASE_CHANNEL (the emulator imports no aws code)
+
 RANKS_PER_NODE = 2  # CPU ranks per emulated node (fewer when the recipe's batch does not divide)
 KILL_AFTER_S = 120.0  # SIGTERM -> SIGKILL, as SageMaker (StopTrainingJob's API reference)
 TRAINING_LOG_GROUP = "/aws/sagemaker/TrainingJobs"
@@ -453,6 +455,16 @@ class LocalJob:
         self._log_group, self._logs = log_group, logs
 
         hyper, ranks, notes = self._hyperparameters(spec, count)
+        if notes and any(i["name"] == BASE_CHANNEL for i in spec["inputs"]):
+            # The stand-in drops model.init_from (a base model's weights do not fit its shape), so the
+            # base model's channel is not copied: it would be read by nothing, and its placeholder bucket
+            # (a README's s3://example-base-models/...) need not exist in the emulator.
+            spec = {
+                **spec,
+                "inputs": [i for i in spec["inputs"] if i["name"] != BASE_CHANNEL],
+                "channels": [c for c in spec["channels"] if c.get("ChannelName") != BASE_CHANNEL],
+            }
+            notes = [*notes, f"the stand-in reads no base model: channel '{BASE_CHANNEL}' not copied"]
         if self.stop_reason:
             return self._end_stopped()
         for note in notes:
