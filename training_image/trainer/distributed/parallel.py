@@ -66,9 +66,13 @@ def fsdp_units(model: Transformer) -> list[tuple[str, list[torch.nn.Module], boo
 
 
 def shard_model(
-    model: Transformer, mesh: DeviceMesh, mp_policy: MixedPrecisionPolicy = MIXED_PRECISION
+    model: Transformer, mesh: DeviceMesh, mp_policy: MixedPrecisionPolicy | None = None
 ) -> Transformer:
-    """`mp_policy`: the trainer's BF16 policy; tests that compare layouts in FP32 pass an FP32 one."""
+    """`mp_policy`: the trainer's BF16 policy (MIXED_PRECISION, read at call time, not bound at
+    definition, so a test that swaps the module's policy is honoured); tests that compare layouts in FP32
+    pass an FP32 one."""
+    if mp_policy is None:
+        mp_policy = MIXED_PRECISION
     for _, modules, reshard in fsdp_units(model):
         target = modules[0] if len(modules) == 1 else modules
         with _custom_attributes_kept(modules):
