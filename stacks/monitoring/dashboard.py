@@ -176,6 +176,18 @@ class Dashboard(Construct):
                 trainer_graph("straggler_compute_s", "Straggler block compute s", width=6),
             ],
             [
+                # What the tuning runs measure, watched on the long run too: reserved memory is what an OOM
+                # is decided on; a data wait above zero means the loader, not the GPUs, sets the pace.
+                trainer_graph(
+                    "mem_reserved_gib",
+                    "Peak reserved GPU memory GiB",
+                    [line("usable", plan.memory.usable_gib, cw.Color.RED)],
+                    stat="Maximum",
+                ),
+                trainer_graph("data_wait_s", "Data wait s per step"),
+                trainer_graph("cpu_time_s", "Host CPU s per step"),
+            ],
+            [
                 host_graph(
                     "GPU memory utilization",
                     "GPUMemoryUtilization",

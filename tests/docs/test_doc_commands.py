@@ -17,7 +17,12 @@ How they run:
   not yet. Others run with no AWS credentials at all (AWS_REGION us-west-2, for synthesis).
 - emulator adaptations, the only changes made to a command: `npx cdk deploy` gets `--method=direct`
   (the emulator loses cross-stack exports on the change-set path, ../shared/README.md section 7) and
-  `--require-approval=never` (no terminal to confirm IAM changes in).
+  `--require-approval=never` (no terminal to confirm IAM changes in); `trainstack launch` of a recipe
+  of more than LAUNCH_STEPS steps gets `--max-steps LAUNCH_STEPS` (a smaller one stays): a base
+  recipe's run trains its stand-in on this machine (trainstack.emulator.stand_in) for thousands of steps,
+  and several such runs would train through the rest of the test and every test beside it, where a run
+  of a few steps shows the same launch, stop, resume and completion; `trainstack status --watch`
+  refreshes twice.
 - a command already run successfully in the same group, with the same words in any order (comments
   aside), is not run again.
 After `make demo`, the "Try next" commands it prints are run too (its last, `emulator stop`, at the end).
@@ -48,11 +53,15 @@ AWS_COMMAND = re.compile(
     r"|\bmake demo\b"
 )
 RECIPE_COMMAND = re.compile(
-    r"\btrainstack (?:launch|status|logs|runs|stop|resume) (?P<recipe>[a-z0-9][a-z0-9-]*)"
+    # a recipe or run name, not a recipe file's path (`runs scripts/demo-tiny.yaml`: the demo deploys it)
+    r"\btrainstack (?:launch|status|logs|runs|stop|resume) (?P<recipe>[a-z0-9][a-z0-9-]*)(?![\w./-])"
 )
 TEAM = re.compile(r"--team[ =](?P<team>[a-z][a-z0-9]*)")
 STOP_COMMAND = re.compile(r"\btrainstack stop (?P<run>ts-[a-z0-9-]+)")
 TRY_NEXT = re.compile(r"^  (?P<command>\S.*?)\s+# ")
+LAUNCH = re.compile(r"\btrainstack launch (?P<recipe>[a-z0-9][a-z0-9-]*)(?![\w./-])(?P<rest>[^;&|#]*)")
+MAX_STEPS = re.compile(r"--max-steps[ =](?P<steps>[0-9]+)")
+LAUNCH_STEPS = 10
 
 
 def grouped() -> list[tuple[str, list[Command]]]:
@@ -71,6 +80,29 @@ def _block_of(command: Command) -> int:
         if lines[number - 1].lstrip().startswith("```"):
             return number
     return 0
+
+
+def bounded_launch(text: str, recipes_dir: Path) -> str:
+    """`trainstack launch RECIPE ...` with at most LAUNCH_STEPS steps (see the module docstring)."""
+    from trainstack.recipes.loader import resolve
+
+    match = LAUNCH.search(text)
+    if match is None or "--dry-run" in match.group("rest") or "--tuned" in match.group("rest"):
+        return text
+    team = TEAM.search(match.group("rest"))
+    try:
+        recipe = resolve(match.group("recipe"), team and team.group("team"), recipes_dir=recipes_dir).recipe
+    except Exception:  # the command itself says what is wrong with it
+        return text
+    given = MAX_STEPS.search(match.group("rest"))
+    steps = int(given.group("steps")) if given else recipe.training.steps
+    if steps <= LAUNCH_STEPS:
+        return text
+    rest = match.group("rest")
+    rest = (
+        MAX_STEPS.sub(f"--max-steps {LAUNCH_STEPS}", rest) if given else f" --max-steps {LAUNCH_STEPS}{rest}"
+    )
+    return text[: match.start("rest")] + rest + text[match.end("rest") :]
 
 
 def adapt_for_emulator(text: str) -> str:
@@ -94,9 +126,13 @@ class Workspace:
     deployed: set[tuple[str, str | None]] = field(default_factory=set)
     demo_output: str = ""
     failures: list[str] = field(default_factory=list)
+    timings: list[tuple[float, str]] = field(default_factory=list)  # (seconds, command): where time goes
 
     def shell(self, text: str, env: dict[str, str], timeout: float = TIMEOUT_S) -> tuple[int, str, dict]:
         """Run one command in bash; returns (exit status, output, the environment it left)."""
+        import time
+
+        started = time.monotonic()
         env_file = self.home / ".docs-test-env"
         script = f"set -o pipefail\n{text}\nstatus=$?\nenv -0 > {shlex.quote(str(env_file))}\nexit $status\n"
         done = subprocess.run(
@@ -112,6 +148,7 @@ class Workspace:
             pairs = env_file.read_text().split("\0")
             after = dict(p.split("=", 1) for p in pairs if "=" in p)
             env_file.unlink()
+        self.timings.append((time.monotonic() - started, text.strip().splitlines()[0][:100]))
         return done.returncode, done.stdout + done.stderr, after
 
 
@@ -240,7 +277,7 @@ def _run_block(ws: Workspace, commands: list[Command]) -> None:
     for command in commands:
         if command.skip is not None:
             continue
-        text = adapt_for_emulator(command.text) if aws else command.text
+        text = bounded_launch(adapt_for_emulator(command.text), ws.repo / "recipes") if aws else command.text
         key = (_words(text), aws)
         if key in ws.done and "export " not in text and "eval " not in text:
             continue  # ran already, with the same words, at ws.done[key]
@@ -371,6 +408,9 @@ def test_every_documented_command_runs(tmp_path: Path) -> None:
         for _, commands in GROUPS:
             _run_block(ws, commands)
         _demo_next_steps(ws)
+    print("slowest documented commands (-s shows this):")  # the test is most of the suite's time
+    for seconds, text in sorted(ws.timings, reverse=True)[:30]:
+        print(f"  {seconds:7.1f} s  {text}")
     ran = len(ws.done)
     assert not ws.failures, f"{len(ws.failures)} documented command(s) failed ({ran} ran):\n\n" + "\n\n".join(
         ws.failures

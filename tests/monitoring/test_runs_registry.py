@@ -26,7 +26,11 @@ def item(**changes) -> dict:
         "ended": {
             "M": {
                 f"{RUN}-1": {
-                    "M": {"job_status": {"S": "Stopped"}, "secondary_status": {"S": "MaxRuntimeExceeded"}}
+                    "M": {
+                        "job_status": {"S": "Stopped"},
+                        "secondary_status": {"S": "MaxRuntimeExceeded"},
+                        "rule": {"S": "MaxRuntime"},
+                    }
                 }
             }
         },
@@ -79,7 +83,13 @@ def test_progress_and_cost_come_from_every_job_at_the_planned_price() -> None:
     assert v.tokens == 1234 * 8388608 and not v.unsupervised
     d = v.as_dict()
     assert {"run", "recipe", "team", "state", "jobs", "checkpoint_uri"} <= set(d)
-    assert d["jobs"][0] == {"name": f"{RUN}-1", "index": 1, "status": "Stopped", "secondary_status": ""}
+    assert d["jobs"][0] == {
+        "name": f"{RUN}-1",
+        "index": 1,
+        "status": "Stopped",
+        "secondary_status": "",
+        "rule": "MaxRuntime",  # the supervisor's decision, as recorded in the item
+    }
 
 
 def test_a_pending_decision_or_a_capacity_wait_is_never_advised_to_be_stopped_and_resumed() -> None:

@@ -231,7 +231,9 @@ def test_every_metric_regex_matches_real_lines_and_only_the_intended_numbers(str
     assert [d["Name"] for d in definitions] == [f.metric_name for f in FIELDS]
     for line in lines:
         printed = dict(token.split("=", 1) for token in line.split())
-        assert list(printed) == [f.key for f in FIELDS if not f.optional]  # tiny.yaml: no validation
+        # tiny.yaml has no validation: every field but the validation ones (optional ones that only
+        # older images leave out are printed by this trainer on every log step).
+        assert list(printed) == [f.key for f in FIELDS if not f.key.startswith("val_loss")]
         for field, definition in zip(FIELDS, definitions, strict=True):
             found = re.findall(definition["Regex"], line)
             assert found == ([printed[field.key]] if field.key in printed else []), (definition, line)

@@ -138,8 +138,8 @@ def test_a_base_recipe_trains_a_stand_in_with_everything_but_the_model_and_step_
     decided = stand_in.decide(to_hyperparameters(recipe), 1, 2, 64 * GIB)
     assert decided.note.startswith("stand-in: recipe 8b-fp8 needs ") and "32.0 GiB budget" in decided.note
     small = from_hyperparameters(decided.hyperparameters)
-    assert (small.model.layers, small.model.hidden, small.model.vocab) == (2, 64, recipe.model.vocab)
-    assert small.precision.dtype == "bf16" and small.training.seq_len == 128
+    assert (small.model.layers, small.model.hidden, small.model.vocab) == (2, 32, recipe.model.vocab)
+    assert small.precision.dtype == "bf16" and small.training.seq_len == 32
     assert small.training.global_batch == 8 and small.training.micro_batch == 1
     for same in ("steps", "lr", "warmup_steps", "log_every", "seed"):
         assert getattr(small.training, same) == getattr(recipe.training, same), same

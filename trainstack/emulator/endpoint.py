@@ -109,7 +109,7 @@ class Emulator:
         """The moto server's process id (None when not started here)."""
         return self._process.pid if self._process is not None else None
 
-    def start(self, timeout_s: float = 30.0, detach: bool = False) -> Emulator:
+    def start(self, timeout_s: float = 120.0, detach: bool = False) -> Emulator:
         """Start the server and wait until it answers. `detach`: in its own session, so it outlives this
         process and a Ctrl-C in this terminal (stop it with `trainstack emulator stop`)."""
         if importlib.util.find_spec("moto") is None or importlib.util.find_spec("flask") is None:
@@ -132,10 +132,17 @@ class Emulator:
                 urllib.request.urlopen(f"{self.endpoint}/moto-api/data.json", timeout=2).close()
                 break
             except OSError:
-                if self._process.poll() is not None or time.monotonic() > deadline:
+                exited = self._process.poll()
+                if exited is not None or time.monotonic() > deadline:
                     self.stop()
+                    why = (
+                        f"its server exited with {exited}"
+                        if exited is not None
+                        else f"not within {timeout_s:g} s"
+                    )
+                    where = f"; its log: {self.log_path}" if self.log_path else ""
                     raise TrainstackError(
-                        f"the local AWS emulator did not start on port {self.port}"
+                        f"the local AWS emulator did not start on port {self.port} ({why}{where})"
                     ) from None
                 time.sleep(0.2)
         self._configure({"stepfunctions": {"execute_state_machine": True}})
@@ -163,7 +170,9 @@ class Emulator:
         if self._process is not None and self._process.poll() is None:
             self._process.terminate()
             try:
-                self._process.wait(timeout=10)
+                # The server kills its jobs' process trees on SIGTERM; a SIGKILL before it is done would
+                # leave them running (30 s: a loaded 2-core machine).
+                self._process.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 self._process.kill()
                 self._process.wait()
@@ -298,7 +307,7 @@ def running(path: Path | None = None, timeout_s: float = 30.0) -> dict | None:
     return state if answers(state["endpoint"], timeout_s=timeout_s) else None
 
 
-def stop_recorded(path: Path | None = None, timeout_s: float = 15.0) -> dict | None:
+def stop_recorded(path: Path | None = None, timeout_s: float = 30.0) -> dict | None:
     """Stop the recorded emulator's server (`path`, default: state_file()) (SIGTERM, then SIGKILL after
     `timeout_s`) and remove the record. Returns the record it stopped, or None when none was running (a
     stale record is removed)."""

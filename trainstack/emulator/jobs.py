@@ -391,8 +391,7 @@ class LocalJob:
         """Ended by hand (a test's end_training_job): kill the processes, change no status."""
         self.killed = True
         self.stop_reason = self.stop_reason or "Stopped"
-        for node in self.nodes:
-            _kill_group(node.process)
+        _kill_trees([node.process for node in self.nodes])
 
     # --- the job's life ---
     def _status(self, status: str, secondary: str | None, message: str) -> None:
@@ -902,7 +901,23 @@ def descendants(pid: int, parents: Mapping[int, int]) -> list[int]:
 
 
 def _process_parents() -> dict[int, int]:
-    """child -> parent for every process (`ps`, on Linux and macOS alike)."""
+    """child -> parent for every process: from /proc on Linux (no process to start, which matters when
+    the server is being stopped on a loaded machine), else `ps` (macOS)."""
+    proc = Path("/proc")
+    if proc.is_dir():
+        parents = {}
+        for entry in proc.iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:  # gone meanwhile
+                continue
+            # pid (comm) state ppid ...: comm may hold spaces and parentheses, so split after the last ')'
+            fields = stat[stat.rfind(")") + 2 :].split()
+            if len(fields) > 1 and fields[1].isdigit():
+                parents[int(entry.name)] = int(fields[1])
+        return parents
     try:
         listed = subprocess.run(["ps", "-A", "-o", "pid=,ppid="], capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.TimeoutExpired):
@@ -916,15 +931,23 @@ def _process_parents() -> dict[int, int]:
 
 
 def _kill_group(process: subprocess.Popen | None) -> None:
-    """SIGKILL the node's whole process tree: its process group (the entry point, torchrun) and every
-    descendant, which matters because torchrun starts each worker in a session of its own."""
-    if process is None or process.poll() is not None:
-        return  # exited and reaped: its PID may belong to another process by now
-    # Freeze the tree first (SIGSTOP), looking again until no new process appears, so nothing forked
+    _kill_trees([process])
+
+
+def _kill_trees(processes: Sequence[subprocess.Popen | None]) -> None:
+    """SIGKILL each node's whole process tree: its process group (the entry point, torchrun) and every
+    descendant, which matters because torchrun starts each worker in a session of its own. All trees at
+    once: a server being stopped has seconds, not one process-table scan per node."""
+    roots = [p.pid for p in processes if p is not None and p.poll() is None]  # exited and reaped: its PID
+    if not roots:  # may belong to another process by now
+        return
+    # Freeze the trees first (SIGSTOP), looking again until no new process appears, so nothing forked
     # meanwhile escapes as an orphan; then SIGKILL all of it.
     frozen: list[int] = []
     for _ in range(5):
-        new = [p for p in [process.pid, *descendants(process.pid, _process_parents())] if p not in frozen]
+        parents = _process_parents()
+        tree = [*roots, *(pid for root in roots for pid in descendants(root, parents))]
+        new = [p for p in tree if p not in frozen]
         if not new:
             break
         for pid in new:
@@ -947,7 +970,9 @@ def kill_all() -> None:
     with _LOCK:
         running = list(_RUNNING.values())
     for runner in running:
-        runner.kill()
+        runner.killed = True
+        runner.stop_reason = runner.stop_reason or "Stopped"
+    _kill_trees([node.process for runner in running for node in runner.nodes])
 
 
 # --- entry points for the server's handlers -------------------------------------------------------

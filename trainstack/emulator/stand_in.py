@@ -6,11 +6,14 @@ still runs the trainer for real, on a stand-in: the recipe with its model scaled
 as given (steps, learning-rate schedule, checkpoints, validation, tracking, stops, data channels and
 tokenizer, instance type and count):
 
-- model: STAND_IN_SHAPE (2 blocks of width 64, 4 heads, 2 KV heads when the recipe uses grouped-query
+- model: STAND_IN_SHAPE (2 blocks of width 32, 4 heads, 2 KV heads when the recipe uses grouped-query
   attention, else 4), the recipe's own vocabulary (its tokenizer's ids must fit) and tied embeddings;
   model.init_from is dropped (a base model's weights do not fit the stand-in's shape);
 - a step: micro_batch 1 and global_batch 8 x nodes (one sequence per planned GPU, the least the recipe's
-  own layout check accepts), seq_len at most STAND_IN_SEQ_LEN (128) tokens, loss chunks at most that;
+  own layout check accepts), seq_len at most STAND_IN_SEQ_LEN (32) tokens, loss chunks at most that.
+  A base recipe's vocabulary (128K-152K) makes the output layer most of a stand-in's compute, so its
+  cost grows with tokens x width x vocabulary: 32 tokens x 32 wide instead of 128 x 64 made a 30b-fp8
+  stand-in step 3.1x cheaper (bench/stand_in_step.py, docs/benchmarks.md);
 - precision bf16 (Transformer Engine's FP8 needs a GPU), tensor and context parallelism 1 (the trainer's
   CPU path shards with FSDP only), training.compile off.
 
@@ -36,8 +39,8 @@ from dataclasses import dataclass
 from trainstack.recipes.schema import Recipe
 
 HOST_MEMORY_FRACTION = 0.5
-STAND_IN_SHAPE = {"layers": 2, "hidden": 64, "heads": 4, "ffn": 176}
-STAND_IN_SEQ_LEN = 128
+STAND_IN_SHAPE = {"layers": 2, "hidden": 32, "heads": 4, "ffn": 88}
+STAND_IN_SEQ_LEN = 32
 PLANNED_GPUS_PER_NODE = 8  # the recipe's own layout check counts 8 GPUs a node
 STAND_IN_NOTE_PREFIX = "stand-in"
 GIB = 1024**3
