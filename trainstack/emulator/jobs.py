@@ -389,9 +389,16 @@ class LocalJob:
 
     def kill(self) -> None:
         """Ended by hand (a test's end_training_job): kill the processes, change no status."""
+        self.mark_killed()
+        _kill_trees(self.processes())
+
+    def mark_killed(self) -> None:
+        """From now on no status change: the job's processes are being killed, not ended by the job."""
         self.killed = True
         self.stop_reason = self.stop_reason or "Stopped"
-        _kill_trees([node.process for node in self.nodes])
+
+    def processes(self) -> list[subprocess.Popen | None]:
+        return [node.process for node in self.nodes]
 
     # --- the job's life ---
     def _status(self, status: str, secondary: str | None, message: str) -> None:
@@ -422,8 +429,7 @@ class LocalJob:
                 f"InternalServerError: the emulator could not run the job: {error}"[:FAILURE_REASON_MAX]
             )
         finally:
-            for node in self.nodes:
-                _kill_group(node.process)
+            _kill_trees(self.processes())
             with _LOCK:
                 _RUNNING.pop(self.name, None)
 
@@ -523,8 +529,7 @@ class LocalJob:
                 for node in self.nodes:
                     _signal(node.process, signal.SIGTERM)
             if signalled_at is not None and time.monotonic() - signalled_at > SETTINGS.kill_after_s:
-                for node in self.nodes:
-                    _kill_group(node.process)
+                _kill_trees(self.processes())
             if time.monotonic() - last_flush > FLUSH_S:
                 self._flush()
                 last_flush = time.monotonic()
@@ -930,10 +935,6 @@ def _process_parents() -> dict[int, int]:
     return parents
 
 
-def _kill_group(process: subprocess.Popen | None) -> None:
-    _kill_trees([process])
-
-
 def _kill_trees(processes: Sequence[subprocess.Popen | None]) -> None:
     """SIGKILL each node's whole process tree: its process group (the entry point, torchrun) and every
     descendant, which matters because torchrun starts each worker in a session of its own. All trees at
@@ -970,9 +971,8 @@ def kill_all() -> None:
     with _LOCK:
         running = list(_RUNNING.values())
     for runner in running:
-        runner.killed = True
-        runner.stop_reason = runner.stop_reason or "Stopped"
-    _kill_trees([node.process for runner in running for node in runner.nodes])
+        runner.mark_killed()
+    _kill_trees([process for runner in running for process in runner.processes()])
 
 
 # --- entry points for the server's handlers -------------------------------------------------------
