@@ -100,3 +100,11 @@ def test_state_machine_executions_and_alarm_status_are_on_the_page(s, widgets):
     (executions,) = [w for w in widgets if w.get("properties", {}).get("title") == title]
     names = {m[1] for m in executions["properties"]["metrics"]}
     assert {"ExecutionsStarted", "ExecutionsFailed", "ExecutionsTimedOut"} <= names
+
+
+def test_the_body_stays_within_what_putdashboard_accepts(widgets):
+    """CloudWatch's Dashboard Body Structure: 0 to 500 widgets; each on a grid 24 units wide (width 1 to
+    24, x from 0, x + width at most 24). moto accepts any body, so the limits are pinned here."""
+    assert 0 < len(widgets) <= 500
+    for w in widgets:
+        assert 1 <= w["width"] <= 24 and w["x"] >= 0 and w["x"] + w["width"] <= 24, w.get("properties", {})
