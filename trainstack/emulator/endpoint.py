@@ -16,6 +16,8 @@ gaps and our workarounds (../shared/README.md section 7):
   shortens them as CloudFormation does;
 - with execution enabled, its CloudFormation puts state machines where its Step Functions API does
   not look: `serve()` points both at the interpreter's backend;
+- its definition parser shares query-language scopes across parses, so one failed or concurrent parse
+  makes it refuse valid definitions afterwards: `isolate_definition_parses()` gives each parse its own;
 - it does not publish CloudFormation stack status events to EventBridge (launch_on_deploy):
   `deliver_stack_status()` plays EventBridge from the deployed rule's own pattern and target;
 - its training jobs complete at once, keep no Environment, cannot be stopped, and send no state-change

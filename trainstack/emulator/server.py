@@ -114,6 +114,7 @@ def serve(argv: list[str], jobs_dir: Path | None = None) -> None:
     from moto.stepfunctions.parser.models import stepfunctions_parser_backends
 
     sfn_models.stepfunctions_backends = stepfunctions_parser_backends
+    isolate_definition_parses()
     # Jobs that really run (trainstack.emulator.jobs), StopTrainingJob, Environment kept (.events).
     port = argv[argv.index("-p") + 1]
     jobs.configure_server(f"http://localhost:{port}", jobs_dir)
@@ -131,6 +132,29 @@ def serve(argv: list[str], jobs_dir: Path | None = None) -> None:
     delivery.install(f"http://localhost:{port}", events.on_status_change)
     _log_error_bodies()
     server.main(argv)
+
+
+def isolate_definition_parses() -> None:
+    """Give each state machine definition parse its own query-language scopes.
+
+    moto's ASL Preprocessor keeps its stack of QueryLanguage scopes in a class attribute, shared by
+    every parse in the process: a parse that raises inside a JSONata state leaves its scopes behind, and
+    two server threads parsing at once (a deploy creating state machines while a delivered event starts
+    an execution) interleave theirs. Either way a later, valid JSONPath definition is refused
+    ("Unsupported declaration in QueryLanguage=JSONPath block: "Variable"...") from then on: a CI run
+    lost a whole documented walkthrough to it. Step Functions parses each definition on its own."""
+    from moto.stepfunctions.parser.asl.parse.preprocessor import Preprocessor
+
+    if getattr(Preprocessor, "_trainstack_isolated", False):
+        return
+    inherited_init = Preprocessor.__init__
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        inherited_init(self, *args, **kwargs)
+        self._query_language_per_scope = []
+
+    Preprocessor.__init__ = __init__
+    Preprocessor._trainstack_isolated = True
 
 
 def _log_error_bodies() -> None:
