@@ -95,6 +95,8 @@ def two_nodes(
     outputs = [p.communicate(timeout=timeout)[0] for p in processes]
     for p, out in zip(processes, outputs, strict=True):
         assert p.returncode == 0, out[-3000:]
+        # Node 0's agent hosts the exit barrier's store and must leave last (STORE_HOST_EXIT_DELAY_S).
+        assert "Error waiting on exit barrier" not in out, out[-3000:]
     return outputs
 
 

@@ -45,6 +45,7 @@ from trainer.data.loader import (
 from trainer.distributed.comms import check_efa
 from trainer.distributed.context_parallel import ContextParallel, apply_context_parallel, build_meshes
 from trainer.distributed.parallel import (
+    end_distributed,
     init_distributed,
     mesh_description,
     set_gradient_sync,
@@ -128,11 +129,7 @@ def run(options: RunOptions) -> int:
         sys.stderr.flush()
         os._exit(0)
     finally:
-        # The sharded model and optimizer are cyclic garbage holding the mesh's process groups: free
-        # them while the groups are up. Left to interpreter exit, a group's worker thread can abort the
-        # process after a finished run (seen with gloo under load), which SageMaker reports as a crash.
-        gc.collect()
-        dist.destroy_process_group()
+        end_distributed()
 
 
 def _train(

@@ -27,8 +27,10 @@ plain `python -m trainer` without torchrun.
 
 from __future__ import annotations
 
+import gc
 import os
 import socket
+import time
 
 import torch
 import torch.distributed as dist
@@ -36,6 +38,13 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from trainer.models.model import Transformer
+
+# torchrun's elastic agents meet at an exit barrier in a store that node 0's agent hosts; the last to
+# arrive sets a key and then waits on it, and if node 0's agent was already waiting it exits at once,
+# closing the store under that last wait: "Error waiting on exit barrier ... DistNetworkError" with a
+# traceback in a finished job's log (pytorch/pytorch#69520, open). Harmless (exit 0) but alarming, so
+# node 0's ranks leave this much after the others, making node 0's agent the last to arrive.
+STORE_HOST_EXIT_DELAY_S = 5.0
 
 MIXED_PRECISION = MixedPrecisionPolicy(
     param_dtype=torch.bfloat16, reduce_dtype=torch.float32, cast_forward_inputs=False
@@ -139,3 +148,14 @@ def init_distributed(device_type: str) -> tuple[int, int, torch.device]:
         device = torch.device("cpu")
         dist.init_process_group("gloo")
     return dist.get_rank(), dist.get_world_size(), device
+
+
+def end_distributed() -> None:
+    """Tear the process group down; on node 0 of several, leave after the other nodes' ranks."""
+    # The sharded model and optimizer are cyclic garbage holding the mesh's process groups: free
+    # them while the groups are up. Left to interpreter exit, a group's worker thread can abort the
+    # process after a finished run (seen with gloo under load), which SageMaker reports as a crash.
+    gc.collect()
+    dist.destroy_process_group()
+    if os.environ.get("GROUP_RANK") == "0" and int(os.environ.get("GROUP_WORLD_SIZE", "1")) > 1:
+        time.sleep(STORE_HOST_EXIT_DELAY_S)
