@@ -255,7 +255,8 @@ def _ensure_deployed(ws: Workspace, commands: list[Command]) -> str | None:
             recipe, team = run.recipe, run.team if has_dir else None
         if (recipe, team) in ws.deployed:
             continue
-        prefix = stack_prefix(resolve(recipe, team, recipes_dir=ws.repo / "recipes").recipe, team)
+        resolved = resolve(recipe, team, recipes_dir=ws.repo / "recipes").recipe
+        prefix = stack_prefix(resolved, team)
         existing = {s["StackName"] for s in cfn.describe_stacks()["Stacks"]}
         if f"{prefix}-Launcher" not in existing:
             context = f"-c recipe={recipe}" + (f" -c team={team}" if team else "")
@@ -263,7 +264,35 @@ def _ensure_deployed(ws: Workspace, commands: list[Command]) -> str | None:
             status, out, _ = ws.shell(deploy, env)
             if status != 0:
                 return f"setting up for {command.where}: `{deploy}` failed:\n{out[-3000:]}"
+        if problem := _seed_data(ws, resolved.data.uris):
+            return f"setting up for {command.where}: {problem}"
         ws.deployed.add((recipe, team))
+    return None
+
+
+def _seed_data(ws: Workspace, uris: tuple[str, ...]) -> str | None:
+    """Put token shards where the recipe's data channels point, if nothing is there yet: a team's recipe
+    names its own prepared corpus (docs/data.md prepares one), which the emulator does not have. The
+    shards are this checkout's docs, byte-tokenized (every recipe's vocabulary holds 257 ids)."""
+    from trainstack.emulator.endpoint import clients
+
+    (s3,) = clients(ws.aws_env, "s3")
+    shards = ws.home / "seed-shards"
+    for uri in uris:
+        bucket, _, key_prefix = uri.removeprefix("s3://").partition("/")
+        existing = {b["Name"] for b in s3.list_buckets()["Buckets"]}
+        if bucket in existing and s3.list_objects_v2(Bucket=bucket, Prefix=key_prefix, MaxKeys=1)["KeyCount"]:
+            continue
+        if not shards.is_dir():
+            texts = " ".join(shlex.quote(str(p)) for p in sorted((ws.repo / "docs").glob("*.md")))
+            prepare = f"python -m trainer.prepare.make_shards --tokenizer bytes --out {shards} {texts}"
+            status, out, _ = ws.shell(prepare, ws.base_env)
+            if status != 0:
+                return f"`{prepare}` failed:\n{out[-3000:]}"
+        if bucket not in existing:
+            s3.create_bucket(Bucket=bucket)
+        for path in sorted(p for p in shards.rglob("*") if p.is_file()):
+            s3.upload_file(str(path), bucket, key_prefix + path.relative_to(shards).as_posix())
     return None
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -11,6 +12,8 @@ from typer.testing import CliRunner
 from trainstack.cli.commands import export as export_command
 from trainstack.cli.commands.run_access import team_option
 from trainstack.cli.main import app
+
+REPO = Path(__file__).resolve().parents[2]
 
 runner = CliRunner()
 
@@ -24,9 +27,13 @@ class _StepFunctions:
         return {"executionArn": f"arn:aws:states:us-east-1:123456789012:execution:export:{kwargs['name']}"}
 
 
-def _fake_deployment(monkeypatch, stepfunctions: _StepFunctions) -> None:
+def _fake_deployment(monkeypatch, stepfunctions: _StepFunctions, request: dict | None = None) -> None:
     record = SimpleNamespace(
-        exports=(), run_id="r1", checkpoint_uri="s3://b/checkpoints/platform/1b-bf16/r1/", overrides={}
+        exports=(),
+        run_id="r1",
+        checkpoint_uri="s3://b/checkpoints/platform/1b-bf16/r1/",
+        overrides={},
+        request=request or {},
     )
     where = SimpleNamespace(launcher={"ExportStateMachineArn": "arn:aws:states:::stateMachine:export"})
     aws = SimpleNamespace(client=lambda service: stepfunctions, where="the emulator", local=True)
@@ -50,3 +57,18 @@ def test_export_starts_for_the_default_team_and_for_a_team_with_files(monkeypatc
 def test_the_default_team_deploys_without_team_files_and_a_team_with_files_with_them():
     assert team_option("platform") is None  # recipes/teams/platform does not exist
     assert team_option("nlp") == "nlp"
+
+
+def test_a_recipe_files_run_is_sized_from_the_recipe_its_request_records(monkeypatch):
+    """`make demo` launches a recipe file (demo-tiny), whose name recipes/ does not know."""
+    from trainstack.recipes.loader import resolve
+    from trainstack.recipes.schema import to_hyperparameters
+
+    recipe = resolve(str(REPO / "tests/trainer/fixtures/tiny.yaml"), None).recipe
+    stepfunctions = _StepFunctions()
+    _fake_deployment(monkeypatch, stepfunctions, request={"HyperParameters": to_hyperparameters(recipe)})
+    run = f"ts-platform-{recipe.name}--r1"
+    result = runner.invoke(app, ["export", run])
+    assert result.exit_code == 0, result.output
+    assert "unknown recipe" not in result.output
+    assert f"exporting run {run}" in result.output

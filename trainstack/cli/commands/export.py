@@ -47,6 +47,7 @@ def export(
     from botocore.exceptions import BotoCoreError, ClientError
 
     from trainstack.aws.export_job import EXPORTS_PER_RUN, export_input, export_job_name
+    from trainstack.aws.run_request import recipe_of
     from trainstack.aws.session import Aws, explain
     from trainstack.planner.models_io import plan_export
     from trainstack.recipes.loader import resolve
@@ -64,9 +65,15 @@ def export(
         raise TrainstackError(
             f"run {run} has {len(record.exports)} exports, the most a run has (job names -X1 to -X9)"
         )
-    name = parse_run_name(run)
-    # The default team has no team files: its runs are resolved as they were deployed, without --team.
-    planned = plan_export(resolve(name.recipe, team_option(name.team)).recipe)
+    # The recipe the run trains is the one its request records (a recipe file's run, `make demo`'s
+    # demo-tiny, has no name in recipes/); a record from before requests were kept is resolved by name,
+    # as it was deployed (the default team has no team files: without --team).
+    if record.request:
+        recipe = recipe_of(record.request)
+    else:
+        name = parse_run_name(run)
+        recipe = resolve(name.recipe, team_option(name.team)).recipe
+    planned = plan_export(recipe)
     try:
         started = aws.client("stepfunctions").start_execution(
             stateMachineArn=machine,
