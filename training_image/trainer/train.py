@@ -23,7 +23,9 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -156,26 +158,8 @@ def _train(
     check_precision(recipe.precision, device.type, backend.name)
     log.info("comms gate: %s", check_efa(device, rank, world))
     data_dir = None if options.synthetic else options.data_dir
-    if data_dir is None and recipe.data.train_s3_uri and not options.synthetic:
-        raise TrainstackError(
-            f"data.train_s3_uri is {recipe.data.train_s3_uri} but no --data-dir / training "
-            "channel is mounted (pass --synthetic to train on synthetic tokens anyway)"
-        )
-
-    def open_dataset(directory: Path | None, uri: str | None = None) -> TokenSource:
-        return open_source(
-            directory,
-            recipe.training.seq_len,
-            recipe.model.vocab,
-            recipe.training.seed,
-            tokenizer=recipe.data.tokenizer,
-            uri=uri,
-        )
-
-    if recipe.data.sources and not options.synthetic:
-        token_source: TokenSource = blend.open_blend(recipe, options.data_dir, open_dataset)
-    else:
-        token_source = open_dataset(data_dir, recipe.data.train_s3_uri)
+    open_dataset = partial(_open_dataset, recipe)
+    token_source = _open_training_data(recipe, options, open_dataset)
     # The (replicate, shard, cp) mesh and this rank's CP group (trainer.distributed.context_parallel);
     # at cp 1 the FSDP (or HSDP) mesh alone.
     meshes = build_meshes(device.type, world, layout.shard, layout.cp, recipe.training.seq_len)
@@ -196,17 +180,8 @@ def _train(
         open_store=open_storage,
     )
 
-    torch.manual_seed(recipe.training.seed)
-    model = build_model(recipe.model, recipe.training.seq_len, backend, recipe.training.loss_chunk_tokens)
-    apply_context_parallel(model, cp, device)  # before compile: the blocks trace the CP attention
-    recomputed = apply_activation_checkpointing(model, ac)
-    compiled, compile_note = compile_decision(recipe.training.compile, device.type, backend.name)
-    if compiled:  # per block, after checkpointing and before sharding, as torchtitan orders it
-        compile_blocks(model)
     mesh = meshes.fsdp
-    shard_model(model, mesh)
-    model.to_empty(device=device)
-    model.init_weights()
+    model, recomputed, compile_note = _build_sharded_model(recipe, backend, cp, mesh, device)
     optimizer = build_optimizer(model, recipe.training, device.type)
     scheduler = build_scheduler(optimizer, recipe.training)
     log.info(
@@ -250,37 +225,9 @@ def _train(
         recipe=recipe_record(recipe),
         data_schedule=blend.schedule_of(token_source),
     )
-    # The newest intact checkpoint (damaged ones skipped; exit 2 if none of several is intact), or
-    # TRAINSTACK_RESUME_STEP's; unsafe recipe changes refused before anything loads (checkpoint/resume.py)
-    resuming, resumed = resume_checkpoint(checkpoints, recipe, model, optimizer, scheduler)
-    if resumed is not None:
-        state, latest = resumed, resumed.step
-        if not same_data(state.data_source, token_source.name):
-            raise TrainstackError(
-                f"{checkpoints.describe(latest)}: was trained on {state.data_source}, this run reads "
-                f"{token_source.name}; use a new checkpoint location for new data"
-            )
-        token_source = blend.resumed_source(token_source, recipe, state.data_schedule, state.samples_consumed)
-        log.info(
-            "resumed from %s: step %d, data position %d",
-            checkpoints.describe(latest),
-            state.step,
-            state.samples_consumed,
-        )
-        state = apply_changes(resuming, state, recipe, optimizer, scheduler)
-    else:
-        log.info("no checkpoint in %s: a new run, starting at step 0", checkpoints.location)
-        if recipe.model.init_from:  # a new run from a base model; resuming (above) ignores it
-            base = start_from_base(
-                model, recipe.model, int(os.environ.get("LOCAL_RANK", "0")), checkpoints.group
-            )
-            log.info(
-                "loaded base model %s (%d tensors, %.2f GB read by this rank in %.1f s; fresh optimizer)",
-                recipe.model.init_from,
-                base.tensors,
-                base.bytes_read / 1e9,
-                base.seconds,
-            )
+    state, token_source = _resume_or_start(
+        checkpoints, recipe, model, optimizer, scheduler, state, token_source
+    )
     max_steps = options.max_steps if options.max_steps is not None else recipe.training.steps
     ctx = LoopContext(
         recipe=recipe,
@@ -312,6 +259,96 @@ def _train(
     finally:
         if not checkpoints.abandoned:
             checkpoints.close()
+
+
+def _open_dataset(recipe: Recipe, directory: Path | None, uri: str | None = None) -> TokenSource:
+    """One prepared dataset (or, without a directory, the synthetic set) as this recipe reads it."""
+    return open_source(
+        directory,
+        recipe.training.seq_len,
+        recipe.model.vocab,
+        recipe.training.seed,
+        tokenizer=recipe.data.tokenizer,
+        uri=uri,
+    )
+
+
+def _open_training_data(
+    recipe: Recipe, options: RunOptions, open_dataset: Callable[..., TokenSource]
+) -> TokenSource:
+    """The training samples: a blend, one dataset, or the synthetic set; never synthetic by accident."""
+    if options.synthetic:
+        return open_dataset(None, recipe.data.train_s3_uri)
+    if options.data_dir is None and recipe.data.train_s3_uri:
+        raise TrainstackError(
+            f"data.train_s3_uri is {recipe.data.train_s3_uri} but no --data-dir / training "
+            "channel is mounted (pass --synthetic to train on synthetic tokens anyway)"
+        )
+    if recipe.data.sources:
+        return blend.open_blend(recipe, options.data_dir, open_dataset)
+    return open_dataset(options.data_dir, recipe.data.train_s3_uri)
+
+
+def _build_sharded_model(
+    recipe: Recipe, backend: Any, cp: ContextParallel, mesh: DeviceMesh, device: torch.device
+) -> tuple[Transformer, list, str]:
+    """The model as the recipe lays it out, in torchtitan's order: context parallelism, activation
+    checkpointing, compile per block, FSDP2; then materialized and initialized from the seed.
+    Returns (model, the recomputed blocks, what compile did)."""
+    torch.manual_seed(recipe.training.seed)
+    model = build_model(recipe.model, recipe.training.seq_len, backend, recipe.training.loss_chunk_tokens)
+    apply_context_parallel(model, cp, device)  # before compile: the blocks trace the CP attention
+    recomputed = apply_activation_checkpointing(model, recipe.activation_checkpointing)
+    compiled, compile_note = compile_decision(recipe.training.compile, device.type, backend.name)
+    if compiled:  # per block, after checkpointing and before sharding, as torchtitan orders it
+        compile_blocks(model)
+    shard_model(model, mesh)
+    model.to_empty(device=device)
+    model.init_weights()
+    return model, recomputed, compile_note
+
+
+def _resume_or_start(
+    checkpoints: CheckpointManager,
+    recipe: Recipe,
+    model: Transformer,
+    optimizer: torch.optim.Optimizer,
+    scheduler: LRScheduler,
+    fresh: TrainerState,
+    token_source: TokenSource,
+) -> tuple[TrainerState, TokenSource]:
+    """Where this job starts: the newest intact checkpoint (damaged ones skipped; exit 2 if none of
+    several is intact) or TRAINSTACK_RESUME_STEP's, with unsafe recipe changes refused before anything
+    loads (checkpoint/resume.py); else step 0, from the recipe's base model when it names one."""
+    resuming, resumed = resume_checkpoint(checkpoints, recipe, model, optimizer, scheduler)
+    if resumed is None:
+        log.info("no checkpoint in %s: a new run, starting at step 0", checkpoints.location)
+        if recipe.model.init_from:  # a new run from a base model; resuming ignores it
+            base = start_from_base(
+                model, recipe.model, int(os.environ.get("LOCAL_RANK", "0")), checkpoints.group
+            )
+            log.info(
+                "loaded base model %s (%d tensors, %.2f GB read by this rank in %.1f s; fresh optimizer)",
+                recipe.model.init_from,
+                base.tensors,
+                base.bytes_read / 1e9,
+                base.seconds,
+            )
+        return fresh, token_source
+    latest = resumed.step
+    if not same_data(resumed.data_source, token_source.name):
+        raise TrainstackError(
+            f"{checkpoints.describe(latest)}: was trained on {resumed.data_source}, this run reads "
+            f"{token_source.name}; use a new checkpoint location for new data"
+        )
+    token_source = blend.resumed_source(token_source, recipe, resumed.data_schedule, resumed.samples_consumed)
+    log.info(
+        "resumed from %s: step %d, data position %d",
+        checkpoints.describe(latest),
+        resumed.step,
+        resumed.samples_consumed,
+    )
+    return apply_changes(resuming, resumed, recipe, optimizer, scheduler), token_source
 
 
 @dataclass(frozen=True)
@@ -472,16 +509,7 @@ def _loop(ctx: LoopContext, state: TrainerState, max_steps: int, stop: StopReque
                 ctx.timer.collect()
                 stopping = True
                 break
-            checkpoints.wait_for_staging()  # the optimizer step changes what an in-flight save copies
-            if faults.nan_gradients_at(step + 1):  # test-only (trainer.runtime.faults): a diverged step
-                next(model.parameters()).grad.mul_(float("nan"))
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), tr.grad_clip)
-            if hasattr(grad_norm, "full_tensor"):
-                grad_norm = grad_norm.full_tensor()
-            lr = optimizer.param_groups[0]["lr"]
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
+            grad_norm, lr = _optimizer_step(ctx, step + 1)
             step += 1
             position += layout.global_batch
             step_loss = done.loss_sum / layout.grad_accum  # this rank's mean over its micro-steps
@@ -547,6 +575,22 @@ def _loop(ctx: LoopContext, state: TrainerState, max_steps: int, stop: StopReque
         if capacity is not None:
             capacity.cancel()
     return 0
+
+
+def _optimizer_step(ctx: LoopContext, step: int) -> tuple[torch.Tensor, float]:
+    """Step `step`'s update: gradients clipped, optimizer and schedule stepped, gradients freed.
+    Returns (the gradient norm before clipping, the learning rate the step used)."""
+    ctx.checkpoints.wait_for_staging()  # the optimizer step changes what an in-flight save copies
+    if faults.nan_gradients_at(step):  # test-only (trainer.runtime.faults): a diverged step
+        next(ctx.model.parameters()).grad.mul_(float("nan"))
+    grad_norm = torch.nn.utils.clip_grad_norm_(ctx.model.parameters(), ctx.recipe.training.grad_clip)
+    if hasattr(grad_norm, "full_tensor"):
+        grad_norm = grad_norm.full_tensor()
+    lr = ctx.optimizer.param_groups[0]["lr"]
+    ctx.optimizer.step()
+    ctx.scheduler.step()
+    ctx.optimizer.zero_grad(set_to_none=True)
+    return grad_norm, lr
 
 
 def _metric_line(

@@ -1,4 +1,5 @@
-"""Checkpoints: saving, loading and pruning them (`manager`, CheckpointManager), their digests
+"""Checkpoints: saving, loading and pruning them (`manager`, CheckpointManager, over `write` and `read`:
+one checkpoint written, one loaded), what they hold besides the shards (`state`), their digests
 (`integrity`), finding the newest intact one (`discovery`) and resuming a run from it with the
 recipe's changes (`resume`).
 

@@ -6,47 +6,35 @@ straight from every rank) in trainer.storage; which folders are candidates in
 trainer.checkpoint.discovery; how digests are computed while writing and checked while reading in
 trainer.checkpoint.integrity.
 
-A save, step by step (`_write`, on a background thread, over a gloo process group of its own so
-nothing interleaves with the training loop's collectives; every rank runs the same collectives in
-the same order whatever fails, so a failure never leaves one rank waiting):
- 1. the state is staged to host memory: `DefaultStager` with pinned, cached buffers and a side CUDA
-    stream, so the copy overlaps the next step's compute; the loop waits for it only before the next
-    optimizer step (`wait_for_staging`), which is the first thing that changes what is being saved.
-    With `asynchronous=False` (--sync-checkpoints) every save is blocking instead: written from the
-    live state while the loop waits, so what is marked complete is exactly the step it names;
- 2. rank-N.pt and the DCP shards are written, each file's size and SHA-256 taken from the bytes as
-    they stream out; DCP returns on every rank once all shards and .metadata are written (and raises
-    on every rank if any rank failed);
- 3. each rank writes its manifest (its files, sizes and digests); an all-reduce tells every rank
-    whether all did;
- 4. every rank's file table is gathered; rank 0 writes COMPLETE.json listing every file, and says
-    whether that worked; only then is the step counted complete;
- 5. older checkpoints are pruned (below), by rank 0 on S3 or the first rank of each node locally.
+A save: `save` stages the state to host memory (`DefaultStager` with pinned, cached buffers and a side
+CUDA stream, so the copy overlaps the next step's compute; the loop waits for it only before the next
+optimizer step, `wait_for_staging`, the first thing that changes what is being saved) and writes it on
+a background thread (trainer.checkpoint.write: shards, manifests, marker); then older checkpoints are
+pruned (below), by rank 0 on S3 or the first rank of each node locally. With `asynchronous=False`
+(--sync-checkpoints) every save is blocking instead: written from the live state while the loop
+waits, so what is marked complete is exactly the step it names.
+
 No step-0 checkpoint is ever written: a stop before the first step has nothing the recipe's seed does
 not already give, and DCP's `get_state_dict` would first give the fresh optimizer a step of its own
 (torch initialises optimizer state by running `step()` with zero gradients), so a resume from it
 would count one step too many.
 
-Resume (`resume`): rank 0 inspects every step folder (trainer.checkpoint.discovery) and tells every rank; the
-newest candidate is loaded with every file verified against its digest by one rank
-(trainer.checkpoint.integrity);
-a mismatch anywhere makes every rank skip that checkpoint, log which file, and load the next older
-one. When the location holds step folders but none can be resumed from, the job stops (exit 2, fatal
-for the supervisor: `NoIntactCheckpoint`) instead of starting again at step 0 over the run's history;
-an empty location is a new run.
+Resume (`resume`): rank 0 inspects every step folder (trainer.checkpoint.discovery) and tells every
+rank; the newest candidate is loaded with every file verified against its digest by one rank
+(trainer.checkpoint.read); a mismatch anywhere makes every rank skip that checkpoint, log which file,
+and load the next older one. When the location holds step folders but none can be resumed from, the
+job stops (exit 2, fatal for the supervisor: `NoIntactCheckpoint`) instead of starting again at step 0
+over the run's history; an empty location is a new run.
 
 Pruning keeps the newest `keep` checkpoints *known complete* (found complete at start, or finished
-by step 4 in this job; the same list on every rank) and deletes everything older than the oldest of
+by a save in this job; the same list on every rank) and deletes everything older than the oldest of
 them, plus incomplete directories between them. A directory merely present is never counted as one
 of `keep`: a half-written newer checkpoint (an earlier job killed mid-save) must not push the last
 complete one out. Incomplete or damaged directories newer than the newest complete one are left
 alone: they are skipped on resume and replaced when that step is saved again.
 
-Transformer Engine FP8 modules carry their scaling state as `_extra_state`, a byte tensor that is
-empty until the module's first FP8 forward (TE's `get_extra_state` returns `torch.empty(0)` then).
-A freshly built model therefore offers a 0-byte tensor where the checkpoint holds hundreds of bytes,
-and DCP refuses the size change. On load the placeholders for every `_extra_state` are sized from the
-checkpoint's own metadata, then handed to the module's `set_extra_state` through `set_state_dict`.
+What a checkpoint holds besides the shards (TrainerState, Transformer Engine's `_extra_state`):
+trainer.checkpoint.state.
 """
 
 from __future__ import annotations
@@ -63,10 +51,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.metadata import BytesStorageMetadata, Metadata, TensorStorageMetadata
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import get_state_dict
 
 from trainer.checkpoint.discovery import (
     NoIntactCheckpoint,
@@ -79,25 +65,27 @@ from trainer.checkpoint.discovery import (
     step_dirs,
     storage_completeness_problem,
 )
-from trainer.checkpoint.integrity import DigestingWrites, VerifiedReads
-from trainer.runtime import faults
+from trainer.checkpoint.read import read_step
+from trainer.checkpoint.state import (
+    CheckpointDamaged,
+    CheckpointError,
+    TrainerState,
+    rng_state,
+    size_extra_states_from,
+)
+from trainer.checkpoint.write import write_step
 from trainer.storage import CheckpointStorage, open_storage
 from trainstack.protocol.checkpoint_format import (
     DAMAGED,
     MARKER,
-    FileRecord,
     Inspection,
     extras_name,
-    manifest_document,
     manifest_name,
-    marker_document,
-    record_of,
     step_dir_name,
 )
 from trainstack.protocol.metrics import checkpoint_saved_line
 
 log = logging.getLogger("trainer.checkpoint")  # its log lines' name before the package move
-EXTRA_STATE = "_extra_state"
 
 __all__ = [
     "MARKER",
@@ -113,68 +101,11 @@ __all__ = [
     "manifest_name",
     "newest_complete",
     "prune_candidates",
+    "size_extra_states_from",
     "step_dir_name",
     "step_dirs",
     "storage_completeness_problem",
 ]
-
-
-class CheckpointError(Exception):
-    """A save that had to succeed (the final one) did not, or a load failed for a reason other than
-    the checkpoint's own files (which CheckpointDamaged reports)."""
-
-
-class CheckpointDamaged(Exception):
-    """A checkpoint whose files do not match what its marker recorded (raised on every rank)."""
-
-    def __init__(self, step: int, problem: str):
-        super().__init__(f"{step_dir_name(step)}: {problem}")
-        self.step, self.problem = step, problem
-
-
-@dataclass(frozen=True)
-class TrainerState:
-    step: int  # optimizer steps completed
-    samples_consumed: int  # the data position: sample indices below this are used
-    data_source: str  # name of the token source; resuming onto a different one is refused
-    world_size: int
-    recipe: str | None = (
-        None  # the resolved recipe (JSON) it was written with; trainer.checkpoint.resume compares
-    )
-    data_schedule: str = ""  # a blend's weights by data position (trainer.data.blend.Schedule); "" otherwise
-
-
-def _rng_state() -> dict[str, torch.Tensor]:
-    state = {"cpu": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state()
-    return state
-
-
-def _set_rng_state(state: dict[str, torch.Tensor]) -> None:
-    torch.set_rng_state(state["cpu"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state(state["cuda"])
-
-
-def size_extra_states_from(metadata: Metadata, model_state: dict[str, Any], prefix: str = "model.") -> None:
-    """Replace each `_extra_state` placeholder of a fresh model with one shaped as the checkpoint holds
-    it: TE's is empty before the first FP8 forward, and DCP refuses a tensor whose size changed."""
-    for key in list(model_state):
-        if not key.endswith(EXTRA_STATE):
-            continue
-        saved = metadata.state_dict_metadata.get(prefix + key)
-        if isinstance(saved, TensorStorageMetadata):
-            model_state[key] = torch.empty(saved.size, dtype=saved.properties.dtype)
-        elif isinstance(saved, BytesStorageMetadata):
-            model_state[key] = io.BytesIO()
-
-
-def _extra_states_as_tensors(model_state: dict[str, Any]) -> None:
-    for key, value in model_state.items():
-        if key.endswith(EXTRA_STATE) and isinstance(value, io.BytesIO):
-            raw = value.getvalue()
-            model_state[key] = torch.frombuffer(bytearray(raw), dtype=torch.uint8) if raw else torch.empty(0)
 
 
 @dataclass
@@ -287,62 +218,19 @@ class CheckpointManager:
         self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any
     ) -> TrainerState:
         """Load step `step` into model, optimizer and scheduler, every file verified against its digest
-        by one rank. Raises CheckpointDamaged on every rank when any file does not match (the model and
-        optimizer may then hold part of it: load another checkpoint before training)."""
-        found = self.inspection(step)
-        if not found.usable:
-            raise CheckpointDamaged(step, found.problem or "not a complete checkpoint")
-        saved_world = found.marker.world_size
-        if self.rank == 0 and found.marker.files is None:
-            log.warning("%s has no digests (format 1): checked by file sizes only", self.describe(step))
-        reader = self.storage.reader(step)
-        verified = VerifiedReads(
-            reader.fs, found.files, self.rank, self.world, lambda name: self.storage.open_read(step, name)
+        by one rank (trainer.checkpoint.read). Raises CheckpointDamaged on every rank when any file does
+        not match (the model and optimizer may then hold part of it: load another checkpoint first)."""
+        return read_step(
+            self.storage,
+            self.inspection(step),
+            self.group,
+            rank=self.rank,
+            world=self.world,
+            model=model,
+            optimizer=optimizer,
+            scheduler=scheduler,
+            describe=self.describe,
         )
-        reader.fs = verified
-        model_state, optim_state = get_state_dict(model, optimizer)
-        error: BaseException | None = None
-        try:
-            size_extra_states_from(reader.read_metadata(), model_state)
-        except BaseException as exc:
-            error = exc
-        self._agree_on_load(step, verified, error)  # before DCP's collectives: every rank or none
-        payload = {"model": model_state, "optim": optim_state}
-        raw = b""
-        try:
-            dcp.load(payload, storage_reader=reader, process_group=self.group)
-            # Rank r's own trainer state; ranks the saved world did not have take rank 0's (the
-            # scheduler and data position are the same on every rank; RNG streams are not restored).
-            raw = verified.read_whole(extras_name(self.rank if self.rank < saved_world else 0))
-            verified.verify_rest()
-        except BaseException as exc:
-            error = exc
-        self._agree_on_load(step, verified, error)
-        _extra_states_as_tensors(payload["model"])
-        set_state_dict(model, optimizer, model_state_dict=payload["model"], optim_state_dict=payload["optim"])
-        extras = torch.load(io.BytesIO(raw), weights_only=True)
-        scheduler.load_state_dict(extras["scheduler"])
-        state = TrainerState(**extras["trainer"])
-        if state.world_size == self.world:
-            _set_rng_state(extras["rng"])
-        elif self.rank == 0:  # resharded resume: model and optimizer reshard exactly; RNG streams cannot
-            log.warning(
-                "checkpoint from %d ranks resumed on %d: RNG states start fresh", state.world_size, self.world
-            )
-        return state
-
-    def _agree_on_load(self, step: int, verified: VerifiedReads, error: BaseException | None) -> None:
-        """Every rank learns whether any rank found a damaged file (then all raise CheckpointDamaged)
-        or failed otherwise (then all raise: a lost connection is not a reason to fall back)."""
-        outcomes: list[Any] = [None] * self.world
-        dist.all_gather_object(outcomes, (verified.problem, error is not None), group=self.group)
-        problem = next((p for p, _ in outcomes if p), None)
-        if problem is not None:
-            raise CheckpointDamaged(step, problem) from None
-        if error is not None:
-            raise error
-        if any(failed for _, failed in outcomes):
-            raise CheckpointError(f"loading {self.describe(step)} failed on another rank")
 
     # --- save ---------------------------------------------------------------------------------------
     def save(
@@ -365,7 +253,7 @@ class CheckpointManager:
         payload = {"model": model_state, "optim": optim_state}
         buffer = io.BytesIO()  # small, and it must capture this moment's scheduler and RNG state
         torch.save(
-            {"trainer": asdict(state), "scheduler": scheduler.state_dict(), "rng": _rng_state()}, buffer
+            {"trainer": asdict(state), "scheduler": scheduler.state_dict(), "rng": rng_state()}, buffer
         )
         staging = None
         if self._stager is not None and not blocking:
@@ -444,68 +332,21 @@ class CheckpointManager:
         self.inspections.pop(step, None)
 
     # --- the background part ------------------------------------------------------------------------
-    def _all(self, ok: bool) -> bool:
-        flag = torch.tensor([1 if ok else 0], dtype=torch.int32)
-        dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self.group)
-        return bool(flag.item())
-
     def _write(self, state: TrainerState, source: Any, extras: bytes, started: float) -> float:
-        storage, step, rank, error = self.storage, state.step, self.rank, None
-        try:  # 1. this rank's preparation
-            state_dict = source.result() if isinstance(source, Future) else source
-            if self.prunes and step in storage.steps():  # left by an earlier job: must not mix in
-                storage.delete(step)
-        except BaseException as exc:
-            state_dict, error = None, exc
-        if not self._all(error is None):
-            raise CheckpointError(f"preparing step {step} failed on a rank") from error
-        own: dict[str, FileRecord] = {}
-        try:
-            storage.prepare(step)
-            storage.write(step, extras_name(rank), extras)
-            own[extras_name(rank)] = record_of(extras)
-        except BaseException as exc:
-            error = exc
-        if not self._all(error is None):
-            raise CheckpointError(f"writing the trainer state of step {step} failed on a rank") from error
-        faults.point("before-shards", step, rank)
-        # 2. the shards, each digested as it streams out: raises on every rank if any rank failed
-        writer = storage.writer(step)
-        digests = DigestingWrites(writer.fs, step, rank)
-        writer.fs = digests
-        dcp.save(state_dict, storage_writer=writer, process_group=self.group)
-        faults.point("after-shards", step, rank)
-        try:  # 3. this rank's manifest: its own files, as written
-            own.update(digests.written)
-            manifest = manifest_document(step=step, rank=rank, world_size=self.world, files=own)
-            storage.write(step, manifest_name(rank), manifest)
-            own[manifest_name(rank)] = record_of(manifest)
-        except BaseException as exc:
-            error = exc
-        if not self._all(error is None):
-            raise CheckpointError(f"a manifest of step {step} could not be written") from error
-        faults.point("after-manifests", step, rank)
-        tables: list[Any] = [None] * self.world
-        dist.all_gather_object(tables, own, group=self.group)
-        try:  # 4. the marker: every rank's files, once every rank's manifest is written
-            if rank == 0:
-                files = {name: record for table in tables for name, record in table.items()}
-                marker = marker_document(
-                    step=step,
-                    world_size=state.world_size,
-                    samples_consumed=state.samples_consumed,
-                    data_source=state.data_source,
-                    run=self.run,
-                    files=files,
-                )
-                faults.point("before-marker", step, rank)
-                storage.write(step, MARKER, marker)
-                faults.point("after-marker", step, rank)
-        except BaseException as exc:
-            error = exc
-        if not self._all(error is None):
-            raise CheckpointError(f"the marker of step {step} could not be written") from error
-        self.complete = sorted({*self.complete, step}, reverse=True)
+        """The save's background part: the checkpoint written (trainer.checkpoint.write), counted
+        complete on every rank, older ones pruned (5.); returns the seconds the whole save took."""
+        write_step(
+            self.storage,
+            self.group,
+            rank=self.rank,
+            world=self.world,
+            prunes=self.prunes,
+            run=self.run,
+            state=state,
+            source=source,
+            extras=extras,
+        )
+        self.complete = sorted({*self.complete, state.step}, reverse=True)
         if self.prunes:  # 5.
             self._prune()
         return time.monotonic() - started
