@@ -488,3 +488,14 @@ def test_selective_checkpointing_counts_the_blocks_the_trainer_checkpoints():
     ).recipe
     saved = (21 * (12 * 4096 + 4 * 1024 + 8 * 14336 + 4 * 32 + 8) + 11 * 2 * 4096) * 2 * 8192
     assert plan(recipe).memory.breakdown["activations (saved)"] == pytest.approx(saved / GIB, abs=1e-3)
+
+
+def test_a_recipe_is_planned_once_however_often_it_is_asked_and_a_changed_one_anew():
+    """A request check and a synthesis plan the same recipe many times (trainstack.planner.core._PLANS)."""
+    from trainstack.planner.core import plan as planned
+    from trainstack.recipes.loader import resolve
+
+    first = planned(resolve("8b-fp8", None).recipe)
+    assert planned(resolve("8b-fp8", None).recipe) is first  # an equal recipe, resolved again
+    changed = planned(resolve("8b-fp8", None, ("training.steps=1000",)).recipe)
+    assert changed is not first and changed.run.hours < first.run.hours  # 1,000 steps, not the recipe's

@@ -53,6 +53,10 @@ from trainstack.errors import TrainstackError
 
 REGION = "us-east-1"
 TRAINSTACK_ROUTE = "/_trainstack/"  # the emulator's own control endpoints (trainstack.emulator.events)
+# Whether the server answers: a route of our own. moto's /moto-api/data.json serializes every backend, and
+# with a walkthrough's stacks, executions and logs in it took more than its 2 s timeout, so each
+# `trainstack emulator env` waited out running()'s 30 s before saying the emulator was up.
+PING_ROUTE = TRAINSTACK_ROUTE + "ping"
 JOBS_DIR_ENV = "TRAINSTACK_EMULATOR_JOBS_DIR"  # the server's jobs folder (trainstack.emulator.jobs)
 ACCOUNT = "123456789012"  # moto's default account
 # Dummy credentials: the emulator accepts any, and they keep a real profile from ever being used.
@@ -131,7 +135,7 @@ class Emulator:
         deadline = time.monotonic() + timeout_s
         while True:
             try:
-                urllib.request.urlopen(f"{self.endpoint}/moto-api/data.json", timeout=2).close()
+                urllib.request.urlopen(f"{self.endpoint}{PING_ROUTE}", timeout=2).close()
                 break
             except OSError:
                 exited = self._process.poll()
@@ -270,7 +274,7 @@ def read_state(path: Path = STATE_FILE) -> dict | None:
 
 def answers(endpoint: str, timeout_s: float = 2.0) -> bool:
     try:
-        urllib.request.urlopen(f"{endpoint}/moto-api/data.json", timeout=timeout_s).close()
+        urllib.request.urlopen(f"{endpoint}{PING_ROUTE}", timeout=timeout_s).close()
     except OSError:
         return False
     return True
