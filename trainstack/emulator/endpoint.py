@@ -133,24 +133,20 @@ class Emulator:
         if log is not subprocess.DEVNULL:
             log.close()  # the child holds its own descriptor
         deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                urllib.request.urlopen(f"{self.endpoint}{PING_ROUTE}", timeout=2).close()
-                break
-            except OSError:
-                exited = self._process.poll()
-                if exited is not None or time.monotonic() > deadline:
-                    self.stop()
-                    why = (
-                        f"its server exited with {exited}"
-                        if exited is not None
-                        else f"not within {timeout_s:g} s"
-                    )
-                    where = f"; its log: {self.log_path}" if self.log_path else ""
-                    raise TrainstackError(
-                        f"the local AWS emulator did not start on port {self.port} ({why}{where})"
-                    ) from None
-                time.sleep(0.2)
+        while not answers(self.endpoint):
+            exited = self._process.poll()
+            if exited is not None or time.monotonic() > deadline:
+                self.stop()
+                why = (
+                    f"its server exited with {exited}"
+                    if exited is not None
+                    else f"not within {timeout_s:g} s"
+                )
+                where = f"; its log: {self.log_path}" if self.log_path else ""
+                raise TrainstackError(
+                    f"the local AWS emulator did not start on port {self.port} ({why}{where})"
+                ) from None
+            time.sleep(0.2)
         self._configure({"stepfunctions": {"execute_state_machine": True}})
         if self.jobs != "train":  # a test-only mode (trainstack.emulator.events.configure)
             self._configure({"jobs": self.jobs}, route=f"{TRAINSTACK_ROUTE}config")
