@@ -13,7 +13,7 @@ from constructs import Construct
 from stacks.monitoring.patterns import search_expression
 from stacks.monitoring.run_alarms import AlarmSpec
 from trainstack.aws.runs import HOST_DIMENSION, JOB_DIMENSION
-from trainstack.protocol.metrics import FIELD_BY_KEY, source_fields
+from trainstack.protocol.metrics import FIELD_BY_KEY, SAVED_STEP_METRIC, source_fields
 from trainstack.recipes.naming import job_name_prefix
 from trainstack.recipes.schema import Recipe
 
@@ -146,7 +146,16 @@ class Dashboard(Construct):
                 ),
             ],
             [
-                trainer_graph("step", "Step", [line("target", recipe.training.steps)], stat="Maximum"),
+                cw.GraphWidget(  # the newest checkpoint beside the step: what a restart would keep
+                    title=f"Step ({FIELD_BY_KEY['step'].metric_name}) and saved step ({SAVED_STEP_METRIC})",
+                    left=[
+                        search("Step", FIELD_BY_KEY["step"].metric_name, JOB_DIMENSION, "Maximum"),
+                        search("Saved step", SAVED_STEP_METRIC, JOB_DIMENSION, "Maximum"),
+                    ],
+                    left_annotations=[line("target", recipe.training.steps)],
+                    width=8,
+                    height=6,
+                ),
                 trainer_graph("lr", "Learning rate"),
                 host_graph(
                     "GPU utilization",

@@ -112,6 +112,9 @@ REGISTRY_ATTRIBUTES = {
     "capacity_wait": "N",  # the last capacity wait in minutes (0 once a job ends another way)
     "capacity_budget": "N",  # compute.capacity_wait_hours of the run's recipe, in minutes
     "step": "N",  # the step the newest ended job reported (FinalMetricDataList train:step), 0 before any
+    # the newest checkpoint step a job reported (train:saved_step) since launch or resume: a crash resets
+    # the crash count only past it (trainstack.aws.supervisor.progress)
+    "saved_step": "N",
     # exports that failed: [{job, status, reason, at}] (an export job's end, or an on-complete export that
     # could not start); the Export machine appends `exports` (stacks/export.py), created on first use.
     "export_failures": "L",

@@ -162,25 +162,31 @@ def next_job_state(*, decimal: bool) -> dict[str, Any]:
 
 ON_COMPLETE = "OnComplete"  # the completed-run hook's state
 
-# DescribeJob's output: the input, and the job's plain fields with its step (supervisor.STEP_METRIC's
-# last value in FinalMetricDataList, -1 when none was logged).
+# DescribeJob's output: the input, and the job's plain fields with its step and the step of its newest
+# completed checkpoint (supervisor.STEP_METRIC's and SAVED_METRIC's last values in FinalMetricDataList,
+# -1 when none was logged).
 DESCRIBED_OUTPUT = (
     "{% ($r := $states.result; $s := $r.FinalMetricDataList[MetricName = '"
     + supervisor.STEP_METRIC
+    + "'].Value; $k := $r.FinalMetricDataList[MetricName = '"
+    + supervisor.SAVED_METRIC
     + "'].Value; $merge([$states.input, {'Ended': {'Name': $r.TrainingJobName, "
     "'Status': $r.TrainingJobStatus, 'Secondary': $r.SecondaryStatus, 'Environment': $r.Environment, "
-    "'Step': $exists($s) ? $round($max($s)) : -1}}])) %}"
+    "'Step': $exists($s) ? $round($max($s)) : -1, 'Saved': $exists($k) ? $round($max($k)) : -1}}])) %}"
 )
-# supervisor.progress: Step (the job's, else the record's), Advanced (past the previous job's step),
-# Done (Step reached the run's steps), Kept (the crashes a crash adds to: 0 after progress). A record
-# written before `step` existed counts from 0.
+# supervisor.progress: Step (the job's, else the record's), Advanced (a checkpoint past the newest the
+# run had), Done (Step reached the run's steps), Saved (the newest checkpoint step now), Kept (the
+# crashes a crash adds to: 0 after progress). A record written before `step` or `saved_step` existed
+# counts from 0.
 PROGRESS_OUTPUT = (
     "{% ($item := $states.input.Registry.Item; $job := $states.input.Ended.Step; "
+    "$saved := $states.input.Ended.Saved; "
     "$before := $exists($item.step.N) ? $number($item.step.N) : 0; "
+    "$kept := $exists($item.saved_step.N) ? $number($item.saved_step.N) : 0; "
     "$step := $job >= 0 ? $job : $before; "
-    "$merge([$states.input, {'Progress': {'Step': $step, 'Advanced': $job > $before, "
-    "'Done': $step >= $number($item.steps.N), "
-    "'Kept': $job > $before ? 0 : $number($item.crashes.N)}}])) %}"
+    "$merge([$states.input, {'Progress': {'Step': $step, 'Advanced': $saved > $kept, "
+    "'Done': $step >= $number($item.steps.N), 'Saved': $saved > $kept ? $saved : $kept, "
+    "'Kept': $saved > $kept ? 0 : $number($item.crashes.N)}}])) %}"
 )
 
 
@@ -371,6 +377,7 @@ def job_ended_definition(
         ":next": {"S.$": "$.Decision.Next"},
         ":now": {"S.$": "$$.State.EnteredTime"},
         ":step": {"N.$": fmt("{}", "$.Progress.Step")},
+        ":saved": {"N.$": fmt("{}", "$.Progress.Saved")},
     }
     changed_meanwhile = [{"ErrorEquals": [CONDITION_FAILED], "Next": "Ignored", "ResultPath": "$.Error"}]
     checkpoint = {"CheckpointUri.$": "$.Registry.Item.checkpoint_uri.S"}
@@ -463,7 +470,7 @@ def job_ended_definition(
             "ResultPath": "$.Numbers",
             "Next": "Progress",
         },
-        # supervisor.progress and crashes_after's reset: the job's step against the previous job's.
+        # supervisor.progress and crashes_after's reset: the job's saved step against the run's newest.
         "Progress": {
             "Type": "Pass",
             "QueryLanguage": "JSONata",
@@ -509,7 +516,7 @@ def job_ended_definition(
         extra: dict[str, Any] = {"Fresh": rule.fresh_instances, **checkpoint}
         if rule.outcome is supervisor.Outcome.NEXT_JOB:
             # supervisor.crashes_after: a capacity error keeps the count, a crash adds one to what the
-            # job's progress kept (0 when it trained past the previous job's step).
+            # job's progress kept (0 when it completed a checkpoint past the run's newest).
             if rule.capacity:
                 crashes = "$.Numbers.Crashes"
             elif rule.crash:
@@ -694,7 +701,8 @@ def job_ended_definition(
                     "SET #ended.#job = :entry, #crashes = :crashes, #counted = :counted, "
                     "#capacity_minutes = :spent, #capacity_wait = :wait, #why = :why, #next_step = :next, "
                     "#current_job = :next_job, #job_index = :index, #jobs = list_append(#jobs, :jobs), "
-                    "#stalled = :none, #creator = :creator, #step = :step, #updated = :now"
+                    "#stalled = :none, #creator = :creator, #step = :step, #saved_step = :saved, "
+                    "#updated = :now"
                 ),
                 "ExpressionAttributeNames": {
                     **names(
@@ -714,6 +722,7 @@ def job_ended_definition(
                         "run_state",
                         "stop_requested",
                         "step",
+                        "saved_step",
                     ),
                     "#job.$": "$.Ended.Name",
                 },
@@ -779,10 +788,13 @@ def job_ended_definition(
                 **recorded,
                 "UpdateExpression": (
                     "SET #run_state = :state, #ended.#job = :entry, #why = :why, #next_step = :next, "
-                    "#step = :step, #updated = :now"
+                    "#step = :step, #saved_step = :saved, #updated = :now"
                 ),
                 "ExpressionAttributeNames": {
-                    **names("ended", "why", "next_step", "updated", "current_job", "run_state", "step"),
+                    **names(
+                        *("ended", "why", "next_step", "updated", "current_job", "run_state"),
+                        *("step", "saved_step"),
+                    ),
                     "#job.$": "$.Ended.Name",
                 },
                 "ExpressionAttributeValues": {**common_values, ":state": {"S.$": "$.Decision.State"}},

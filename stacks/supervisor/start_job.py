@@ -141,6 +141,7 @@ def registration_states(
         "capacity_wait": {"N": "0"},
         "capacity_budget": {"N": str(c.capacity_budget_minutes)},
         "step": {"N": "0"},
+        "saved_step": {"N": "0"},
         "export_failures": {"L": []},
         "created": {"S.$": NOW},
         "updated": {"S.$": NOW},
@@ -151,6 +152,7 @@ def registration_states(
     not_started = {"Next": "NotStarted", "ErrorEquals": [CONDITION_FAILED], "ResultPath": "$.Error"}
     limits = f"$.{INPUT_LIMITS}"
     resumed = [
+        "saved_step",
         "run_state",
         "current_job",
         "job_index",
@@ -234,6 +236,7 @@ def registration_states(
                     "#jobs = list_append(#jobs, :jobs), #stop_requested = :false, #crashes = :zero, "
                     "#counted = :one, #max_jobs = :max_jobs, #capacity_minutes = :zero, "
                     "#capacity_wait = :zero, #capacity_budget = :budget, #stop_stalled = :stop_stalled, "
+                    "#saved_step = :zero, "
                     "#stalled = :none, #steps = :steps, #keep_alive = :keep, #request = :request, "
                     "#history = :history, #why = :why, #next_step = :next, "
                     "#creator = :creator, #updated = :now"

@@ -196,6 +196,7 @@ def test_the_largest_run_record_fits_one_dynamodb_item() -> None:
         "capacity_budget": {"N": "40320"},
         "mlflow_run_id": text(32),  # MLflow run ids are 32 hex digits
         "step": {"N": "9" * 10},
+        "saved_step": {"N": "9" * 10},
         # Every export job of the run failed (at most EXPORTS_PER_RUN), and its on-complete start too,
         # each with SageMaker's longest FailureReason.
         "export_failures": {

@@ -28,6 +28,8 @@ class Case:
     last_index: bool = False  # the job has the last index a run name has room for
     final_step: int | None = None  # the train:step the job reported in FinalMetricDataList (None: none)
     step_before: int = 0  # the step the previous job reported (the record's `step`)
+    saved_step: int | None = None  # the train:saved_step it reported: its newest checkpoint (None: none)
+    saved_before: int = 0  # the newest checkpoint step the run's jobs reported (the record's `saved_step`)
     crashes_after: int | None = None  # expected crashes in a row recorded with the next job
     outcome: str = ""  # expected trainstack.aws.supervisor.Outcome value
     rule: str = ""  # expected rule id
@@ -61,10 +63,12 @@ CASES = [
         "Completed",
         final_step=1234,
         step_before=800,
+        saved_step=1234,
+        saved_before=800,
         crashes=MAX_CONSECUTIVE_CRASHES - 1,
         outcome="next_job",
         rule="CapacityBlockEnd",
-        crashes_after=0,  # it trained past the previous job's step
+        crashes_after=0,  # it saved past the run's newest checkpoint
     ),
     Case(  # a job resumed at its last step logs none ("nothing to do"): the record's step decides
         "completed-nothing-left",
@@ -153,17 +157,32 @@ CASES = [
         rule="Crashed",
         crashes_after=1,
     ),
-    Case(  # a crash after training past the previous job's step: a new count of one
+    Case(  # a crash after a checkpoint past the run's newest: a new count of one
         "crashed-after-progress",
         "Failed",
         "Failed",
         "AlgorithmError: trainstack exit=1: NCCL watchdog timeout on rank 17",
         final_step=1500,
         step_before=1000,
+        saved_step=1500,
+        saved_before=1000,
         crashes=MAX_CONSECUTIVE_CRASHES - 1,
         outcome="next_job",
         rule="Crashed",
         crashes_after=1,
+    ),
+    Case(  # trained past the previous job's step, then crashed before its save completed (saves finish
+        # in the background): the next job starts where this one did, so the crashes are a loop
+        "crashed-past-the-step-without-a-save",
+        "Failed",
+        "Failed",
+        "AlgorithmError: trainstack exit=1: NCCL watchdog timeout on rank 17",
+        final_step=1500,
+        step_before=1000,
+        saved_before=1000,
+        crashes=MAX_CONSECUTIVE_CRASHES - 1,
+        outcome="failed",
+        rule="CrashLoop",
     ),
     Case(  # an internal error after the previous crashes, without progress: the count is kept
         "internal-error-without-progress",
@@ -284,6 +303,8 @@ CASES = [
         "MaxRuntimeExceeded",
         final_step=9000,
         step_before=1000,
+        saved_step=9000,
+        saved_before=1000,
         crashes=MAX_CONSECUTIVE_CRASHES - 1,
         outcome="next_job",
         rule="MaxRuntime",

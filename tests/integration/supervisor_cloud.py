@@ -131,6 +131,7 @@ def set_up(cloud: Cloud, run: str, case: Case) -> None:
         "crashes": {"N": str(case.crashes)},
         "run_state": {"S": case.run_state},
         "step": {"N": str(case.step_before)},
+        "saved_step": {"N": str(case.saved_before)},
     }
     if case.at_job_limit:
         values["counted"] = {"N": str(RECIPE.compute.max_jobs)}

@@ -50,11 +50,14 @@ def run_record(case: Case, run: str = "ts-platform-1b-bf16--abc-r1") -> RunRecor
         capacity_budget_minutes=case.capacity_budget,
         steps=STEPS,
         step=case.step_before,
+        saved_step=case.saved_before,
     )
 
 
 def ended(case: Case, run: RunRecord) -> EndedJob:
-    return EndedJob(f"{run.run}-3", case.status, case.secondary, case.reason, case.final_step)
+    return EndedJob(
+        f"{run.run}-3", case.status, case.secondary, case.reason, case.final_step, case.saved_step
+    )
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
@@ -328,12 +331,13 @@ def test_the_decision_choice_is_the_rule_table_in_order() -> None:
         assert decided["Outcome"] == rule.outcome.value and decided["Rule"] == rule.id
 
 
-def drive(ends: list[tuple[str, str, str | None, int | None]]) -> tuple[list[tuple[str, int]], Any]:
-    """Each end in turn through the pure decision, the run's record updated as the registry records it
-    with the next job (its crashes, slots and step); [(rule, crashes)], the last action."""
+def drive(ends: list[tuple]) -> tuple[list[tuple[str, int]], Any]:
+    """Each end (status, secondary, reason, step[, saved step]) in turn through the pure decision, the
+    run's record updated as the registry records it with the next job (its crashes, slots, step and
+    saved step); [(rule, crashes)], the last action."""
     run, outcomes = RunRecord("ts-p-r--x", "running", "ts-p-r--x-1", 1, steps=STEPS), []
-    for status, secondary, reason, step in ends:
-        job = EndedJob(run.current_job, status, secondary, reason, step)
+    for status, secondary, reason, step, *saved in ends:
+        job = EndedJob(run.current_job, status, secondary, reason, step, *saved)
         action = next_action(run, job)
         outcomes.append((action.rule, action.crashes))
         if action.outcome is not Outcome.NEXT_JOB:
@@ -350,6 +354,7 @@ def drive(ends: list[tuple[str, str, str | None, int | None]]) -> tuple[list[tup
             capacity_wait_minutes=action.wait_minutes,
             steps=STEPS,
             step=supervisor.progress(run, job).step,
+            saved_step=supervisor.progress(run, job).saved_step,
         )
     return outcomes, action
 
@@ -359,13 +364,25 @@ CRASH = "AlgorithmError: ExecuteUserScriptError: IndexError: index out of range"
 
 def test_a_crash_that_repeats_ends_the_run_and_only_a_job_that_trained_resets_the_count() -> None:
     crashed = ("Failed", "Failed", CRASH, None)
-    trained = ("Stopped", "MaxRuntimeExceeded", None, 5000)  # it trained past step 0
+    trained = ("Stopped", "MaxRuntimeExceeded", None, 5000, 5000)  # it trained and saved past step 0
     outcomes, action = drive([crashed, trained] + [crashed] * supervisor.MAX_CONSECUTIVE_CRASHES)
     repeats = [("Crashed", n) for n in range(1, supervisor.MAX_CONSECUTIVE_CRASHES)]
     assert outcomes == [("Crashed", 1), ("MaxRuntime", 0), *repeats, (supervisor.CRASH_LOOP, 0)]
     assert action.outcome is Outcome.FAILED
     assert action.why.startswith(f"{supervisor.MAX_CONSECUTIVE_CRASHES} jobs of the run in a row crashed")
     assert CRASH in action.why and "trainstack resume ts-p-r--x" in action.next_step
+
+
+def test_jobs_that_log_steps_past_the_last_but_complete_no_new_checkpoint_are_a_crash_loop() -> None:
+    """What a whole run on the emulator found (test_whole_runs.py): a worker killed during its save of
+    step 20. The save completes in the background, so one job logged step 25 before it died, another 20,
+    each resuming from step 10. Counting the logged step as progress reset the count at random; the
+    checkpoint each job completed is what the next job keeps."""
+    first = ("Failed", "Failed", CRASH, 20, 10)  # saved step 10, killed during the save of 20
+    retries = [("Failed", "Failed", CRASH, step, None) for step in (20, 25, 20, 25)]
+    outcomes, action = drive([first, *retries])
+    assert outcomes == [("Crashed", 1), ("Crashed", 2), (supervisor.CRASH_LOOP, 0)]
+    assert action.outcome is Outcome.FAILED
 
 
 @pytest.mark.parametrize(

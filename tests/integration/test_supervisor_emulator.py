@@ -17,7 +17,7 @@ from supervisor_cloud import JOB_INDEX_MAX, job_ended, launch, set_up
 from test_supervisor_decisions import HISTORY_LIMIT, definitions, history_bound
 
 from trainstack.aws.registry import read_run
-from trainstack.aws.supervisor import RUN_STATE, EndedJob, Outcome, RunRecord, next_action
+from trainstack.aws.supervisor import RUN_STATE, EndedJob, Outcome, RunRecord, next_action, progress
 from trainstack.emulator import events as emulator_events
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("supervisor-emulator")]
@@ -38,7 +38,11 @@ def decided(cloud) -> dict[str, tuple]:
         set_up(cloud, run, case)
         before = read_run(cloud.ddb, "runs", run)
         emulator_events.end_training_job(
-            cloud.env, f"{run}-1", case.status, case.secondary, case.reason, final_step=case.final_step
+            cloud.env,
+            f"{run}-1",
+            *(case.status, case.secondary, case.reason),
+            final_step=case.final_step,
+            saved_step=case.saved_step,
         )
         cloud.messages()
         decision, _ = job_ended(cloud, f"{run}-1")
@@ -66,8 +70,10 @@ def test_the_state_machine_decides_every_case_as_the_pure_function_does(cloud, d
         before.capacity_budget,
         steps=before.steps,
         step=before.step,
+        saved_step=before.saved_step,
     )
-    expected = next_action(record, EndedJob(job, case.status, case.secondary, case.reason, case.final_step))
+    ended = EndedJob(job, case.status, case.secondary, case.reason, case.final_step, case.saved_step)
+    expected = next_action(record, ended)
     assert (decision["Outcome"], decision["Rule"]) == (expected.outcome.value, expected.rule)
     assert (decision["Outcome"], decision["Rule"]) == (case.outcome, case.rule)
     assert decision["Why"] == expected.why and decision["Next"] == expected.next_step
@@ -79,6 +85,7 @@ def test_the_state_machine_decides_every_case_as_the_pure_function_does(cloud, d
     assert after.why == expected.why and after.next_step == expected.next_step
     assert {j.name: j.status for j in after.jobs}[job] == case.status
     assert after.step == (case.final_step if case.final_step is not None else before.step)
+    assert after.saved_step == progress(record, ended).saved_step
     (note,) = notes
     assert f"trainstack run {run} " in note and f"job {job} ended {case.status} ({case.secondary})" in note
     assert f"Next: {expected.next_step}." in note and f"Checkpoints: {before.checkpoint_uri}." in note

@@ -18,7 +18,7 @@ from monitoring_helpers import definition, synth, tasks_of
 
 from stacks.monitoring import Thresholds
 from trainstack.planner import plan
-from trainstack.protocol.metrics import FIELDS, format_line, metric_definitions
+from trainstack.protocol.metrics import FIELDS, SAVED_STEP_METRIC, format_line, metric_definitions
 from trainstack.recipes.loader import resolve
 
 RECORDED = (Path(__file__).parent / "data" / "trainer_cpu_tiny.log").read_text().splitlines()
@@ -49,10 +49,14 @@ def test_recorded_trainer_output_yields_every_metric_for_every_metric_line():
         assert extracted[field.metric_name] == pytest.approx(expected), field.key
 
 
-def test_log_lines_between_metric_lines_publish_nothing():
+def test_log_lines_between_metric_lines_publish_only_the_saved_step_of_each_completed_checkpoint():
     other = [line for line in RECORDED if not line.startswith("step=")]
     assert any("step-000000030" in line for line in other)  # a checkpoint path that must not read as a step
-    assert all(values == [] for values in extract(other).values())
+    extracted = extract(other)
+    completed = [re.search(r"checkpoint complete: \S*step-(\d+)", line) for line in other]
+    saved = [int(m.group(1)) for m in completed if m]
+    assert saved and extracted.pop(SAVED_STEP_METRIC) == saved
+    assert all(values == [] for values in extracted.values())
 
 
 def test_a_diverged_run_publishes_nan_rather_than_nothing():

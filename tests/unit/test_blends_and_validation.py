@@ -169,7 +169,7 @@ def test_the_largest_blend_stays_within_createtrainingjobs_40_metric_definitions
     CreateTrainingJob); a 16-source blend with the longest names is checked against botocore's model."""
     names = tuple(f"s{i:02d}" + "x" * 12 for i in range(MAX_SOURCES))
     definitions = metric_definitions(names)
-    assert len(definitions) == len(FIELDS) + MAX_SOURCES <= 40
+    assert len(definitions) == len(FIELDS) + MAX_SOURCES + 1 <= 40  # + train:saved_step
     assert all(1 <= len(d["Name"]) <= 255 and 1 <= len(d["Regex"]) <= 500 for d in definitions)
 
 
@@ -240,7 +240,9 @@ def test_the_request_carries_one_channel_per_source_in_the_chosen_mode_and_sagem
     )
     assert [c["DataSource"]["S3DataSource"]["S3Uri"] for c in channels] == list(r.data.uris)
     names = [d["Name"] for d in request["AlgorithmSpecification"]["MetricDefinitions"]]
-    assert names[-3:] == ["train:val_loss", "train:val_loss_web_2024", "train:val_loss_code"]
+    assert names[-4:] == [
+        "train:val_loss", "train:val_loss_web_2024", "train:val_loss_code", "train:saved_step"
+    ]
     # CreateTrainingJob takes at most 20 channels (botocore's model): the schema caps sources below it.
     many = resolve(
         "30b-fp8",

@@ -472,6 +472,33 @@ def _loop(ctx: LoopContext, state: TrainerState, max_steps: int, stop: StopReque
         split=ctx.cp.split if ctx.cp.enabled else None,
     )
     vote = StopVote(ctx.control, stop)
+
+    def print_metrics(step: int, lr: float, grad_norm: torch.Tensor, validation: dict, validation_s: float):
+        """The metric line of the steps since the last one, ending at `step` (every rank: it reduces)."""
+        nonlocal interval_loss, interval_steps, interval_start, interval_cpu
+        elapsed = time.perf_counter() - interval_start - validation_s  # tokens/s of training only
+        line = _metric_line(
+            ctx,
+            step,
+            lr,
+            interval_loss,
+            interval_steps,
+            elapsed,
+            hosts,
+            peak,
+            validation,
+            data_wait_s=batches.waited_s,
+            cpu_time_s=time.process_time() - interval_cpu,
+        )
+        batches.waited_s = 0.0
+        interval_cpu = time.process_time()
+        if ctx.rank == 0:
+            print(line, flush=True)
+            if ctx.tracking.on:  # the same values, queued for MLflow / TensorBoard
+                ctx.tracking.log_line(step, line, grad_norm=float(grad_norm))
+        interval_loss, interval_steps = torch.zeros((), device=device), 0
+        interval_start = time.perf_counter()
+
     # Python's cyclic GC at a moment of its choosing stalls one rank and so every rank: run it on a
     # schedule instead (torchtitan's pattern), the same step on every rank.
     gc.disable()
@@ -479,6 +506,7 @@ def _loop(ctx: LoopContext, state: TrainerState, max_steps: int, stop: StopReque
     if step >= max_steps:
         log.info("already at step %d of %d: nothing to do", step, max_steps)
     stopping = False  # agreed by every rank (the vote), never this rank's own flag
+    lr, grad_norm = 0.0, torch.zeros((), device=device)  # the newest step's (a line reads them after one)
     try:
         if step == 0 and ctx.validator is not None and ctx.validator.due(0):  # validation.at_start
             values, _ = ctx.validator.run_if_due(0, model, autocast)
@@ -508,6 +536,8 @@ def _loop(ctx: LoopContext, state: TrainerState, max_steps: int, stop: StopReque
                 )
                 ctx.timer.collect()
                 stopping = True
+                if interval_steps:  # the step it saves had no line: the job's final metrics name it
+                    print_metrics(step, lr, grad_norm, {}, 0.0)
                 break
             grad_norm, lr = _optimizer_step(ctx, step + 1)
             step += 1
@@ -528,28 +558,7 @@ def _loop(ctx: LoopContext, state: TrainerState, max_steps: int, stop: StopReque
                 validation, validation_s = ctx.validator.run_if_due(step, model, autocast)
             if log_step or done.stop:
                 watch.check()
-                elapsed = time.perf_counter() - interval_start - validation_s  # tokens/s of training only
-                line = _metric_line(
-                    ctx,
-                    step,
-                    lr,
-                    interval_loss,
-                    interval_steps,
-                    elapsed,
-                    hosts,
-                    peak,
-                    validation,
-                    data_wait_s=batches.waited_s,
-                    cpu_time_s=time.process_time() - interval_cpu,
-                )
-                batches.waited_s = 0.0
-                interval_cpu = time.process_time()
-                if ctx.rank == 0:
-                    print(line, flush=True)
-                    if ctx.tracking.on:  # the same values, queued for MLflow / TensorBoard
-                        ctx.tracking.log_line(step, line, grad_norm=float(grad_norm))
-                interval_loss, interval_steps = torch.zeros((), device=device), 0
-                interval_start = time.perf_counter()
+                print_metrics(step, lr, grad_norm, validation, validation_s)
             state = TrainerState(
                 step,
                 position,

@@ -103,6 +103,7 @@ class Run:
     exports: tuple[dict[str, Any], ...] = ()
     mlflow_run_id: str = ""  # the MLflow run launch created (trainstack.aws.tracking), "" when none
     step: int = 0  # the step the newest ended job reported (its final train:step), 0 before any
+    saved_step: int = 0  # the newest checkpoint step a job reported (train:saved_step) since launch or resume
     # exports that failed, oldest first: {job, status, reason, at} (stacks/supervisor/job_ended.py)
     export_failures: tuple[dict[str, Any], ...] = ()
 
@@ -187,6 +188,7 @@ def run_from_item(item: dict[str, Any]) -> Run:
         exports=tuple(a.get("exports", [])),
         mlflow_run_id=a.get("mlflow_run_id", ""),
         step=int(a.get("step", 0)),
+        saved_step=int(a.get("saved_step", 0)),
         export_failures=tuple(a.get("export_failures", [])),
     )
 

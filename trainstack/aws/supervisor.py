@@ -47,10 +47,14 @@ MaxWaitTimeExceeded, ...):
   collective lost, the trainer killed) is worth the next job, which resumes from the newest complete
   checkpoint on new instances. A crash that repeats is not a lost node: after MAX_CONSECUTIVE_CRASHES
   such jobs in a row the run fails and waits for a person (CRASH_LOOP), and
-  `compute.max_jobs` bounds every other repetition. Only a job that trained resets the count: one whose
-  step advanced past the step the previous job reported. A capacity error (no instance ever ran) never
-  resets it, nor does any end without progress, so a bug alternating with capacity errors or internal
-  errors still stops after MAX_CONSECUTIVE_CRASHES paid crashes.
+  `compute.max_jobs` bounds every other repetition. Only a job that made progress the run keeps resets
+  the count: one that completed a checkpoint past the newest any job of the run reported (SAVED_METRIC,
+  read by SageMaker from the trainer's `checkpoint complete:` line). Not its logged step: a job that
+  trains on and crashes before its save completes (saves complete in the background, after later
+  steps) leaves the next job where it started, and a loop of such jobs, each logging a few steps more
+  or less, must still end. A capacity error (no instance ever ran) never resets the count, nor does any
+  end without progress, so a bug alternating with capacity errors or internal errors still stops after
+  MAX_CONSECUTIVE_CRASHES paid crashes.
 
 The patterns are Step Functions `StringMatches` globs (only `*` is special), so the deployed Choice
 states apply them exactly as `string_matches` below does.
@@ -64,7 +68,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from trainstack.protocol.exit_codes import FATAL_MARKER
-from trainstack.protocol.metrics import FIELD_BY_KEY
+from trainstack.protocol.metrics import FIELD_BY_KEY, SAVED_STEP_METRIC
 from trainstack.recipes.naming import JOB_INDEX_MAX, job_of_run
 
 # After a capacity failure the next job waits before it asks again, longer each time in a row (minutes):
@@ -102,6 +106,7 @@ RUN_STATES = ("running", "stopped", "completed", "failed")
 REASON = "{reason}"  # where a rule's `why` puts the job's FailureReason
 STEP, STEPS = "{step}", "{steps}"  # ... the step the job reached, and the run's training.steps
 STEP_METRIC = FIELD_BY_KEY["step"].metric_name  # train:step: the FinalMetricDataList entry of a job's step
+SAVED_METRIC = SAVED_STEP_METRIC  # train:saved_step: the step of the newest checkpoint the job completed
 
 
 @dataclass(frozen=True)
@@ -274,6 +279,7 @@ class EndedJob:
     secondary_status: str
     failure_reason: str | None = None
     final_step: int | None = None  # the last train:step of FinalMetricDataList; None: none was logged
+    saved_step: int | None = None  # the last train:saved_step; None: the job completed no checkpoint
 
 
 @dataclass(frozen=True)
@@ -294,6 +300,7 @@ class RunRecord:
     capacity_budget_minutes: int = 72 * 60  # compute.capacity_wait_hours of the run's recipe
     steps: int = 0  # training.steps of the run (0: unknown, as in records before steps were read)
     step: int = 0  # the step the previous job reported (its final train:step), 0 before any
+    saved_step: int = 0  # the newest checkpoint step a job of the run reported (train:saved_step)
 
 
 @dataclass(frozen=True)
@@ -316,18 +323,20 @@ class Action:
 
 @dataclass(frozen=True)
 class Progress:
-    """What the ended job's step says: the run's step now, whether the job trained past the previous
-    job's step, and whether the run's steps are done."""
+    """What the ended job's steps say: the run's step now, whether the job completed a checkpoint past
+    the newest the run had (progress the next job keeps), and whether the run's steps are done."""
 
     step: int  # the job's step, or the record's when it logged none (recorded for the next decision)
     advanced: bool
     done: bool
+    saved_step: int  # the newest checkpoint step now (recorded for the next decision)
 
 
 def progress(run: RunRecord, job: EndedJob) -> Progress:
     step = job.final_step if job.final_step is not None else run.step
-    advanced = job.final_step is not None and job.final_step > run.step
-    return Progress(step, advanced, step >= run.steps)
+    advanced = job.saved_step is not None and job.saved_step > run.saved_step
+    saved = job.saved_step if advanced else run.saved_step
+    return Progress(step, advanced, step >= run.steps, saved)
 
 
 def crashes_after(rule: Rule, run: RunRecord, job: EndedJob) -> int:

@@ -117,15 +117,24 @@ _transition = change_job_status  # the old name
 
 
 STEP_METRIC = "train:step"  # trainstack.aws.supervisor.STEP_METRIC (the emulator imports no aws code)
+SAVED_METRIC = "train:saved_step"  # trainstack.aws.supervisor.SAVED_METRIC
 TRAINED = "trained"  # end_job's final_step: the job's own training.steps when it ended Completed
 
 
 def end_job(
-    backend: Any, name: str, status: str, secondary: str, reason: str | None, final_step: Any = TRAINED
+    backend: Any,
+    name: str,
+    status: str,
+    secondary: str,
+    reason: str | None,
+    final_step: Any = TRAINED,
+    saved_step: Any = TRAINED,
 ) -> dict[str, Any]:
     """End job `name` in `backend` the way SageMaker does (server side). `final_step`: the last
     `train:step` the trainer logged, in FinalMetricDataList as SageMaker parses it (None: none logged;
-    TRAINED: a Completed job logged its hyperparameter `training.steps`, the trainer's last step)."""
+    TRAINED: a Completed job logged its hyperparameter `training.steps`, the trainer's last step);
+    `saved_step`: likewise the last `train:saved_step`, its newest completed checkpoint (TRAINED: a
+    Completed job saved its last step)."""
     if status not in TERMINAL:
         raise ValueError(f"status must be one of {TERMINAL}, got {status!r}")
     job = backend.training_jobs.get(name)
@@ -138,14 +147,15 @@ def end_job(
         runner.kill()  # its processes go; the status is the one asked for here
     if reason:
         job.failure_reason = reason
-    if final_step == TRAINED:
-        steps = (job.hyper_parameters or {}).get("training.steps")
-        final_step = int(steps) if status == "Completed" and steps and steps.isdigit() else None
-    metrics = [m for m in (job.final_metric_data_list or []) if m.get("MetricName") != STEP_METRIC]
-    if final_step is not None:
-        metrics.append(
-            {"MetricName": STEP_METRIC, "Value": float(final_step), "Timestamp": datetime.now(UTC)}
-        )
+    steps = (job.hyper_parameters or {}).get("training.steps")
+    trained = int(steps) if status == "Completed" and steps and steps.isdigit() else None
+    final_step = trained if final_step == TRAINED else final_step
+    saved_step = trained if saved_step == TRAINED else saved_step
+    reported = {STEP_METRIC: final_step, SAVED_METRIC: saved_step}
+    metrics = [m for m in (job.final_metric_data_list or []) if m.get("MetricName") not in reported]
+    for metric, value in reported.items():
+        if value is not None:
+            metrics.append({"MetricName": metric, "Value": float(value), "Timestamp": datetime.now(UTC)})
     job.final_metric_data_list = metrics
     change_job_status(job, status, secondary, reason or f"Training job {status.lower()}")
     return {"TrainingJobName": name, "TrainingJobStatus": status, "SecondaryStatus": secondary}
@@ -416,6 +426,7 @@ def _routes(app: Any) -> Any:
                     body["secondary_status"],
                     body.get("failure_reason"),
                     body.get("final_step", TRAINED),
+                    body.get("saved_step", TRAINED),
                 )
             else:
                 raise KeyError(path)
@@ -466,6 +477,7 @@ def configure(
     schedule_speedup: float | None = None,
     max_runtime_cap_seconds: float | None = None,
     no_max_runtime_cap: bool = False,
+    fault_inject: str | None = None,
 ) -> dict[str, Any]:
     """How the emulator treats new jobs. `jobs`: "train" (the default: they run, trainstack.emulator.jobs),
     or, for a test that asks for it, "hold" (InProgress until ended by hand; `jobs_run=True` is the old
@@ -477,7 +489,9 @@ def configure(
     no schedule run; `jobs_run=True` implies it); `schedule_speedup`: how many times faster than AWS rate
     schedules run (default delivery.SPEEDUP); `max_runtime_cap_seconds`: training jobs created from now on
     stop with MaxRuntimeExceeded after at most this many seconds (a demo's short max runtime; a recipe's
-    is at least an hour), `no_max_runtime_cap=True` removes the cap. Returns the settings now in force."""
+    is at least an hour), `no_max_runtime_cap=True` removes the cap; `fault_inject`: the
+    TRAINSTACK_FAULT_INJECT of training jobs created from now on ("" for none; tests only: a real crash or
+    divergence, trainer.runtime.faults lists them). Returns the settings now in force."""
     body: dict[str, Any] = {}
     if jobs_run is not None:
         body["jobs"] = "hold" if jobs_run else "complete"
@@ -493,6 +507,7 @@ def configure(
         ("events", events),
         ("schedule_speedup", schedule_speedup),
         ("max_runtime_cap_seconds", max_runtime_cap_seconds),
+        ("fault_inject", fault_inject),
     ):
         if value is not None:
             body[key] = value
@@ -526,6 +541,11 @@ def apply_config(body: dict[str, Any]) -> dict[str, Any]:
         if cap is not None and not 1 <= float(cap) <= 86400:
             raise ValueError(f"max_runtime_cap_seconds must be 1..86400, got {cap}")
         jobs.SETTINGS.max_runtime_cap_s = None if cap is None else float(cap)
+    if "fault_inject" in body:
+        fault = str(body["fault_inject"] or "")
+        if len(fault) > 200 or any(c.isspace() for c in fault):
+            raise ValueError(f"fault_inject must be one fault of trainer.runtime.faults, got {fault!r}")
+        jobs.SETTINGS.fault_inject = fault or None
     from trainstack.emulator import delivery
 
     delivered = delivery.apply_config(body)  # events auto | manual, schedule_speedup
@@ -537,6 +557,7 @@ def apply_config(body: dict[str, Any]) -> dict[str, Any]:
         "kill_after_seconds": jobs.SETTINGS.kill_after_s,
         "mlflow_url": jobs.SETTINGS.mlflow_url,
         "max_runtime_cap_seconds": jobs.SETTINGS.max_runtime_cap_s,
+        "fault_inject": jobs.SETTINGS.fault_inject,
         "jobs_dir": str(jobs.SETTINGS.jobs_dir),
     }
 
@@ -565,10 +586,12 @@ def end_training_job(
     secondary_status: str,
     failure_reason: str | None = None,
     final_step: int | str | None = TRAINED,
+    saved_step: int | str | None = TRAINED,
 ) -> None:
     """End a job as SageMaker would: e.g. Stopped/MaxRuntimeExceeded, Stopped/Interrupted (spot),
     Failed/Failed with its FailureReason, Completed/Completed. `final_step`: the `train:step` it
-    reports in FinalMetricDataList (None: none; TRAINED: its training.steps when Completed)."""
+    reports in FinalMetricDataList (None: none; TRAINED: its training.steps when Completed);
+    `saved_step`: its newest completed checkpoint's step, `train:saved_step` (likewise)."""
     _post(
         env,
         "end-training-job",
@@ -578,6 +601,7 @@ def end_training_job(
             "secondary_status": secondary_status,
             "failure_reason": failure_reason,
             "final_step": final_step,
+            "saved_step": saved_step,
         },
     )
 

@@ -103,6 +103,7 @@ POLL_S = 0.2
 FLUSH_S = 1.0
 # Variables of the emulator's own process a job must not inherit (a container starts from its image's
 # environment and the job's): the launching shell's AWS settings, tracker and trainstack switches.
+FAULT_INJECT_ENV = "TRAINSTACK_FAULT_INJECT"  # trainer.runtime.faults.ENV (the trainer is not imported here)
 NOT_INHERITED = ("AWS_", "MLFLOW_", "TRAINSTACK_", "SM_", "OMP_", "MKL_")
 
 
@@ -118,6 +119,10 @@ class Settings:
     mlflow_url: str | None = None
     cpus: int = field(default_factory=lambda: os.cpu_count() or 1)
     max_runtime_cap_s: float | None = None  # new jobs' MaxRuntimeInSeconds capped at this (demo, tests)
+    # TRAINSTACK_FAULT_INJECT for the training jobs created from now on (tests only: a real crash, a real
+    # divergence; trainer.runtime.faults). A container's environment is its image's and its request's, so
+    # nothing else reaches it from the test's process (NOT_INHERITED).
+    fault_inject: str | None = None
 
 
 SETTINGS = Settings()
@@ -611,6 +616,7 @@ class LocalJob:
                     (r.get("StoppingCondition") or {}).get("MaxRuntimeInSeconds")
                 ),
                 "environment": dict(r.get("Environment") or {}),
+                "fault_inject": SETTINGS.fault_inject,
                 "hyperparameters": dict(r.get("HyperParameters") or {}),
                 "output": (r.get("OutputDataConfig") or {}).get("S3OutputPath"),
                 "tensorboard": r.get("TensorBoardOutputConfig") or None,
@@ -765,6 +771,8 @@ class LocalJob:
         else:
             env.update({"PROCESSING_JOB_NAME": self.name, "PROCESSING_JOB_ARN": self.job.arn})
         env.update(job_env)  # the request's Environment wins, as on SageMaker
+        if spec.get("fault_inject"):
+            env[FAULT_INJECT_ENV] = spec["fault_inject"]
         env.update({OPT_ML_ENV: str(root), "AWS_ENDPOINT_URL": SETTINGS.endpoint})
         return env
 

@@ -160,12 +160,19 @@ def parse_line(line: str, sources: Sequence[str] = ()) -> dict[str, float]:
 
 def metric_definitions(sources: Sequence[str] = ()) -> list[dict[str, str]]:
     """CreateTrainingJob AlgorithmSpecification.MetricDefinitions (at most 40: 16, plus one per blend
-    source, at most 16 of them: trainstack.recipes.schema.MAX_SOURCES)."""
-    return [{"Name": f.metric_name, "Regex": f.regex} for f in fields(sources)]
+    source, at most 16 of them: trainstack.recipes.schema.MAX_SOURCES, plus the saved step)."""
+    line = [{"Name": f.metric_name, "Regex": f.regex} for f in fields(sources)]
+    return [*line, {"Name": SAVED_STEP_METRIC, "Regex": SAVED_STEP_REGEX}]
 
 
 # The trainer's log line for a completed checkpoint save; the tuning run reads the save time from it.
 _SAVED = re.compile(r"checkpoint complete: (\S+) \(([0-9]*\.?[0-9]+) s\)")
+# The step of the newest checkpoint a job completed, read by SageMaker from that line (its folder is
+# checkpoint_format.step_dir_name, `step-000000120`): what the next job resumes from, so what the job
+# kept of its training. Not a field of the metric line: a save completes in the background, after later
+# steps' lines, or after the last line of a stopped job.
+SAVED_STEP_METRIC = f"{METRIC_PREFIX}saved_step"
+SAVED_STEP_REGEX = r"checkpoint complete: \S*step-0*([0-9]+)/? \("
 
 
 def checkpoint_saved_line(where: str, seconds: float) -> str:
@@ -177,3 +184,9 @@ def parse_checkpoint_saved(line: str) -> tuple[str, float] | None:
     """(where, seconds) of a `checkpoint_saved_line`, or None for any other line."""
     match = _SAVED.search(line)
     return (match.group(1), float(match.group(2))) if match else None
+
+
+def parse_saved_step(line: str) -> int | None:
+    """The step SAVED_STEP_REGEX reads from a `checkpoint_saved_line`, or None for any other line."""
+    match = re.search(SAVED_STEP_REGEX, line)
+    return int(match.group(1)) if match else None

@@ -1,0 +1,181 @@
+"""Whole runs on the default emulator: every job really trains (the trainer on CPU ranks, as the
+emulator runs a SageMaker training job), the emulator delivers each job's state change to the deployed
+rules, and the supervisor's state machines decide what comes next. Nothing is ended or delivered by hand;
+a test only chooses the world the run meets: a short max runtime, a `trainstack stop`, a trainer fault
+(TRAINSTACK_FAULT_INJECT, through the emulator's test-only setting: a real divergence, a real crash).
+
+What a real job cannot do here (a spot interruption, a capacity error, a lost event, a decision cut off
+half-way) is ended by hand in test_emulator_deploy.py and test_run_faults_emulator.py.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterator
+
+import pytest
+from deployed_cloud import ROOT, Cloud, one_line_error
+
+from trainstack.aws.supervisor import CRASH_LOOP, MAX_CONSECUTIVE_CRASHES
+from trainstack.emulator import events as emulator_events
+from trainstack.emulator.endpoint import ACCOUNT, REGION, Emulator
+
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("whole-runs")]
+RECIPE = "tests/integration/fixtures/whole-run.yaml"
+RECIPE_NAME = "whole-run"
+DATA_STACK = f"Trainstack-platform-{RECIPE_NAME}-Data"
+DATA_BUCKET = "trainstack-whole-run-data"  # the recipe's data.train_s3_uri
+STEPS = 400  # the recipe's training.steps
+FIRST_JOB_RUNTIME_S = 45  # job 1's max runtime: ends it mid-run (its start-up is 5-30 s on 2 cores)
+RESUMED = re.compile(r"resumed from .*: step (\d+), data position \d+")
+
+
+@pytest.fixture(scope="module")
+def cloud(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cloud]:
+    """The emulator as a user gets it (jobs train, events and schedules delivered by the emulator), the
+    recipe deployed with `npx cdk deploy`, its data prepared with `trainstack data prepare`."""
+    log = tmp_path_factory.mktemp("whole-runs") / "moto.log"
+    with Emulator(log_path=log) as emulator:
+        cloud = Cloud(emulator, tmp_path_factory.mktemp("cdk-out"))
+        settings = emulator_events.configure(cloud.env)
+        assert (settings["jobs"], settings["events"]) == ("train", "auto")
+        cloud.cdk("bootstrap", f"aws://{ACCOUNT}/{REGION}")
+        cloud.deploy(RECIPE)
+        emulator.client("s3").create_bucket(Bucket=DATA_BUCKET)
+        prepared = cloud.cli(
+            *("data", "prepare", str(ROOT / "docs"), "--tokenizer", "bytes"),
+            *("--out", f"s3://{DATA_BUCKET}/tokens/", "--local", "--validation-fraction", "0.1"),
+            *("--workers", "1"),
+        )
+        assert prepared.returncode == 0, prepared.stdout + prepared.stderr
+        yield cloud
+
+
+@pytest.fixture
+def fault(cloud: Cloud) -> Iterator:
+    """Set a trainer fault for the jobs a test's run creates; cleared after the test."""
+    yield lambda text: emulator_events.configure(cloud.env, fault_inject=text)
+    emulator_events.configure(cloud.env, fault_inject="")
+
+
+def jobs_of(record) -> list[tuple[str, str, str, str]]:
+    return [(j.name, j.status, j.secondary_status, j.rule) for j in record.jobs]
+
+
+def test_a_run_continues_after_its_max_runtime_and_a_stop_and_completes_from_its_checkpoints(
+    cloud: Cloud,
+) -> None:
+    """Job 1 reaches its max runtime (SIGTERM: the trainer saves and exits), the supervisor starts job 2,
+    which resumes from that save; a user stops job 2 (`trainstack stop`: the trainer saves again) and
+    resumes the run; job 3 resumes and completes the run's steps. One checkpoint prefix throughout."""
+    emulator_events.configure(cloud.env, max_runtime_cap_seconds=FIRST_JOB_RUNTIME_S)
+    try:
+        first, _ = cloud.launch(RECIPE, None, "--name", "long")
+    finally:  # only job 1: the jobs the supervisor creates keep the recipe's max runtime
+        emulator_events.configure(cloud.env, no_max_runtime_cap=True)
+    run = first.rsplit("-", 1)[0]
+
+    # Job 2 is started by the supervisor alone, when job 1's Stopped event arrives.
+    second = f"{run}-2"
+    record = wait_until(lambda: cloud.run_record(DATA_STACK, run), lambda r: r.current_job == second, 300)
+    assert jobs_of(record)[0] == (first, "Stopped", "MaxRuntimeExceeded", "MaxRuntime")
+    stopped_at = int(cloud.final_metrics(first)["train:step"])
+    assert 0 < stopped_at < STEPS
+    assert resumed_step(cloud, second) == stopped_at  # saved on SIGTERM, resumed
+
+    # The user stops job 2 once it has trained past job 1.
+    wait_until(lambda: cloud.final_metrics(second).get("train:step", 0), lambda s: s > stopped_at, 300)
+    stopped = cloud.cli_json("stop", run, "--local")
+    assert stopped == {"run": run, "job": second, "execution": None}
+    record = cloud.wait_for_run(DATA_STACK, run, ("stopped",), timeout_s=300)
+    assert jobs_of(record)[1] == (second, "Stopped", "Stopped", "StopRequested")
+    described = cloud.sagemaker.describe_training_job(TrainingJobName=second)
+    # SageMaker passes through Stopping (SIGTERM: the trainer saves) before Stopped.
+    statuses = [t["Status"] for t in described["SecondaryStatusTransitions"]]
+    assert statuses[-1] == "Stopped" and statuses.index("Stopping") > statuses.index("Training"), statuses
+    second_step = int(cloud.final_metrics(second)["train:step"])
+    assert stopped_at < second_step < STEPS
+
+    resumed = cloud.cli_json("resume", run, "--local")
+    third = resumed["job"]
+    assert third == f"{run}-3"
+    record = cloud.wait_for_run(DATA_STACK, run, ("completed", "failed", "stopped"), timeout_s=600)
+    assert record.state == "completed", record.why
+    assert resumed_step(cloud, third) == second_step
+    assert int(cloud.final_metrics(third)["train:step"]) == STEPS == record.step
+    assert [j[:2] for j in jobs_of(record)] == [(first, "Stopped"), (second, "Stopped"), (third, "Completed")]
+    assert jobs_of(record)[2][3] == "Completed"
+
+    uris = {
+        cloud.sagemaker.describe_training_job(TrainingJobName=j)["Environment"]["TRAINSTACK_CHECKPOINT_URI"]
+        for j in (first, second, third)
+    }
+    assert len(uris) == 1 and uris == {record.checkpoint_uri}
+    (listed,) = [r for r in cloud.cli_json("runs", RECIPE, "--local") if r["run"] == run]
+    assert listed["state"] == "completed"
+
+    # A completed run is not stopped, resumed or launched again (its name is taken), each in one line.
+    assert "is not running (completed" in one_line_error(cloud.cli("stop", run, "--local"))
+    assert "is completed: only a stopped or failed run can be resumed" in one_line_error(
+        cloud.cli("resume", run, "--local")
+    )
+    taken = one_line_error(cloud.cli("launch", RECIPE, "--local", "--name", "long"))
+    assert f"a run named {run} exists (completed; launch of recipe " in taken
+    assert [j.name for j in cloud.run_record(DATA_STACK, run).jobs] == [first, second, third]
+
+
+def test_a_run_that_diverges_ends_with_the_trainers_reason_and_no_second_job(cloud: Cloud, fault) -> None:
+    """A NaN loss is a failure the next job would repeat: the trainer says so in its failure file, and
+    the supervisor ends the run on the first job with that line."""
+    fault("nan-gradients@3")
+    answer = cloud.cli_json("launch", RECIPE, "--local", "--wait", "--name", "diverges", "--max-steps", "20")
+    record = cloud.wait_for_run(DATA_STACK, answer["run"], ("failed", "completed", "stopped"), 300)
+    assert record.state == "failed" and "nan" in record.why.lower(), record.why
+    assert [(j.name, j.status, j.rule) for j in record.jobs] == [(answer["job"], "Failed", "Fatal")]
+    reason = cloud.sagemaker.describe_training_job(TrainingJobName=answer["job"])["FailureReason"]
+    assert "trainstack-fatal" in reason and reason.split(":")[0] in record.why
+
+
+def test_a_crash_that_repeats_fails_the_run_and_a_resume_after_the_fix_completes_it(
+    cloud: Cloud, fault
+) -> None:
+    """A worker killed in the middle of its save of step 20 (SIGKILL, before the checkpoint's marker) is
+    a crash the supervisor retries. Each retry resumes from step 10, the newest intact checkpoint, and
+    crashes at the same place: none trained past the job before it, so the count is never reset, and
+    after MAX_CONSECUTIVE_CRASHES the run fails. The fault removed (a person fixed the cause), `resume`
+    starts counting again and the run completes."""
+    fault("kill:before-marker@20")
+    answer = cloud.cli_json(
+        "launch", RECIPE, "--local", "--wait", "--name", "crash-loop", "--max-steps", "30"
+    )
+    run = answer["run"]
+    record = cloud.wait_for_run(DATA_STACK, run, ("failed", "completed", "stopped"), 600)
+    assert record.state == "failed" and "in a row crashed" in record.why, record.why
+    crashed = [("Failed", "Crashed")] * (MAX_CONSECUTIVE_CRASHES - 1) + [("Failed", CRASH_LOOP)]
+    assert [(j.status, j.rule) for j in record.jobs] == crashed
+    for job in record.jobs[1:]:  # the killed save of step 20 skipped for the intact one before it
+        assert resumed_step(cloud, job.name, timeout_s=0) == 10
+
+    fault("")
+    resumed = cloud.cli_json("resume", run, "--local")
+    assert cloud.run_record(DATA_STACK, run).crashes == 0
+    record = cloud.wait_for_run(DATA_STACK, run, ("completed", "failed", "stopped"), 300)
+    assert record.state == "completed", record.why
+    assert record.jobs[-1].name == resumed["job"] and record.step == 30
+    assert resumed_step(cloud, resumed["job"], timeout_s=0) == 10
+
+
+def wait_until(read, done, timeout_s: float):
+    """Poll `read()` until `done(value)`; the value."""
+    deadline = time.monotonic() + timeout_s
+    while not done(value := read()):
+        assert time.monotonic() < deadline, f"timed out; last: {value}"
+        time.sleep(1)
+    return value
+
+
+def resumed_step(cloud: Cloud, job: str, timeout_s: float = 300) -> int:
+    """The step the job's trainer resumed from, by its own log line (trainer.train._resume_or_start)."""
+    log = wait_until(lambda: cloud.log_of(job), RESUMED.search, timeout_s)
+    return int(RESUMED.search(log).group(1))
