@@ -22,7 +22,7 @@ from trainer.entrypoint import child_pids
 from trainer_helpers import REPO, TINY, metric_lines, torchrun, trainer_env, trainer_ranks, two_nodes
 
 from trainstack.aws.request import create_training_job_request
-from trainstack.protocol.metrics import FIELDS, metric_definitions, parse_line
+from trainstack.protocol.metrics import FIELDS, SAVED_STEP_METRIC, metric_definitions, parse_line
 from trainstack.recipes.loader import resolve
 from trainstack.recipes.schema import to_hyperparameters
 
@@ -228,19 +228,29 @@ def test_every_metric_regex_matches_real_lines_and_only_the_intended_numbers(str
     )
     definitions = request["AlgorithmSpecification"]["MetricDefinitions"]
     assert definitions == metric_definitions()
-    assert [d["Name"] for d in definitions] == [f.metric_name for f in FIELDS]
+    line_definitions, (saved,) = definitions[:-1], definitions[-1:]
+    assert [d["Name"] for d in line_definitions] == [f.metric_name for f in FIELDS]
+    assert saved["Name"] == SAVED_STEP_METRIC
     for line in lines:
         printed = dict(token.split("=", 1) for token in line.split())
         # tiny.yaml has no validation: every field but the validation ones (optional ones that only
         # older images leave out are printed by this trainer on every log step).
         assert list(printed) == [f.key for f in FIELDS if not f.key.startswith("val_loss")]
-        for field, definition in zip(FIELDS, definitions, strict=True):
+        for field, definition in zip(FIELDS, line_definitions, strict=True):
             found = re.findall(definition["Regex"], line)
             assert found == ([printed[field.key]] if field.key in printed else []), (definition, line)
-    # Log lines (stderr, which SageMaker also scans) never yield a metric value.
+        assert not re.search(saved["Regex"], line)
+    # Log lines (stderr, which SageMaker also scans) yield no value of the metric line's fields, and the
+    # saved step exactly from each completed checkpoint's line (its folder's step).
+    saved_steps = []
     for line in result.stderr.splitlines():
-        for definition in definitions:
+        for definition in line_definitions:
             assert not re.search(definition["Regex"], line), (definition["Name"], line)
+        if found := re.findall(saved["Regex"], line):
+            folder = re.search(r"checkpoint complete: \S*step-(\d+)", line)
+            assert folder and found == [str(int(folder.group(1)))], line
+            saved_steps.append(int(found[0]))
+    assert saved_steps, "no completed checkpoint in the run's log"
 
 
 def test_sigterm_to_the_entrypoint_and_torchrun_exits_zero_and_resumes_exactly(straight, tmp_path):

@@ -241,7 +241,10 @@ def test_the_request_carries_one_channel_per_source_in_the_chosen_mode_and_sagem
     assert [c["DataSource"]["S3DataSource"]["S3Uri"] for c in channels] == list(r.data.uris)
     names = [d["Name"] for d in request["AlgorithmSpecification"]["MetricDefinitions"]]
     assert names[-4:] == [
-        "train:val_loss", "train:val_loss_web_2024", "train:val_loss_code", "train:saved_step"
+        "train:val_loss",
+        "train:val_loss_web_2024",
+        "train:val_loss_code",
+        "train:saved_step",
     ]
     # CreateTrainingJob takes at most 20 channels (botocore's model): the schema caps sources below it.
     many = resolve(

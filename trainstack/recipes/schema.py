@@ -396,8 +396,8 @@ TokenizerIdentity = Annotated[str, Field(pattern=r"^(bytes|sha256:[0-9a-f]{64})$
 # --- Data: one prepared dataset, or a blend of several (training_image/trainer/data/blend.py) ----------
 # Each source of a blend reaches the job as an input channel of its own, and adds one metric definition
 # (its val_loss_<name>). CreateTrainingJob takes at most 20 channels and 40 metric definitions
-# (botocore's SageMaker model: InputDataConfig max 20, MetricDefinitions max 40); the metric line has 13
-# of its own (trainstack.protocol.metrics), so 16 sources leave room for both limits and for later metrics.
+# (botocore's SageMaker model: InputDataConfig max 20, MetricDefinitions max 40); the metric line has 16
+# of its own and the saved step one more (trainstack.protocol.metrics): 16 sources make 33 of the 40.
 MAX_SOURCES = 16
 SOURCE_NAME_MAX = 16
 SOURCE_NAME = rf"^[a-z][a-z0-9_]{{0,{SOURCE_NAME_MAX - 1}}}$"

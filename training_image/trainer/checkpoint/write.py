@@ -17,7 +17,9 @@ the same collectives in the same order whatever fails, so a failure never leaves
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from concurrent.futures import Future
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -46,6 +48,20 @@ def all_ranks(group: dist.ProcessGroup, ok: bool) -> bool:
     return bool(flag.item())
 
 
+@contextmanager
+def agreed(group: dist.ProcessGroup, failed: str) -> Iterator[None]:
+    """One phase of a save on every rank of `group`: on leaving it, every rank learns whether any rank
+    failed, and every rank raises CheckpointError(`failed`) if one did (chained to this rank's own error,
+    if it had one), so no rank goes on to a phase the others never reach."""
+    error: BaseException | None = None
+    try:
+        yield
+    except BaseException as exc:
+        error = exc
+    if not all_ranks(group, error is None):
+        raise CheckpointError(failed) from error
+
+
 def write_step(
     storage: CheckpointStorage,
     group: dist.ProcessGroup,
@@ -61,24 +77,16 @@ def write_step(
     """Write checkpoint `state.step` from `source` (the state dict, or a Future of its staged copy) and
     `extras` (rank-N.pt's bytes); returns once its marker is written, raises CheckpointError on every
     rank otherwise. `prunes`: this rank removes a leftover folder of the same step first."""
-    step, error = state.step, None
-    try:  # 1. this rank's preparation
+    step = state.step
+    with agreed(group, f"preparing step {step} failed on a rank"):  # 1. this rank's preparation
         state_dict = source.result() if isinstance(source, Future) else source
         if prunes and step in storage.steps():  # left by an earlier job: must not mix in
             storage.delete(step)
-    except BaseException as exc:
-        state_dict, error = None, exc
-    if not all_ranks(group, error is None):
-        raise CheckpointError(f"preparing step {step} failed on a rank") from error
     own: dict[str, FileRecord] = {}
-    try:
+    with agreed(group, f"writing the trainer state of step {step} failed on a rank"):
         storage.prepare(step)
         storage.write(step, extras_name(rank), extras)
         own[extras_name(rank)] = record_of(extras)
-    except BaseException as exc:
-        error = exc
-    if not all_ranks(group, error is None):
-        raise CheckpointError(f"writing the trainer state of step {step} failed on a rank") from error
     faults.point("before-shards", step, rank)
     # 2. the shards, each digested as it streams out: raises on every rank if any rank failed
     writer = storage.writer(step)
@@ -86,19 +94,16 @@ def write_step(
     writer.fs = digests
     dcp.save(state_dict, storage_writer=writer, process_group=group)
     faults.point("after-shards", step, rank)
-    try:  # 3. this rank's manifest: its own files, as written
+    with agreed(group, f"a manifest of step {step} could not be written"):  # 3. this rank's, as written
         own.update(digests.written)
         manifest = manifest_document(step=step, rank=rank, world_size=world, files=own)
         storage.write(step, manifest_name(rank), manifest)
         own[manifest_name(rank)] = record_of(manifest)
-    except BaseException as exc:
-        error = exc
-    if not all_ranks(group, error is None):
-        raise CheckpointError(f"a manifest of step {step} could not be written") from error
     faults.point("after-manifests", step, rank)
     tables: list[Any] = [None] * world
     dist.all_gather_object(tables, own, group=group)
-    try:  # 4. the marker: every rank's files, once every rank's manifest is written
+    # 4. the marker: every rank's files, once every rank's manifest is written
+    with agreed(group, f"the marker of step {step} could not be written"):
         if rank == 0:
             files = {name: record for table in tables for name, record in table.items()}
             marker = marker_document(
@@ -112,7 +117,3 @@ def write_step(
             faults.point("before-marker", step, rank)
             storage.write(step, MARKER, marker)
             faults.point("after-marker", step, rank)
-    except BaseException as exc:
-        error = exc
-    if not all_ranks(group, error is None):
-        raise CheckpointError(f"the marker of step {step} could not be written") from error
