@@ -31,9 +31,10 @@ class Cloud:
         }
         self.outdir = outdir
         self.deployed: dict[tuple[str, str | None], tuple[str, ...]] = {}  # (recipe, team) -> its --set
-        self.cfn, self.sfn, self.sagemaker, self.events = clients(
-            emulator.env(), "cloudformation", "stepfunctions", "sagemaker", "events"
+        self.cfn, self.sfn, self.sagemaker, self.events, self.ddb = clients(
+            emulator.env(), "cloudformation", "stepfunctions", "sagemaker", "events", "dynamodb"
         )
+        self.tables: dict[str, str] = {}  # data stack -> its run table
 
     def run(self, *cmd: str) -> str:
         result = subprocess.run(
@@ -121,16 +122,13 @@ class Cloud:
         """The run's registry record, as the supervisor keeps it (trainstack.aws.registry)."""
         from trainstack.aws.registry import read_run
 
-        (ddb,) = clients(self.env, "dynamodb")
-        return read_run(ddb, self.outputs(data_stack)["RunTableName"], run)
+        if data_stack not in self.tables:  # polled every second: the stack's outputs read once
+            self.tables[data_stack] = self.outputs(data_stack)["RunTableName"]
+        return read_run(self.ddb, self.tables[data_stack], run)
 
     def wait_for_run(self, data_stack: str, run: str, states: tuple[str, ...], timeout_s: float = 600):
         """Poll the registry until the run is in one of `states`; nothing is done to it meanwhile."""
-        deadline = time.monotonic() + timeout_s
-        while (record := self.run_record(data_stack, run)).state not in states:
-            assert time.monotonic() < deadline, f"{run}: {record.state} after {timeout_s:.0f} s: {record}"
-            time.sleep(1)
-        return record
+        return wait_until(lambda: self.run_record(data_stack, run), lambda r: r.state in states, timeout_s)
 
     def log_of(self, job: str) -> str:
         """The job's log as SageMaker keeps it (CloudWatch Logs, /aws/sagemaker/TrainingJobs, streams
@@ -153,3 +151,12 @@ def one_line_error(result: subprocess.CompletedProcess) -> str:
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
     return lines[0]
+
+
+def wait_until(read, done, timeout_s: float):
+    """Poll `read()` every second until `done(value)`; the value (the last one in the failure)."""
+    deadline = time.monotonic() + timeout_s
+    while not done(value := read()):
+        assert time.monotonic() < deadline, f"timed out after {timeout_s:.0f} s; last: {value}"
+        time.sleep(1)
+    return value

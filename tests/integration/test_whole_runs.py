@@ -11,11 +11,10 @@ half-way) is ended by hand in test_emulator_deploy.py and test_run_faults_emulat
 from __future__ import annotations
 
 import re
-import time
 from collections.abc import Iterator
 
 import pytest
-from deployed_cloud import ROOT, Cloud, one_line_error
+from deployed_cloud import ROOT, Cloud, one_line_error, wait_until
 
 from trainstack.aws.supervisor import CRASH_LOOP, MAX_CONSECUTIVE_CRASHES
 from trainstack.emulator import events as emulator_events
@@ -164,15 +163,6 @@ def test_a_crash_that_repeats_fails_the_run_and_a_resume_after_the_fix_completes
     assert record.state == "completed", record.why
     assert record.jobs[-1].name == resumed["job"] and record.step == 30
     assert resumed_step(cloud, resumed["job"], timeout_s=0) == 10
-
-
-def wait_until(read, done, timeout_s: float):
-    """Poll `read()` until `done(value)`; the value."""
-    deadline = time.monotonic() + timeout_s
-    while not done(value := read()):
-        assert time.monotonic() < deadline, f"timed out; last: {value}"
-        time.sleep(1)
-    return value
 
 
 def resumed_step(cloud: Cloud, job: str, timeout_s: float = 300) -> int:
