@@ -12,6 +12,7 @@ Packages, by concern; each may import only the ones below it (tests/test_archite
     recipes/    the recipe schema, its files and layering, overrides, names, the instance catalogue
     protocol/   what a training job and the control plane agree on: exit codes, the metric line
     errors.py   the one-line user errors every layer raises
+    units.py    how sizes are written, the same in every layer
 
 docs/architecture.md draws the data flow. `stacks/` (the CDK constructs) and `training_image/trainer`
 sit outside this package and import from it, never the other way round.

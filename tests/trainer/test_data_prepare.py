@@ -832,6 +832,25 @@ def test_a_long_document_cut_into_pieces_keeps_a_byte_level_bpes_ids(tmp_path):
     ],
 )
 def test_data_sizes_read_in_the_largest_decimal_unit_that_is_at_least_one(count, shown):
-    from trainstack.planner.data_prep import data_size
+    from trainstack.units import data_size
 
     assert data_size(count) == shown
+
+
+def test_the_preparation_pipeline_imports_neither_numpy_nor_the_recipe_schema_until_it_encodes():
+    """`data prepare`'s parent process (which, with a pool, only lists inputs, hands them out and writes
+    the indexes) and every spawned worker import the pipeline and print sizes as the planner does. That
+    must not pull in numpy or the planner's recipe schema (pydantic): 0.15 and 0.2-0.3 CPU-s per process,
+    the gap to the plain-tokenizers baseline at 2 workers (bench/data_prepare.py)."""
+    code = (
+        "import sys, trainer.prepare.pipeline as p; p.data_size(10**9); "
+        "print(sorted(m for m in sys.modules if m in {'numpy', 'pydantic'} or m.startswith('trainstack.re')))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**__import__("os").environ, "PYTHONPATH": f"{REPO / 'training_image'}:{REPO}"},
+    )
+    assert done.stdout.strip() == "[]", done.stdout

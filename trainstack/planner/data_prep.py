@@ -24,6 +24,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from trainstack.units import data_size
+
 # Tokens per byte of input file, (low, mid, high), by input format.
 TOKENS_PER_BYTE = {
     "text": (0.18, 0.23, 0.27),
@@ -93,15 +95,6 @@ class PreparePlan:
             f"({self.usd[0]:,.0f}-{self.usd[2]:,.0f}) at "
             f"{self.instance.usd_per_hour} USD/instance-hour ({self.instance.price_source})"
         )
-
-
-def data_size(count: float) -> str:
-    """Bytes in decimal units, as S3 and the plans count them, in the largest unit that is at least 1
-    ("4.12 GB", "3.70 MB", "812 B"), so a small corpus never reads as 0.00 GB."""
-    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if count >= scale:
-            return f"{count / scale:,.2f} {unit}"
-    return f"{count:,.0f} B"
 
 
 def _count(tokens: float) -> str:

@@ -25,24 +25,28 @@ import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from trainstack.errors import TrainstackError
 
+if TYPE_CHECKING:
+    import numpy as np
+
+# numpy is imported where an index is read or written, not here: the data-preparation job's parent
+# process imports this module (through the shard index's file names) and never touches an index.
 MAGIC = b"MMIDIDX\x00\x00"
 VERSION = 1
 DTYPE_CODES = {
-    1: np.uint8,
-    2: np.int8,
-    3: np.int16,
-    4: np.int32,
-    5: np.int64,
-    6: np.float64,
-    7: np.float32,
-    8: np.uint16,
+    1: "uint8",
+    2: "int8",
+    3: "int16",
+    4: "int32",
+    5: "int64",
+    6: "float64",
+    7: "float32",
+    8: "uint16",
 }
-CODE_OF = {np.dtype(t).name: code for code, t in DTYPE_CODES.items()}
+CODE_OF = {name: code for code, name in DTYPE_CODES.items()}
 TOKEN_DTYPES = ("uint8", "int8", "int16", "int32", "int64", "uint16")  # integer ids only
 HEADER_BYTES = len(MAGIC) + 8 + 1 + 8 + 8
 
@@ -58,6 +62,8 @@ def is_megatron_index(path: Path) -> bool:
 
 def index_bytes(dtype: str, sequence_lengths: Sequence[int] | np.ndarray) -> bytes:
     """The .idx of one document per sequence, for a .bin of `dtype` token ids."""
+    import numpy as np
+
     lengths = np.asarray(sequence_lengths, dtype=np.int32)
     itemsize = np.dtype(dtype).itemsize
     pointers = np.zeros(len(lengths), dtype=np.int64)
@@ -93,7 +99,7 @@ def read_index(path: Path) -> MegatronIndex:
     sequences, entries = struct.unpack_from("<QQ", head, len(MAGIC) + 9)
     if version != VERSION:
         raise TrainstackError(f"{path}: Megatron index version {version}, expected {VERSION}")
-    if code not in DTYPE_CODES or np.dtype(DTYPE_CODES[code]).name not in TOKEN_DTYPES:
+    if DTYPE_CODES.get(code) not in TOKEN_DTYPES:
         raise TrainstackError(f"{path}: dtype code {code} is not an integer token type {TOKEN_DTYPES}")
     needed = HEADER_BYTES + sequences * (4 + 8) + entries * 8
     if size < needed:
@@ -101,9 +107,11 @@ def read_index(path: Path) -> MegatronIndex:
             f"{path}: {size} bytes, the header's {sequences} sequences and {entries} document entries need "
             f"{needed} (truncated copy?)"
         )
+    import numpy as np
+
     lengths = np.memmap(path, dtype=np.int32, mode="r", offset=HEADER_BYTES, shape=(sequences,))
     if sequences and int(lengths.min()) < 0:
         raise TrainstackError(f"{path}: a negative sequence length (corrupt index)")
     tokens = int(lengths.sum(dtype=np.int64))
     del lengths
-    return MegatronIndex(path, np.dtype(DTYPE_CODES[code]).name, sequences, max(entries - 1, 0), tokens)
+    return MegatronIndex(path, DTYPE_CODES[code], sequences, max(entries - 1, 0), tokens)

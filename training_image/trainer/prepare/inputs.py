@@ -42,10 +42,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import chain
 from pathlib import Path
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from trainstack.errors import TrainstackError
+
+if TYPE_CHECKING:
+    import numpy as np
 
 FORMATS = {
     ".jsonl": "jsonl",
@@ -393,11 +395,15 @@ class Encoder:
         )
 
     def pieces(self, texts: list[str]) -> list[np.ndarray]:
+        import numpy as np  # here, not at the top: a preparation's parent lists inputs but encodes none
+
         if self._batch is None:  # the byte-level tokenizer: ids are the UTF-8 bytes
             return [np.frombuffer(t.encode("utf-8"), dtype=np.uint8) for t in texts]
         return [np.asarray(e.ids, dtype=np.int64) for e in self._batch(texts, add_special_tokens=False)]
 
     def documents(self, texts: list[str], dtype: str) -> tuple[np.ndarray, np.ndarray]:
+        import numpy as np
+
         eos = self.eos
         if self._batch is None:
             parts = [np.frombuffer(t.encode("utf-8"), dtype=np.uint8) for t in texts]

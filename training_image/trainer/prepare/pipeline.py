@@ -51,10 +51,10 @@ from trainer.prepare.inputs import (
     load_tokenizer,
     read_documents,
 )
-from trainer.prepare.shard_writer import ShardWriter
 from trainer.prepare.store import S3Store, open_store, split_s3
 from trainstack import __version__
 from trainstack.errors import TrainstackError
+from trainstack.units import data_size
 
 TOOL = "trainstack data prepare"
 CONFIG_KEY = "_prepare/config.json"
@@ -218,6 +218,8 @@ def describe_tokenizer() -> TokenizerInfo:
 
 def process_unit(unit: Unit) -> dict:
     """Tokenize one input file into its shards and write its completion marker; returns the marker."""
+    from trainer.prepare.shard_writer import ShardWriter  # numpy: only the processes that tokenize
+
     settings, store = _state["settings"], _state["store"]
     info, encode = _tokenizer()
     started = time.monotonic()
@@ -387,7 +389,7 @@ class Progress:
         share = 100.0 * self.bytes / self.total_bytes if self.total_bytes else 100.0
         return (
             f"prepare: {self.files}/{self.total_files} files, {self.tokens:,} tokens, {rate:,.0f} tokens/s, "
-            f"{share:.0f}% of {_size(self.total_bytes)}, ETA {eta}"
+            f"{share:.0f}% of {data_size(self.total_bytes)}, ETA {eta}"
         )
 
 
@@ -450,7 +452,7 @@ def prepare(
             # (the trainer refuses a prepared output without its root manifest), not as the old dataset.
             store.discard(MANIFEST_FILE)
         print(
-            f"prepare: {len(units)} input files ({_size(sum(u.size for u in units))}), "
+            f"prepare: {len(units)} input files ({data_size(sum(u.size for u in units))}), "
             f"{len(units) - len(pending)} already done; tokenizer {info.file} ({info.identity[:19]}, vocab "
             f"{info.vocab_size}, eos {info.eos_id}); {workers} worker(s); output {store.uri}",
             file=sys.stderr,
@@ -665,12 +667,3 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
-
-
-def _size(nbytes: int) -> str:
-    """The planner's way of writing a data size (GB, MB under 0.01 GB). Imported here, not at the top:
-    every spawned worker imports this module, and the planner (its recipe schema, pydantic) costs a
-    worker 0.3 CPU-s it never uses."""
-    from trainstack.planner.data_prep import data_size
-
-    return data_size(nbytes)
