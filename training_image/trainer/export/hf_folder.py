@@ -98,9 +98,9 @@ def _numel(shape: tuple[int, ...]) -> int:
 
 SAFETENSORS_DTYPES = {torch.bfloat16: "BF16", torch.float32: "F32"}
 # Cast and written in pieces of this size (the output buffers are no bigger). Small enough that a block
-# the cast just wrote is still in the cache when the writer thread copies it into the page cache: 4 MiB
-# against 64 MiB took the 0.4B export from 0.65-0.85 s to 0.49-0.55 s on the idle 2-core machine
-# (bench/hf_export_import.py; the cast and the writes are both memory-bound there).
+# the cast just wrote is still in the cache when the writer thread copies it into the page cache (the
+# 0.4B export, 10 runs each on the idle 2-core machine: 64 MiB 0.65-1.06 s, 4 MiB 0.49-0.84 s; both the
+# cast and the write are memory-bound there: docs/benchmarks.md, "Export on the idle machine").
 WRITE_CHUNK_BYTES = 4 * 2**20
 
 
