@@ -398,7 +398,8 @@ class LocalJob:
         _kill_trees(self.processes())
 
     def mark_killed(self) -> None:
-        """From now on no status change: the job's processes are being killed, not ended by the job."""
+        """From now on no status change: the job's processes are being killed, not ended by the job.
+        `killed` is set first: the job's thread, seeing `stop_reason`, then already sees it too."""
         self.killed = True
         self.stop_reason = self.stop_reason or "Stopped"
 
@@ -529,7 +530,10 @@ class LocalJob:
             if self.stop_reason is None and max_runtime and time.monotonic() - started > max_runtime:
                 self.stop_reason = "MaxRuntimeExceeded"
                 self._status("Stopping", "Stopping", "Stopping the job: MaxRuntimeInSeconds reached")
-            if self.stop_reason and signalled_at is None:
+            # A job being killed (mark_killed sets stop_reason too) is not also asked to stop: a SIGTERM
+            # here could end a node's entry point before the killer has found the processes below it,
+            # and a worker in a session of its own (torchrun's) would then outlive the job as an orphan.
+            if self.stop_reason and signalled_at is None and not self.killed:
                 signalled_at = time.monotonic()
                 for node in self.nodes:
                     _signal(node.process, signal.SIGTERM)
