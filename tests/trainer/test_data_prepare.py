@@ -842,15 +842,17 @@ def test_the_preparation_pipeline_imports_neither_numpy_nor_the_recipe_schema_un
     the indexes) and every spawned worker import the pipeline and print sizes as the planner does. That
     must not pull in numpy or the planner's recipe schema (pydantic): 0.15 and 0.2-0.3 CPU-s per process,
     the gap to the plain-tokenizers baseline at 2 workers (bench/data_prepare.py)."""
+    import os
+
     code = (
-        "import sys, trainer.prepare.pipeline as p; p.data_size(10**9); "
-        "print(sorted(m for m in sys.modules if m in {'numpy', 'pydantic'} or m.startswith('trainstack.re')))"
+        "import sys, trainer.prepare.pipeline as p; p.data_size(10**9); print(sorted(m for m in sys.modules "
+        "if m in {'numpy', 'pydantic'} or m.startswith('trainstack.recipes')))"
     )
     done = subprocess.run(
         [sys.executable, "-c", code],
         capture_output=True,
         text=True,
         check=True,
-        env={**__import__("os").environ, "PYTHONPATH": f"{REPO / 'training_image'}:{REPO}"},
+        env={**os.environ, "PYTHONPATH": f"{REPO / 'training_image'}:{REPO}"},
     )
     assert done.stdout.strip() == "[]", done.stdout

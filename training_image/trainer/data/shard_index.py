@@ -47,7 +47,6 @@ VALIDATION_PATH = "validation"  # where trainer.prepare writes the held-out spli
 # uint32 is what make_shards wrote for vocabularies past 65,536 before Megatron-compatible indexes (whose
 # dtype codes have no uint32); trainer.prepare writes int32 there, as Megatron does.
 DTYPES = ("uint16", "int32", "uint32")
-ITEMSIZE = {"uint8": 1, "int8": 1, "int16": 2, "uint16": 2, "int32": 4, "uint32": 4, "int64": 8}
 
 
 @dataclass(frozen=True)
@@ -170,7 +169,9 @@ def _read_trainstack(directory: Path) -> DatasetIndex:
         raise TrainstackError(
             f"{where}: shards: expected a non-empty list of {{file, tokens}}, got {entries!r}"
         )
-    itemsize = ITEMSIZE[dtype]
+    import numpy as np  # here: the preparation's parent imports this module for its file names only
+
+    itemsize = np.dtype(dtype).itemsize
     # What trainer.prepare holds out sits in `validation/` (the manifest's validation.path).
     validation = [directory / VALIDATION_PATH] if _is_validation_split(directory / VALIDATION_PATH) else []
     validation = [s.resolve() for s in validation]
@@ -218,6 +219,8 @@ def _read_trainstack(directory: Path) -> DatasetIndex:
 
 
 def _read_megatron(directory: Path) -> DatasetIndex:
+    import numpy as np  # here: the preparation's parent imports this module for its file names only
+
     # One walk (a FastFile mount lists S3 to walk): the .idx files, and what marks prepared outputs.
     candidates, roots, held_out = [], [], []
     for folder, subfolders, files in os.walk(directory):
@@ -247,7 +250,7 @@ def _read_megatron(directory: Path) -> DatasetIndex:
         bin_path = inside(directory, bin_name, str(idx_path))
         if not bin_path.is_file():
             raise TrainstackError(f"{idx_path}: its data file {bin_name} is missing")
-        itemsize = ITEMSIZE[index.dtype]
+        itemsize = np.dtype(index.dtype).itemsize
         size = bin_path.stat().st_size
         if size != index.tokens * itemsize:
             raise TrainstackError(
