@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 export JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION := 1
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: help setup test demo lint bench clean
+.PHONY: help setup test test-all demo lint bench clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
@@ -31,7 +31,13 @@ node_modules/.stamp: package.json package-lock.json
 
 setup: $(VENV)/.stamp node_modules/.stamp ## create .venv, install Python deps and the pinned CDK CLI
 
-test: setup ## run every test (unit, CDK gates, trainer multi-process, emulator integration)
+# Two tiers (tests/conftest.py): every test module is marked `fast` or `slow`, and one with neither stops
+# the run. `make test` is the fast tier, for waiting on while working; `make test-all` is what CI runs.
+test: setup ## the fast tier, about 10 min: unit, contract, CDK gates, trainer at 1-2 ranks, one whole run
+	$(BIN)/pytest -n 2 --dist loadgroup -m "not slow" tests
+	@echo "make test: the slow tier was deselected (the count above); make test-all runs every test"
+
+test-all: setup ## every test, about 40 min: the fast tier, the docs walkthrough, all whole runs and fault suites
 	$(BIN)/pytest -n 2 --dist loadgroup tests
 
 lint: setup ## ruff (lint and format), hadolint, actionlint

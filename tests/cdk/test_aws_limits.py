@@ -25,6 +25,8 @@ from trainstack.planner import plan
 from trainstack.recipes.loader import base_recipe_names, resolve, team_names, team_recipe_names
 from trainstack.recipes.schema import TEAM_NAME_MAX
 
+pytestmark = pytest.mark.fast
+
 ALL = [(n, None) for n in base_recipe_names()] + [(n, t) for t in team_names() for n in team_recipe_names(t)]
 # SNS topic names have at most 256 characters (SNS CreateTopic).
 TOPIC = f"arn:aws:sns:{PLACEHOLDER_REGION}:{PLACEHOLDER_ACCOUNT}:" + "t" * 256

@@ -7,6 +7,8 @@ import pytest
 from trainstack.aws.session import Aws
 from trainstack.errors import TrainstackError
 
+pytestmark = pytest.mark.fast
+
 NO_PROFILE = {"AWS_CONFIG_FILE": "/dev/null", "AWS_SHARED_CREDENTIALS_FILE": "/dev/null"}
 
 

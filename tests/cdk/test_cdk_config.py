@@ -8,6 +8,8 @@ from trainstack.aws import deployment as config
 from trainstack.errors import TrainstackError
 from trainstack.recipes.loader import base_recipe_names, team_names, team_recipe_names
 
+pytestmark = pytest.mark.fast
+
 ENV = {"CDK_DEFAULT_ACCOUNT": "123456789012", "CDK_DEFAULT_REGION": "us-west-2"}
 DLC = "763104351884.dkr.ecr.us-west-2.amazonaws.com/pytorch-training:2.9-gpu-py312"
 

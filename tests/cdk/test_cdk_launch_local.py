@@ -8,8 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from trainstack.aws import deployment as config
 from trainstack.recipes.loader import resolve
+
+pytestmark = pytest.mark.fast
 
 TRAINSTACK = str(Path(sys.executable).parent / "trainstack")
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from cdk_helpers import ENV, ROOT
 
-pytestmark = pytest.mark.xdist_group("cdk-synth")
+pytestmark = [pytest.mark.fast, pytest.mark.xdist_group("cdk-synth")]
 QUIET = {
     "JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION": "1",
     "JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION": "20",

@@ -19,6 +19,8 @@ from trainstack.recipes import naming
 from trainstack.recipes.loader import base_recipe_names, resolve, team_names, team_recipe_names
 from trainstack.recipes.schema import Recipe, from_hyperparameters, to_hyperparameters
 
+pytestmark = pytest.mark.fast
+
 ARGS = dict(
     role_arn="arn:aws:iam::123456789012:role/exec",
     image_uri="123.dkr.ecr.us-west-2.amazonaws.com/t:1",

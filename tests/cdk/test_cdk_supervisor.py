@@ -11,7 +11,7 @@ from cdk_helpers import flatten_join, resources, state_machine_definition
 
 from stacks.retries import TRANSIENT_ERRORS, integration_of
 
-pytestmark = pytest.mark.xdist_group("cdk-synth")
+pytestmark = [pytest.mark.fast, pytest.mark.xdist_group("cdk-synth")]
 LAUNCHER = "Trainstack-platform-30b-fp8-Launcher"
 
 

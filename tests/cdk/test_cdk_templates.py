@@ -19,7 +19,7 @@ from trainstack.recipes import naming
 from trainstack.recipes.loader import base_recipe_names, resolve, team_names, team_recipe_names
 from trainstack.recipes.schema import to_hyperparameters
 
-pytestmark = pytest.mark.xdist_group("cdk-synth")
+pytestmark = [pytest.mark.fast, pytest.mark.xdist_group("cdk-synth")]
 ALL = [(n, None) for n in base_recipe_names()] + [(n, t) for t in team_names() for n in team_recipe_names(t)]
 
 

@@ -14,6 +14,8 @@ from trainstack.planner import storage as priced
 from trainstack.recipes import naming
 from trainstack.recipes.loader import resolve
 
+pytestmark = pytest.mark.fast
+
 CHECKPOINT = "checkpoints/platform/30b-fp8/main/step_00000250/__0_0.distcp"
 OUTPUT = "output/platform/30b-fp8/ts-platform-30b-fp8--main-1/output/model.tar.gz"
 # The rule the bucket had before: 3 noncurrent versions kept per key, then 30 days.

@@ -20,6 +20,8 @@ from trainstack.recipes import naming
 from trainstack.recipes.loader import base_recipe_names, resolve
 from trainstack.recipes.schema import RECIPE_NAME_MAX, TEAM_NAME_MAX
 
+pytestmark = pytest.mark.fast
+
 ROLE = "arn:aws:iam::123456789012:role/exec"
 IMAGE = "123456789012.dkr.ecr.us-west-2.amazonaws.com/trainstack:abc"
 KEY = "arn:aws:kms:us-west-2:123456789012:key/1234abcd-12ab-34cd-56ef-1234567890ab"

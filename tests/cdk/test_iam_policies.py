@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-pytestmark = pytest.mark.xdist_group("cdk-synth")
+pytestmark = [pytest.mark.fast, pytest.mark.xdist_group("cdk-synth")]
 POLICY_PROPERTIES = ("KeyPolicy", "PolicyDocument", "AssumeRolePolicyDocument")
 SOURCE_KEYS = {"aws:sourcearn", "aws:sourceaccount"}
 

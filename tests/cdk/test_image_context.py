@@ -21,6 +21,8 @@ from aws_cdk import aws_ecr as ecr
 from stacks import image
 from trainstack.aws.deployment import ImageSource
 
+pytestmark = pytest.mark.fast
+
 REPO = Path(__file__).resolve().parents[2]
 TRAINER = REPO / "training_image" / "trainer"
 

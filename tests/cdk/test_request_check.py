@@ -30,6 +30,8 @@ from trainstack.recipes import hardware, naming
 from trainstack.recipes.loader import base_recipe_names, resolve, team_names, team_recipe_names
 from trainstack.recipes.schema import RECIPE_NAME_MAX, TEAM_NAME_MAX, Recipe, to_hyperparameters
 
+pytestmark = pytest.mark.fast
+
 ALL = [(n, None) for n in base_recipe_names()] + [(n, t) for t in team_names() for n in team_recipe_names(t)]
 PLAN_ARN = "arn:aws:sagemaker:us-west-2:123456789012:training-plan/p6-b200-reserved-2026"
 # The launch options a recipe can be deployed with; VPC mode and the capacity-retry name are in every

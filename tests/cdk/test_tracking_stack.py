@@ -14,7 +14,7 @@ from cdk_helpers import launcher_state_machine, resources
 
 from stacks.tracking import MLFLOW_APP_ACTIONS, MLFLOW_JOB_ACTIONS
 
-pytestmark = pytest.mark.xdist_group("cdk-synth")
+pytestmark = [pytest.mark.fast, pytest.mark.xdist_group("cdk-synth")]
 TRACKING = "Trainstack-platform-Tracking"
 LAUNCHER = "Trainstack-platform-1b-bf16-Launcher"
 

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from doc_commands import all_commands, blocks, commands_of
+
+pytestmark = pytest.mark.fast
 
 DOC = """\
 # Title

@@ -13,6 +13,8 @@ from trainstack.errors import RecipeError
 from trainstack.planner import budget, plan
 from trainstack.recipes.loader import resolve
 
+pytestmark = pytest.mark.fast
+
 
 @pytest.fixture
 def recipes(tmp_path, monkeypatch, h):

@@ -19,6 +19,8 @@ from trainstack.planner import plan
 from trainstack.recipes import naming
 from trainstack.recipes.loader import resolve
 
+pytestmark = pytest.mark.fast
+
 TREE = {
     "recipes/small.yaml": None,  # filled in by the fixture with the helpers' base recipe
     "recipes/medium.yaml": None,

@@ -15,6 +15,8 @@ import pytest
 from trainstack.gitops import gitdiff, template_diff
 from trainstack.gitops import report as diff_report
 
+pytestmark = pytest.mark.fast
+
 ROOT = Path(__file__).resolve().parents[2]
 KEEP = ("1b-bf16", "3b-bf16")
 

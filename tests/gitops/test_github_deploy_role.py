@@ -12,6 +12,8 @@ import pytest
 
 from trainstack.errors import TrainstackError
 
+pytestmark = pytest.mark.fast
+
 
 def synth(outdir: Path, context: dict) -> dict:
     from aws_cdk import App

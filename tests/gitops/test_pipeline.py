@@ -18,6 +18,8 @@ from trainstack.errors import TrainstackError
 from trainstack.planner import plan
 from trainstack.recipes.loader import base_recipe_names, resolve, team_names, team_recipe_names
 
+pytestmark = pytest.mark.fast
+
 ROOT = Path(__file__).resolve().parents[2]
 CONNECTION = "arn:aws:codeconnections:us-west-2:123456789012:connection/12345678-1234-1234-1234-123456789012"
 CONTEXT = {
@@ -194,11 +196,11 @@ def test_synth_step_runs_the_gates_and_the_store_is_encrypted_and_retained(assem
         for p in resources(template, "AWS::CodeBuild::Project")
         if "BuildSpec" in p["Properties"]["Source"]
     ]
-    synth_spec = next(s for s in specs if "make test" in s["phases"]["build"]["commands"])
+    synth_spec = next(s for s in specs if "make test-all" in s["phases"]["build"]["commands"])
     commands = "\n".join(synth_spec["phases"]["build"]["commands"])
     for gate in (
         "trainstack validate",
-        "make test",
+        "make test-all",
         "npx cdk synth -c recipe=all",
         "cfn-lint",
         f"-c connection_arn={CONNECTION}",

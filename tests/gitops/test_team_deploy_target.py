@@ -9,6 +9,8 @@ from stacks.pipeline import rollouts
 from trainstack.aws.deployment import load
 from trainstack.gitops import gitdiff
 
+pytestmark = pytest.mark.fast
+
 IMAGE = {"image_uri": "123456789012.dkr.ecr.us-west-2.amazonaws.com/trainstack:test"}
 ENV = {"CDK_DEFAULT_ACCOUNT": "111111111111", "CDK_DEFAULT_REGION": "us-west-2"}
 

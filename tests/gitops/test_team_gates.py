@@ -7,6 +7,8 @@ import pytest
 from trainstack.errors import RecipeError, TrainstackError
 from trainstack.recipes.loader import GATES_MESSAGE, resolve
 
+pytestmark = pytest.mark.fast
+
 
 @pytest.fixture
 def recipes(tmp_path, monkeypatch, h):

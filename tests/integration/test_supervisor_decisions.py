@@ -27,6 +27,8 @@ from trainstack.recipes import naming
 from trainstack.recipes.loader import resolve
 from trainstack.recipes.schema import to_hyperparameters
 
+pytestmark = pytest.mark.fast
+
 HISTORY_LIMIT = 25_000  # Step Functions standard workflows fail an execution at 25,000 events
 EVENTS_PER_STATE = 2  # entered, exited
 EVENTS_PER_TASK_ATTEMPT = 4  # scheduled, started, submitted, succeeded/failed (at most)

@@ -16,6 +16,8 @@ from stacks.monitoring import run_alarm_specs
 from trainstack.protocol.metrics import FIELD_BY_KEY
 from trainstack.recipes.naming import job_name_prefix
 
+pytestmark = pytest.mark.fast
+
 
 @pytest.fixture(scope="module")
 def s():

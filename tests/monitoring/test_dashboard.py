@@ -12,6 +12,8 @@ from monitoring_helpers import synth
 from trainstack.protocol.metrics import metric_definitions
 from trainstack.recipes.naming import job_name_prefix
 
+pytestmark = pytest.mark.fast
+
 
 def body_of(s) -> dict:
     (dashboard,) = s.resources("AWS::CloudWatch::Dashboard").values()

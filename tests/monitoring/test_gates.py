@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 from monitoring_helpers import synth
 
+pytestmark = pytest.mark.fast
+
 CASES = [("30b-fp8", None), ("8b-fp8", "nlp"), ("1b-bf16", None)]
 
 

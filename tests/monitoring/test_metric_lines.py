@@ -21,6 +21,8 @@ from trainstack.planner import plan
 from trainstack.protocol.metrics import FIELDS, SAVED_STEP_METRIC, format_line, metric_definitions
 from trainstack.recipes.loader import resolve
 
+pytestmark = pytest.mark.fast
+
 RECORDED = (Path(__file__).parent / "data" / "trainer_cpu_tiny.log").read_text().splitlines()
 TINY = Path(__file__).resolve().parents[1] / "trainer" / "fixtures" / "tiny.yaml"
 

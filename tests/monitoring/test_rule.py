@@ -25,6 +25,8 @@ from trainstack.aws.request import job_name
 from trainstack.recipes.naming import job_name_prefix
 from trainstack.recipes.schema import to_hyperparameters
 
+pytestmark = pytest.mark.fast
+
 SAMPLE = json.loads((Path(__file__).parent / "data" / "sagemaker_training_job_state_change.json").read_text())
 
 

@@ -22,6 +22,8 @@ from trainstack.protocol.metrics import FIELDS
 from trainstack.recipes.loader import resolve
 from trainstack.recipes.naming import job_name_prefix, recipe_hash
 
+pytestmark = pytest.mark.fast
+
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 
 

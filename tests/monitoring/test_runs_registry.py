@@ -5,8 +5,12 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime, timedelta
 
+import pytest
+
 from trainstack.aws.registry import run_from_item, view
 from trainstack.aws.runs import Job
+
+pytestmark = pytest.mark.fast
 
 RUN = "ts-platform-30b-fp8--main"
 T0 = datetime(2026, 11, 1, tzinfo=UTC)

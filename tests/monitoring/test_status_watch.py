@@ -12,6 +12,8 @@ from typer.testing import CliRunner
 from trainstack.cli.commands import status
 from trainstack.cli.main import app
 
+pytestmark = pytest.mark.fast
+
 
 class _Clients:
     where = "a stand-in"

@@ -15,6 +15,8 @@ from trainstack.aws.request_check import PLACEHOLDER_ACCOUNT, PLACEHOLDER_REGION
 from trainstack.planner import plan
 from trainstack.recipes.loader import resolve
 
+pytestmark = pytest.mark.fast
+
 SOURCES = json.dumps(
     [{"uri": "s3://corpus/tok/web/", "weight": 0.7}, {"uri": "s3://corpus/tok/code/", "weight": 0.3}]
 )

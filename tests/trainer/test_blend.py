@@ -15,6 +15,8 @@ from trainer_helpers import TINY
 from trainstack.errors import TrainstackError
 from trainstack.recipes.loader import resolve
 
+pytestmark = pytest.mark.fast
+
 WEIGHTS = [(0.7, 0.3), (1.0, 1.0), (0.5, 0.3, 0.2), (3.0, 1.0, 1.0, 0.25), (0.1, 0.2, 0.7)]
 
 

@@ -17,6 +17,8 @@ from trainer_helpers import TINY
 from trainstack.errors import RecipeError
 from trainstack.recipes.loader import resolve
 
+pytestmark = pytest.mark.fast
+
 
 def test_rank_i_holds_chunks_i_and_2cp_minus_1_minus_i():
     # seq 16, cp 2: chunks of 4; rank 0 holds chunks 0 and 3, rank 1 chunks 1 and 2

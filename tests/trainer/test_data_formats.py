@@ -19,6 +19,8 @@ import torch
 from trainer.data.loader import open_source
 from trainer.prepare.pipeline import prepare
 
+pytestmark = pytest.mark.fast
+
 TINY = Path(__file__).parent / "fixtures" / "tiny.yaml"
 
 

@@ -18,6 +18,8 @@ from trainer.prepare.pipeline import prepare
 
 from trainstack.errors import TrainstackError
 
+pytestmark = pytest.mark.fast
+
 REPO = Path(__file__).resolve().parents[2]
 WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu".split()
 

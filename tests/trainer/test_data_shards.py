@@ -20,6 +20,8 @@ from trainer.prepare.pipeline import prepare
 
 from trainstack.errors import TrainstackError
 
+pytestmark = pytest.mark.fast
+
 TEXT = "the quick brown fox jumps over the lazy dog. " * 8
 
 

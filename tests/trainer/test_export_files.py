@@ -13,6 +13,8 @@ from safetensors.torch import load_file
 from trainer.export.hf_folder import CheckpointTensors, Piece, _write_file, safetensors_header
 from trainer.storage import LocalStorage, step_dir_name
 
+pytestmark = pytest.mark.fast
+
 
 @pytest.fixture
 def checkpoint(tmp_path):

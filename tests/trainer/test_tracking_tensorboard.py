@@ -7,6 +7,8 @@ from __future__ import annotations
 import pytest
 from trainer.metrics import tensorboard
 
+pytestmark = pytest.mark.fast
+
 
 def test_crc32c_is_castagnoli():
     # The CRC-32C check value (RFC 3720 appendix B.4; the catalogue's "123456789" vector).

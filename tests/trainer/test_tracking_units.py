@@ -19,6 +19,8 @@ from trainstack.errors import RecipeError, TrainstackError
 from trainstack.protocol import exit_codes
 from trainstack.recipes.loader import resolve
 
+pytestmark = pytest.mark.fast
+
 
 @pytest.fixture(scope="module")
 def tiny():

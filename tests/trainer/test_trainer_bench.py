@@ -14,6 +14,8 @@ from trainer_helpers import REPO, trainer_env
 sys.path.insert(0, str(REPO / "bench"))
 import wheelhouse  # noqa: E402
 
+pytestmark = pytest.mark.fast
+
 
 @pytest.mark.slow
 @pytest.mark.xdist_group("trainer")

@@ -26,6 +26,8 @@ from trainer.storage import S3_WRITER_THREADS, S3Storage, open_storage, s3_setti
 
 from trainstack.errors import TrainstackError
 
+pytestmark = pytest.mark.fast
+
 REPO = Path(__file__).resolve().parents[2]
 
 

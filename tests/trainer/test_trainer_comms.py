@@ -18,6 +18,8 @@ from trainer.distributed.comms import (
 
 from trainstack.protocol import exit_codes
 
+pytestmark = pytest.mark.fast
+
 NCCL_LOGS = Path(__file__).resolve().parent / "fixtures" / "nccl"
 
 

@@ -13,6 +13,8 @@ from trainer.models import te_requirements
 
 from trainstack.gitops.gitdiff import image_context
 
+pytestmark = pytest.mark.fast
+
 REPO = Path(__file__).resolve().parents[2]
 DOCKERFILE = REPO / "training_image" / "Dockerfile"
 HADOLINT = Path(sys.executable).parent / "hadolint"

@@ -16,6 +16,8 @@ from trainer.entrypoint import (
     read_resource_config,
 )
 
+pytestmark = pytest.mark.fast
+
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
 

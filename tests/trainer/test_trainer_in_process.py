@@ -13,6 +13,8 @@ from trainer_helpers import TINY
 
 from trainstack.recipes.loader import resolve
 
+pytestmark = pytest.mark.fast
+
 
 def unsharded_gradients_held(model: torch.nn.Module) -> list[str]:
     """Parameters whose full (unsharded) accumulated gradient FSDP2 keeps for a later reduction."""

@@ -12,6 +12,8 @@ from trainer.data.loader import Prefetcher, SyntheticTokens, load_batch, micro_b
 from trainer.metrics.throughput import BlockComputeTimer, current_host, host_number, slowest_rank
 from trainer.runtime.stopping import EXIT_MARGIN_S, plan_stop
 
+pytestmark = pytest.mark.fast
+
 GRACE = 120.0
 
 

@@ -29,6 +29,8 @@ from trainstack.recipes.schema import ActivationCheckpointing, ModelShape
 sys.path.insert(0, str(REPO / "bench"))
 from saved_tensors import count_saved_bytes  # noqa: E402
 
+pytestmark = pytest.mark.fast
+
 SHAPES = {
     "gqa": ModelShape(layers=2, hidden=64, heads=4, kv_heads=2, ffn=176, vocab=256),
     "mha": ModelShape(layers=2, hidden=48, heads=3, kv_heads=3, ffn=128, vocab=256),

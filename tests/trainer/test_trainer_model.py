@@ -46,6 +46,8 @@ from trainstack.errors import RecipeError
 from trainstack.recipes.loader import resolve
 from trainstack.recipes.schema import ActivationCheckpointing, ModelShape, Recipe, to_hyperparameters
 
+pytestmark = pytest.mark.fast
+
 
 @pytest.fixture(scope="module")
 def tiny():

@@ -39,6 +39,8 @@ from trainstack.planner import plan
 from trainstack.protocol.exit_codes import FATAL_MARKER, write_failure_file
 from trainstack.recipes.loader import resolve
 
+pytestmark = pytest.mark.fast
+
 GLOBAL_BATCH = 16  # tiny.yaml
 
 

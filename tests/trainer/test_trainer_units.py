@@ -26,6 +26,8 @@ from trainstack.errors import RecipeError, TrainstackError
 from trainstack.recipes.loader import base_recipe_names, resolve
 from trainstack.recipes.schema import ActivationCheckpointing, Precision, to_hyperparameters
 
+pytestmark = pytest.mark.fast
+
 
 @pytest.fixture(scope="module")
 def tiny():

@@ -21,6 +21,8 @@ from trainer_helpers import TINY
 from trainstack.recipes.loader import resolve
 from trainstack.recipes.schema import Validation
 
+pytestmark = pytest.mark.fast
+
 SETTINGS = Validation(every_steps=5, batches=2)
 
 

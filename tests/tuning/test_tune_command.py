@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.fast
+
 REPO = Path(__file__).resolve().parents[2]
 TINY = str(REPO / "tests" / "trainer" / "fixtures" / "tiny.yaml")
 

@@ -25,6 +25,8 @@ from trainstack.tuning.engine import JobResult, job_recipe, tune, tuning_cost_us
 from trainstack.tuning.measure import Measurement, measure, spread, steps_for
 from trainstack.tuning.store import Hardware, Store, layout_key, recipe_hardware, refit
 
+pytestmark = pytest.mark.fast
+
 DATA = Path(__file__).parent / "data"
 REPO = Path(__file__).resolve().parents[2]
 TINY = REPO / "tests" / "trainer" / "fixtures" / "tiny.yaml"

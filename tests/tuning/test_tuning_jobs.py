@@ -32,6 +32,8 @@ from trainstack.recipes.schema import RECIPE_NAME_MAX, TEAM_NAME_MAX
 from trainstack.tuning.candidates import candidates
 from trainstack.tuning.engine import job_recipe, step_plan
 
+pytestmark = pytest.mark.fast
+
 JOB_NAME = re.compile(r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$")
 
 

@@ -36,6 +36,8 @@ from trainstack.recipes.loader import display_path, resolve
 from trainstack.recipes.numbers import Max, Min
 from trainstack.recipes.schema import Recipe
 
+pytestmark = pytest.mark.fast
+
 # Generous for what each case costs now (milliseconds) and far below what it cost before (RecursionError
 # after seconds, minutes, unbounded): the loader's bound per case, and a fresh `trainstack` process's
 # (its start-up is about 1 s on the 2-core sandbox).

@@ -25,6 +25,8 @@ from trainstack.recipes import changes
 from trainstack.recipes.loader import resolve
 from trainstack.recipes.schema import MAX_SOURCES, from_hyperparameters, to_hyperparameters
 
+pytestmark = pytest.mark.fast
+
 TRAINING = dict(
     step=40,
     loss=2.5,

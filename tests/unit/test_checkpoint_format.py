@@ -26,6 +26,8 @@ from trainstack.protocol.checkpoint_format import (
     record_of,
 )
 
+pytestmark = pytest.mark.fast
+
 STEP = 20
 
 

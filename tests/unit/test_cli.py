@@ -9,6 +9,8 @@ from typer.testing import CliRunner
 
 from trainstack.cli.main import COMMAND_MODULES, app
 
+pytestmark = pytest.mark.fast
+
 runner = CliRunner()
 ONE_NODE_64B_NO_CKPT = [
     "--set",

@@ -11,6 +11,8 @@ from typer.testing import CliRunner
 
 from trainstack.cli.main import app
 
+pytestmark = pytest.mark.fast
+
 
 def variant(replace: str = "", by: str = "", extra: str = "") -> tuple[str, str, str]:
     """An edit of the valid `small` recipe (conftest.SMALL): replace one text, append another."""

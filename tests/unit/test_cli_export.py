@@ -13,6 +13,8 @@ from trainstack.cli.commands import export as export_command
 from trainstack.cli.commands.run_access import team_option
 from trainstack.cli.main import app
 
+pytestmark = pytest.mark.fast
+
 REPO = Path(__file__).resolve().parents[2]
 
 runner = CliRunner()

@@ -13,6 +13,8 @@ import pytest
 
 from trainstack.recipes.loader import base_recipe_names, team_names
 
+pytestmark = pytest.mark.fast
+
 TRAINSTACK = str(Path(sys.executable).parent / "trainstack")
 
 

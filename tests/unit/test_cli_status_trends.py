@@ -20,6 +20,8 @@ from trainstack.cli.main import app
 from trainstack.planner import plan
 from trainstack.recipes.loader import resolve
 
+pytestmark = pytest.mark.fast
+
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 
 

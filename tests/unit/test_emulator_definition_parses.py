@@ -10,6 +10,8 @@ from moto.stepfunctions.parser.asl.parse.asl_parser import AmazonStateLanguagePa
 
 from trainstack.emulator.server import isolate_definition_parses
 
+pytestmark = pytest.mark.fast
+
 # A JSONPath Choice (the supervisor's definitions are full of them) ...
 VALID = {
     "StartAt": "Pick",

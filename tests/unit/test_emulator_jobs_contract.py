@@ -18,6 +18,8 @@ from trainstack.protocol.metrics import format_line, metric_definitions
 from trainstack.recipes.loader import resolve
 from trainstack.recipes.schema import from_hyperparameters, to_hyperparameters
 
+pytestmark = pytest.mark.fast
+
 TINY = Path(__file__).parents[1] / "trainer" / "fixtures" / "tiny.yaml"
 GIB = 1024**3
 

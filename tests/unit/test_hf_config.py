@@ -19,6 +19,8 @@ from trainstack.recipes.hf_config import (
 from trainstack.recipes.loader import resolve
 from trainstack.recipes.schema import ModelShape
 
+pytestmark = pytest.mark.fast
+
 # Qwen/Qwen2.5-32B's published config.json (the base model, not the instruct one: eps 1e-5, eos = bos).
 QWEN25_32B = {
     "architectures": ["Qwen2ForCausalLM"],

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
+
 from trainstack.protocol.kept_metrics import decode, encode, is_kept_name, keepable, kept_name
+
+pytestmark = pytest.mark.fast
 
 
 def test_kept_names_sort_in_the_order_written_and_say_whose():

@@ -11,6 +11,8 @@ from trainstack.cli.main import app
 from trainstack.errors import RecipeError
 from trainstack.recipes.loader import parse_set, resolve
 
+pytestmark = pytest.mark.fast
+
 
 @pytest.fixture
 def layered(recipes_dir: Path) -> Path:

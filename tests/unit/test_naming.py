@@ -21,6 +21,8 @@ from trainstack.recipes import naming
 from trainstack.recipes.loader import resolve
 from trainstack.recipes.schema import RECIPE_NAME_MAX, TEAM_NAME_MAX, Recipe, Tags
 
+pytestmark = pytest.mark.fast
+
 # (team, recipe): the same team with a recipe extending another's name (8b-fp8, 8b-fp8-128k, 8b), teams
 # whose names run into the recipe (`nlp8b` + `fp8`, `nlp8` + `b-fp8`, `nl` + `p-8b-fp8`: with hyphens
 # allowed in team names, `nlp-8b` + `fp8` was the same name as `nlp` + `8b-fp8`), and the longest names.

@@ -12,6 +12,8 @@ from trainstack.cli.commands.plan_plot import plot_data
 from trainstack.cli.main import app
 from trainstack.recipes.loader import resolve
 
+pytestmark = pytest.mark.fast
+
 BASE = [
     "1b-bf16",
     "3b-bf16",

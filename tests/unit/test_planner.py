@@ -24,6 +24,8 @@ from trainstack.recipes.hardware import INSTANCES
 from trainstack.recipes.loader import resolve
 from trainstack.recipes.schema import ModelShape
 
+pytestmark = pytest.mark.fast
+
 ROOT = Path(__file__).resolve().parents[2]
 B200 = INSTANCES["ml.p6-b200.48xlarge"]
 TINY = ModelShape(layers=2, hidden=64, heads=4, kv_heads=2, ffn=128, vocab=1000)

@@ -14,6 +14,8 @@ import pytest
 from trainstack.planner import CALIBRATION, LOO_LOG_ERROR, ActivationPolicy, Calibration
 from trainstack.planner import calibration as calibration_module
 
+pytestmark = pytest.mark.fast
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

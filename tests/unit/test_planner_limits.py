@@ -26,6 +26,8 @@ from trainstack.recipes.hardware import INSTANCES
 from trainstack.recipes.loader import resolve
 from trainstack.recipes.schema import ModelShape
 
+pytestmark = pytest.mark.fast
+
 ROOT = Path(__file__).resolve().parents[2]
 BASE = [
     "1b-bf16",

@@ -13,6 +13,8 @@ from trainstack.planner import budget, plan
 from trainstack.recipes.hardware import INSTANCES
 from trainstack.recipes.loader import resolve
 
+pytestmark = pytest.mark.fast
+
 SMALL = """\
 name: small
 model: {layers: 16, hidden: 2048, heads: 32, kv_heads: 8, ffn: 8192, vocab: 128256, tied_embeddings: true}

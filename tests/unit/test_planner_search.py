@@ -17,6 +17,8 @@ from trainstack.planner.search import TIE, checkpointing_label, checkpointing_op
 from trainstack.recipes.hardware import INSTANCES
 from trainstack.recipes.loader import resolve
 
+pytestmark = pytest.mark.fast
+
 runner = CliRunner()
 
 

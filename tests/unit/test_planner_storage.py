@@ -13,6 +13,8 @@ from trainstack.planner import plan
 from trainstack.planner import storage as priced
 from trainstack.recipes.loader import resolve
 
+pytestmark = pytest.mark.fast
+
 
 def test_a_30b_run_writes_about_90_tib_of_checkpoints_and_keeps_one():
     recipe = resolve("30b-fp8").recipe

@@ -13,6 +13,8 @@ from trainstack.cli.main import app
 from trainstack.recipes.loader import base_recipe_names, resolve
 from trainstack.recipes.schema import ModelShape, Recipe, from_hyperparameters, to_hyperparameters
 
+pytestmark = pytest.mark.fast
+
 BASE = [
     "1b-bf16",
     "3b-bf16",

@@ -10,6 +10,8 @@ import pytest
 from trainstack.recipes import changes
 from trainstack.recipes.loader import resolve
 
+pytestmark = pytest.mark.fast
+
 RECIPES = Path(__file__).resolve().parents[2] / "recipes"
 
 

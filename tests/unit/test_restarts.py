@@ -25,6 +25,8 @@ from trainstack.planner.restart import COMPILE_S, DECISION_S, PROVISIONING_S, pl
 from trainstack.planner.run_plan import HOUR_S
 from trainstack.recipes.loader import resolve
 
+pytestmark = pytest.mark.fast
+
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 RUN = "ts-platform-30b-fp8--main"
 

@@ -28,6 +28,8 @@ from trainstack.planner.run_plan import (
 )
 from trainstack.recipes.loader import resolve
 
+pytestmark = pytest.mark.fast
+
 ROOT = Path(__file__).resolve().parents[2]
 BASE = [
     "1b-bf16",

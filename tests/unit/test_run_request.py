@@ -13,6 +13,8 @@ from trainstack.errors import RecipeError
 from trainstack.recipes import naming
 from trainstack.recipes.loader import resolve
 
+pytestmark = pytest.mark.fast
+
 RECIPE = resolve("1b-bf16").recipe
 RUN = naming.run_name(RECIPE, None, "main")
 

@@ -17,6 +17,8 @@ from trainstack.cli.main import app
 from trainstack.planner import plan, sanity
 from trainstack.recipes.loader import base_recipe_names, resolve, team_names, team_recipe_names
 
+pytestmark = pytest.mark.fast
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -14,6 +14,8 @@ from trainstack.aws.request_check import PLACEHOLDERS, check_request, longest_jo
 from trainstack.errors import RecipeError
 from trainstack.recipes.loader import resolve
 
+pytestmark = pytest.mark.fast
+
 APP = "arn:aws:sagemaker:us-west-2:123456789012:mlflow-app/app-0123456789ab"
 
 

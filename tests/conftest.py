@@ -1,0 +1,36 @@
+"""The suite's two tiers, and the rule that every test belongs to one.
+
+- `fast`: `make test`, the tier a developer waits on (at most 10 minutes on a fresh 2-core clone, set-up
+  included): unit, contract and CDK-gate tests, the trainer at 1-2 ranks, one whole run on the emulator.
+- `slow`: `make test-all` only (what CI's `.ci/run` calls): the docs walkthrough, every other whole run, the
+  fault and multi-node suites.
+
+A module says its tier with `pytestmark = pytest.mark.fast` (or `slow`); a `slow` mark on one test of a fast
+module moves that test alone. A test with neither is a collection error naming its file, so a new module
+cannot silently fall out of both tiers (tests/test_suite_grouping.py pins this rule on a throwaway tree).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+TIERS = ("fast", "slow")
+
+
+def tier_of(item: pytest.Item) -> str | None:
+    """`slow` wins over `fast` (a slow test inside a fast module); None: the test belongs to no tier."""
+    marks = {mark.name for mark in item.iter_markers() if mark.name in TIERS}
+    if "slow" in marks:
+        return "slow"
+    return "fast" if "fast" in marks else None
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Before `-m` deselects anything: refuse the run when any collected test has no tier."""
+    untiered = sorted({item.nodeid.split("::")[0] for item in items if tier_of(item) is None})
+    if untiered:
+        raise pytest.UsageError(
+            "tests that belong to no tier (add `pytestmark = pytest.mark.fast` or `pytest.mark.slow`, "
+            "tests/conftest.py): " + ", ".join(untiered)
+        )
