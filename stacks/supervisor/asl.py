@@ -96,7 +96,7 @@ REGISTRY_ATTRIBUTES = {
     "overrides": "S",  # the launch's HyperParameterOverrides as JSON
     "keep_alive": "N",
     "stop_requested": "BOOL",
-    "crashes": "N",  # jobs in a row that crashed or stalled (trainstack.aws.supervisor); 0 on resume
+    "crashes": "N",  # jobs in a row that ended without progress (trainstack.aws.supervisor); 0 on resume
     "why": "S",  # why the newest job ended (or was started), in words
     "next_step": "S",  # what happens next, in words
     "recipe_hash": "S",  # the deployed recipe's hash when the run was launched

@@ -176,8 +176,9 @@ DESCRIBED_OUTPUT = (
 )
 # supervisor.progress: Step (the job's, else the record's), Advanced (a checkpoint past the newest the
 # run had), Done (Step reached the run's steps), Saved (the newest checkpoint step now), Kept (the
-# crashes a crash adds to: 0 after progress). A record written before `step` or `saved_step` existed
-# counts from 0.
+# count a crash adds to: 0 after progress), After (supervisor.crashes_after for any other NEXT_JOB rule
+# but a capacity error: 0 after progress, else one more end without progress). A record written before
+# `step` or `saved_step` existed counts from 0.
 PROGRESS_OUTPUT = (
     "{% ($item := $states.input.Registry.Item; $job := $states.input.Ended.Step; "
     "$saved := $states.input.Ended.Saved; "
@@ -186,7 +187,8 @@ PROGRESS_OUTPUT = (
     "$step := $job >= 0 ? $job : $before; "
     "$merge([$states.input, {'Progress': {'Step': $step, 'Advanced': $saved > $kept, "
     "'Done': $step >= $number($item.steps.N), 'Saved': $saved > $kept ? $saved : $kept, "
-    "'Kept': $saved > $kept ? 0 : $number($item.crashes.N)}}])) %}"
+    "'Kept': $saved > $kept ? 0 : $number($item.crashes.N), "
+    "'After': $saved > $kept ? 0 : $number($item.crashes.N) + 1}}])) %}"
 )
 
 
@@ -516,13 +518,14 @@ def job_ended_definition(
         extra: dict[str, Any] = {"Fresh": rule.fresh_instances, **checkpoint}
         if rule.outcome is supervisor.Outcome.NEXT_JOB:
             # supervisor.crashes_after: a capacity error keeps the count, a crash adds one to what the
-            # job's progress kept (0 when it completed a checkpoint past the run's newest).
+            # job's progress kept (0 when it completed a checkpoint past the run's newest), any other end
+            # adds one unless it made progress.
             if rule.capacity:
                 crashes = "$.Numbers.Crashes"
             elif rule.crash:
                 crashes = "States.MathAdd($.Progress.Kept, 1)"
             else:
-                crashes = "$.Progress.Kept"
+                crashes = "$.Progress.After"
             parameters = _decision(
                 rule.id,
                 rule.outcome,
@@ -604,8 +607,9 @@ def job_ended_definition(
         },
         supervisor.CRASH_LOOP: _failed(
             supervisor.CRASH_LOOP,
-            supervisor.CRASH_LOOP_WHY.replace("{crashes}", "{}"),
+            supervisor.CRASH_LOOP_WHY.replace("{crashes}", "{}").replace("{saved}", "{}"),
             "$.Decision.Crashes",
+            "$.Progress.Saved",
         ),
         "CapacityOrSlot": {
             "Type": "Choice",

@@ -7,6 +7,7 @@ No emulator here (fast); test_supervisor_emulator.py runs the same cases through
 
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import cache
 from typing import Any
 
@@ -371,7 +372,10 @@ def test_a_crash_that_repeats_ends_the_run_and_only_a_job_that_trained_resets_th
     repeats = [("Crashed", n) for n in range(1, supervisor.MAX_CONSECUTIVE_CRASHES)]
     assert outcomes == [("Crashed", 1), ("MaxRuntime", 0), *repeats, (supervisor.CRASH_LOOP, 0)]
     assert action.outcome is Outcome.FAILED
-    assert action.why.startswith(f"{supervisor.MAX_CONSECUTIVE_CRASHES} jobs of the run in a row crashed")
+    assert action.why.startswith(
+        f"{supervisor.MAX_CONSECUTIVE_CRASHES} jobs of the run in a row ended without a checkpoint past step "
+        "5000"
+    )
     assert CRASH in action.why and "trainstack resume ts-p-r--x" in action.next_step
 
 
@@ -387,29 +391,88 @@ def test_jobs_that_log_steps_past_the_last_but_complete_no_new_checkpoint_are_a_
     assert action.outcome is Outcome.FAILED
 
 
-@pytest.mark.parametrize(
-    "between",
-    [
-        ("Failed", "Failed", "CapacityError: Unable to provision requested ML compute capacity.", None),
-        (
-            "Failed",
-            "Failed",
-            "InternalServerError: We encountered an internal error. Please try again.",
-            None,
-        ),
-        ("Stopped", "MaxRuntimeExceeded", None, None),  # a job that logged no step
-        ("Stopped", "Interrupted", None, 0),  # a spot job interrupted before its first step
-    ],
-    ids=["capacity", "internal-error", "max-runtime-no-step", "spot-no-progress"],
-)
-def test_a_bug_alternating_with_ends_that_made_no_progress_stops_after_three_crashes(between) -> None:
+def test_a_bug_alternating_with_capacity_errors_stops_after_three_crashes() -> None:
     """The review's case: a bug alternating with capacity errors (a P6 shortage) ran 20 paid crashing
     jobs, since any other end reset the count. Now it stops at MAX_CONSECUTIVE_CRASHES crashes."""
     crashed = ("Failed", "Failed", CRASH, None)
+    between = ("Failed", "Failed", "CapacityError: Unable to provision requested ML compute capacity.", None)
     outcomes, action = drive([crashed, between] * 10)
     crashes = [rule for rule, _ in outcomes if rule == "Crashed"]
     assert len(crashes) == supervisor.MAX_CONSECUTIVE_CRASHES - 1
     assert outcomes[-1][0] == supervisor.CRASH_LOOP and action.outcome is Outcome.FAILED
+
+
+# Every end that starts a next job, as a job that completed no checkpoint past the run's newest ends it
+# (status, secondary, reason, logged step, saved step): issue 40's list and the rest of RULES' NEXT_JOB rows.
+CAPACITY_END = ("Failed", "Failed", "CapacityError: Unable to provision requested ML compute capacity.", None)
+ENDS_WITHOUT_PROGRESS = {
+    "block-deadline-exit-0": ("Completed", "Completed", None, 0, 0),  # after a capacity block's deadline
+    "block-end-no-step": ("Completed", "Completed", None, None),
+    "internal-error": (
+        "Failed",
+        "Failed",
+        "InternalServerError: We encountered an internal error. Please try again.",
+        None,
+    ),
+    "spot-before-a-step": ("Stopped", "Interrupted", None, 0),
+    "spot-wait": ("Failed", "MaxWaitTimeExceeded", "spot capacity", None),
+    "max-runtime-no-step": ("Stopped", "MaxRuntimeExceeded", None, None),
+    "max-runtime-steps-no-save": ("Stopped", "MaxRuntimeExceeded", None, 40),
+    "crashed": ("Failed", "Failed", CRASH, 30),
+    "stopped-as-stalled": ("Stopped", "Stopped", None, None),  # `drive` cannot mark it stalled: below
+}
+
+
+@pytest.mark.parametrize("end", sorted(ENDS_WITHOUT_PROGRESS), ids=sorted(ENDS_WITHOUT_PROGRESS))
+def test_ends_without_progress_fail_the_run_at_the_third_whatever_their_status(end: str) -> None:
+    """Issue 40: after a capacity block's deadline, jobs 2-20 each started, trained 0 steps and exited 0,
+    the next started at once, and the 20th failed the run (compute.max_jobs). The same 20-job bound held
+    for internal errors, spot interruptions before the first step and max-runtime ends without a step.
+    Now every end that completes no checkpoint past the run's newest counts, and the third in a row
+    fails the run with the last job's cause."""
+    ended = ENDS_WITHOUT_PROGRESS[end]
+    if end == "stopped-as-stalled":
+        run = RunRecord("ts-p-r--x", "running", "ts-p-r--x-1", 1, steps=STEPS, stalled_job="ts-p-r--x-1")
+        ended_job = EndedJob(run.current_job, *ended)
+        counts = [next_action(replace(run, crashes=n), ended_job) for n in range(3)]
+        assert [a.rule for a in counts] == ["Stalled", "Stalled", supervisor.CRASH_LOOP]
+        return
+    outcomes, action = drive([ended] * 25)
+    assert len(outcomes) == supervisor.MAX_CONSECUTIVE_CRASHES, outcomes
+    assert [n for _, n in outcomes[:-1]] == list(range(1, supervisor.MAX_CONSECUTIVE_CRASHES))
+    assert outcomes[-1][0] == supervisor.CRASH_LOOP and action.outcome is Outcome.FAILED
+    assert "this job ended because " in action.why and "trainstack resume" in action.next_step
+    assert action.why.startswith(f"{supervisor.MAX_CONSECUTIVE_CRASHES} jobs of the run in a row ended")
+
+
+def test_no_sequence_of_jobs_without_progress_reaches_the_job_limit() -> None:
+    """Every sequence of four ends drawn from the ends without progress and capacity errors: the run
+    fails after at most MAX_CONSECUTIVE_CRASHES paid jobs (capacity errors spend no slot and keep their
+    own back-off and budget), so compute.max_jobs is never what stops it."""
+    from itertools import product
+
+    kinds = [v for k, v in ENDS_WITHOUT_PROGRESS.items() if k != "stopped-as-stalled"] + [CAPACITY_END]
+    for sequence in product(kinds, repeat=4):
+        outcomes, action = drive(list(sequence) * 10)
+        paid = [rule for rule, _ in outcomes if rule not in ("Capacity", supervisor.CAPACITY_BUDGET)]
+        assert len(paid) <= supervisor.MAX_CONSECUTIVE_CRASHES, (sequence, outcomes)
+        assert action.outcome is Outcome.FAILED, sequence
+        assert action.rule in (supervisor.CRASH_LOOP, supervisor.CAPACITY_BUDGET), sequence
+        assert action.rule != supervisor.CAPACITY_BUDGET or not paid  # a shortage alone: its own budget
+
+
+def test_a_job_that_saves_past_the_runs_newest_resets_the_count_whatever_its_end() -> None:
+    """Progress resets the count: a block end, an internal error or a spot interruption that completed a
+    checkpoint past the run's newest starts a fresh budget (a crash or stall counts 1 even then)."""
+    saved = [
+        ("Completed", "Completed", None, 100, 100),
+        ("Failed", "Failed", "InternalServerError: We encountered an internal error.", 200, 200),
+        ("Stopped", "Interrupted", None, 300, 300),
+    ]
+    nothing = ("Stopped", "MaxRuntimeExceeded", None, None)
+    outcomes, action = drive([nothing, nothing, saved[0], nothing, nothing, saved[1], nothing, saved[2]])
+    assert [n for _, n in outcomes] == [1, 2, 0, 1, 2, 0, 1, 0]
+    assert action.outcome is Outcome.NEXT_JOB
 
 
 @pytest.mark.parametrize(

@@ -90,7 +90,7 @@ class Run:
     creator: str
     created: datetime
     updated: datetime
-    crashes: int = 0  # jobs in a row that crashed or stalled (supervisor.MAX_CONSECUTIVE_CRASHES)
+    crashes: int = 0  # jobs in a row that ended without progress (supervisor.MAX_CONSECUTIVE_CRASHES)
     counted: int = 1  # jobs since launch or resume that spent a slot of max_jobs
     request: dict[str, Any] = field(default_factory=dict)  # the run's CreateTrainingJob request
     history: tuple[Change, ...] = ()

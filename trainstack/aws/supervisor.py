@@ -45,16 +45,22 @@ MaxWaitTimeExceeded, ...):
   first, longer each time in a row (CAPACITY_BACKOFF_MINUTES), spends no slot of `compute.max_jobs`,
   and the run's waits are bounded by `compute.capacity_wait_hours`. Any other failure (a node or a
   collective lost, the trainer killed) is worth the next job, which resumes from the newest complete
-  checkpoint on new instances. A crash that repeats is not a lost node: after MAX_CONSECUTIVE_CRASHES
-  such jobs in a row the run fails and waits for a person (CRASH_LOOP), and
-  `compute.max_jobs` bounds every other repetition. Only a job that made progress the run keeps resets
-  the count: one that completed a checkpoint past the newest any job of the run reported (SAVED_METRIC,
-  read by SageMaker from the trainer's `checkpoint complete:` line). Not its logged step: a job that
-  trains on and crashes before its save completes (saves complete in the background, after later
-  steps) leaves the next job where it started, and a loop of such jobs, each logging a few steps more
-  or less, must still end. A capacity error (no instance ever ran) never resets the count, nor does any
-  end without progress, so a bug alternating with capacity errors or internal errors still stops after
-  MAX_CONSECUTIVE_CRASHES paid crashes.
+  checkpoint on new instances.
+
+Progress is the currency of retries. A job that ends without completing a checkpoint past the newest
+any job of the run reported (SAVED_METRIC, read by SageMaker from the trainer's `checkpoint complete:`
+line) made no progress, whatever its status or exit code: a `Completed` job after its capacity block's
+deadline that trained 0 steps, an internal error, a spot interruption before the first save, a max
+runtime too short to reach one, a crash. Every such end counts, and MAX_CONSECUTIVE_CRASHES of them in
+a row fail the run for a person (CRASH_LOOP, its why naming the last cause), so no sequence of
+progress-less jobs can reach `compute.max_jobs` (issue 40: 19 jobs after a block's deadline, each
+exiting 0 at step 0, each started at once). Only a job that completed a checkpoint past the run's
+newest resets the count (a crash or stall counts even then: the one after it must save again). Not
+its logged step: a job that trains on and crashes before its save completes (saves complete in the
+background, after later steps) leaves the next job where it started, and a loop of such jobs, each
+logging a few steps more or less, must still end. A capacity error (no instance ever ran) neither
+counts nor resets: it has its own back-off and budget, and a bug alternating with capacity errors
+still stops after MAX_CONSECUTIVE_CRASHES paid jobs.
 
 The patterns are Step Functions `StringMatches` globs (only `*` is special), so the deployed Choice
 states apply them exactly as `string_matches` below does.
@@ -78,9 +84,12 @@ from trainstack.recipes.naming import JOB_INDEX_MAX, job_of_run
 CAPACITY_BACKOFF_MINUTES = (15, 30, 60, 120)
 CAPACITY_WAIT_MINUTES = CAPACITY_BACKOFF_MINUTES[0]
 CAPACITY_WAIT_MAX_MINUTES = CAPACITY_BACKOFF_MINUTES[-1]
-# Jobs in a row that may end "Crashed" (or stalled) before the run stops for a person. A lost node or a
-# collective timeout is gone in the next job, which gets new instances; the same crash three times over is
-# a bug or bad data that more jobs would only pay for again (each one a cluster start-up and a restore).
+# Jobs in a row that may end without progress (crashed, stalled, or any other end that completed no
+# checkpoint past the run's newest; capacity errors aside) before the run stops for a person. A lost node
+# or a collective timeout is gone in the next job, which gets new instances; the same end three times
+# over is a bug, bad data or a setting (a max runtime too short to save, a capacity block already over)
+# that more jobs would only pay for again (each one a cluster start-up and a restore, about 105 USD
+# billed for 64b-fp8, docs/runs.md).
 MAX_CONSECUTIVE_CRASHES = 3
 # The reconciler's period: how long a run whose event was lost, or whose decision failed half-way, can
 # wait for its next decision (stacks/supervisor/reconcile.py).
@@ -124,7 +133,9 @@ class Rule:
     steps_done: bool | None = None  # the run's steps are done (the job's step, else the record's)
     # NEXT_JOB only:
     capacity: bool = False  # wait with the capacity back-off first; the next job takes this job's slot
-    crash: bool = False  # counts toward MAX_CONSECUTIVE_CRASHES (a job that trained resets the count)
+    # Counts toward MAX_CONSECUTIVE_CRASHES even after progress (a crash or a stall); any other NEXT_JOB
+    # rule but a capacity error counts only when the job completed no checkpoint past the run's newest.
+    crash: bool = False
     # The ended job's instances are suspect: its warm pool is released (UpdateTrainingJob
     # KeepAlivePeriodInSeconds=0) so that no later job of the run is placed on them.
     fresh_instances: bool = False
@@ -247,8 +258,8 @@ CRASH_LOOP = "CrashLoop"  # the id of the decision that ends a run after repeate
 CAPACITY_BUDGET = "CapacityBudget"  # ... after waiting compute.capacity_wait_hours for capacity
 NO_JOB_NAMES = "NoJobNames"  # ... when naming.JOB_INDEX_MAX jobs have been named
 CRASH_LOOP_WHY = (
-    "{crashes} jobs of the run in a row crashed or stalled without a trainstack-fatal reason, so the next "
-    "would most likely fail the same way"
+    "{crashes} jobs of the run in a row ended without a checkpoint past step {saved} (crashed, stalled, or "
+    "stopped or completed before their first save), so the next would most likely end the same way"
 )
 JOB_LIMIT_WHY = (
     "the run reached its job limit ({counted} jobs since it was launched or resumed, compute.max_jobs "
@@ -293,7 +304,7 @@ class RunRecord:
     counted: int = 1  # jobs since launch or resume that spent a slot of max_jobs, the current one included
     max_jobs: int = 20  # compute.max_jobs of the run's recipe
     stop_requested: bool = False
-    crashes: int = 0  # jobs in a row, up to the previous one, that crashed or stalled
+    crashes: int = 0  # jobs in a row, up to the previous one, that ended without progress (or crashed)
     stalled_job: str = ""  # the job the supervisor stopped because it stalled
     capacity_minutes: int = 0  # minutes waited for capacity since launch or resume
     capacity_wait_minutes: int = 0  # the last capacity wait, when the previous job also lacked capacity
@@ -311,7 +322,7 @@ class Action:
     next_step: str  # what happens next, in words
     next_job: int | None = None  # NEXT_JOB: the index of the job to start
     wait_minutes: int = 0
-    crashes: int = 0  # NEXT_JOB: the crashes in a row, this job included, recorded with the next job
+    crashes: int = 0  # NEXT_JOB: the ends without progress in a row, this job's included, recorded
     counted: int = 0  # NEXT_JOB: the slots of max_jobs spent, the next job included
     capacity_minutes: int = 0  # NEXT_JOB: minutes waited for capacity, this wait included
     fresh_instances: bool = False  # the ended job's warm pool is released
@@ -340,12 +351,16 @@ def progress(run: RunRecord, job: EndedJob) -> Progress:
 
 
 def crashes_after(rule: Rule, run: RunRecord, job: EndedJob) -> int:
-    """The crashes in a row after `job`'s end: a crash adds one; a job that trained resets the count
-    first; a capacity error never resets it (no instance ran)."""
+    """The ends without progress in a row after `job`'s end. A capacity error keeps the count (no
+    instance ran; it has its own back-off and budget). A job that completed a checkpoint past the run's
+    newest resets it (to 1 for a crash or stall: the job after it must save again); any other end adds
+    one, whatever its status: Completed at step 0 after a capacity block's deadline, an internal error,
+    a spot interruption or a max runtime before the first save, a crash."""
     if rule.capacity:
         return run.crashes
-    kept = 0 if progress(run, job).advanced else run.crashes
-    return kept + 1 if rule.crash else kept
+    if progress(run, job).advanced:
+        return 1 if rule.crash else 0
+    return run.crashes + 1
 
 
 def why_of(rule: Rule, run: RunRecord, job: EndedJob) -> str:
@@ -390,9 +405,8 @@ def next_action(run: RunRecord, job: EndedJob) -> Action:
         )
     crashes = crashes_after(rule, run, job)
     if crashes >= MAX_CONSECUTIVE_CRASHES:
-        return _failed(
-            CRASH_LOOP, CRASH_LOOP_WHY.format(crashes=crashes) + f"; this job ended because {why}", run, fresh
-        )
+        text = CRASH_LOOP_WHY.format(crashes=crashes, saved=progress(run, job).saved_step)
+        return _failed(CRASH_LOOP, f"{text}; this job ended because {why}", run, fresh)
     wait, counted, spent = 0, run.counted + 1, run.capacity_minutes
     if rule.capacity:
         wait, counted = capacity_wait(run.capacity_wait_minutes), run.counted
