@@ -140,7 +140,7 @@ TRAINER = ROOT / "training_image" / "trainer"
 TRAINER_SOURCES = sorted(TRAINER.rglob("*.py"))
 TRAINER_LAYERS = {
     "__main__": {"train", "checkpoint", "runtime"},
-    "entrypoint": {"distributed"},
+    "entrypoint": {"distributed", "runtime"},  # runtime: the failure line (runtime.failure)
     "train": {
         "validation",
         "checkpoint",
@@ -154,8 +154,8 @@ TRAINER_LAYERS = {
         "optim",
         "storage",
     },
-    "export": {"checkpoint", "hf", "config", "storage"},
-    "prepare": {"data"},
+    "export": {"checkpoint", "hf", "config", "storage", "runtime"},
+    "prepare": {"data", "runtime"},
     "validation": {"data", "config"},
     "checkpoint": {"runtime", "optim", "storage"},
     "hf": {"storage"},

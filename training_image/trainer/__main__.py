@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 
 from trainer.checkpoint.manager import CheckpointError
+from trainer.runtime import failure
 from trainer.runtime.health import EXIT_NON_FINITE, NonFiniteLoss
 from trainer.train import RunOptions, run
 from trainstack.errors import TrainstackError
@@ -122,23 +123,10 @@ def _env_int(name: str) -> int | None:
     return int(value) if value else None
 
 
-def failure_file() -> Path | None:
-    """SageMaker's failure file (its text becomes the job's FailureReason), where it can be written."""
-    configured = os.environ.get("TRAINSTACK_FAILURE_FILE")  # tests
-    path = Path(configured) if configured else opt_ml(exit_codes.FAILURE_FILE.removeprefix("/opt/ml/"))
-    return path if path.parent.is_dir() else None
-
-
-def report_failure(exit_code: int, message: str) -> int:
-    """Print the one-line error (each host's first rank: one line per host's log) and tell SageMaker
-    (and so the run supervisor) why, from every rank: whichever host's failure file SageMaker keeps,
-    a fatal failure reads as fatal (trainstack.protocol.exit_codes.write_failure_file)."""
-    if os.environ.get("LOCAL_RANK", "0") == "0":
-        print(f"error: {message}", file=sys.stderr)
-    path = failure_file()
-    if path is not None:
-        exit_codes.write_failure_file(path, exit_code, message)
-    return exit_code
+# SageMaker's failure file and the one-line error: trainer.runtime.failure (also the export's and the
+# processing job's entry points); kept under these names for the callers of `python -m trainer`'s module.
+failure_file = failure.failure_file
+report_failure = failure.report_failure
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -149,12 +137,19 @@ def main(argv: list[str] | None = None) -> int:
         return report_failure(exc.exit_code, str(exc))
     except NonFiniteLoss as exc:
         return report_failure(EXIT_NON_FINITE, str(exc))
-    except CheckpointError as exc:
-        return report_failure(EXIT_SAVE_FAILED, str(exc))
     except torch.OutOfMemoryError as exc:  # the layout needs more memory than the GPU has
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         return report_failure(exit_codes.OUT_OF_MEMORY, f"{exit_codes.OOM_MESSAGE}: {first}")
+    except CheckpointError as exc:
+        # The final save failed: worth another job (exit 1), unless what it could not reach is missing
+        # or refused (a bucket gone, access denied), which the next job would meet again.
+        found = failure.failures.classify(exc)
+        if found.kind == failure.failures.MISSING_RESOURCE:
+            return failure.report_uncaught(exc)
+        return report_failure(EXIT_SAVE_FAILED, str(exc))
+    except Exception as exc:  # every other failure says why, and whether the next job would repeat it
+        return failure.report_uncaught(exc)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(failure.run_reporting(main))  # what escapes main (its arguments' parsing) says why too

@@ -49,7 +49,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainer.distributed.comms import NCCL_DEBUG_FILE, NCCL_LOG_DIR
+from trainer.runtime.failure import failure_file, report_failure, run_reporting
+from trainstack.protocol import exit_codes
 from trainstack.protocol.container import opt_ml
+from trainstack.protocol.failures import TRANSIENT
 
 RESOURCE_CONFIG = opt_ml("input/config/resourceconfig.json")  # under $TRAINSTACK_OPT_ML in the emulator
 RENDEZVOUS_PORT = 29500
@@ -216,9 +219,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         config = read_resource_config(args.resource_config)
-    except EntrypointError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    except EntrypointError as exc:  # the job's environment: the next job would meet it too
+        return report_failure(exit_codes.RECIPE_OR_ENVIRONMENT, str(exc))
     address, _, port = os.environ.get(RENDEZVOUS_ENV, "").rpartition(":")
     command = build_command(
         config,
@@ -240,8 +242,27 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if env.get("NCCL_DEBUG_FILE") == NCCL_DEBUG_FILE:
         Path(NCCL_LOG_DIR).mkdir(parents=True, exist_ok=True)
-    return run(command, env)
+    code = run(command, env)
+    if code != 0:
+        explain_silent_end(code)
+    return code
+
+
+def explain_silent_end(code: int) -> None:
+    """The trainer's processes ended non-zero: when none of them said why (killed by a signal, the host
+    out of memory, a peer's failure that took them down), say so, as possibly transient. Written only
+    where no rank wrote a line (write_failure_file keeps the first non-fatal line)."""
+    path = failure_file()
+    if path is None or path.is_file():
+        return
+    what = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
+    exit_codes.write_failure_file(
+        path,
+        exit_codes.TRANSIENT,
+        f"{TRANSIENT}: the trainer's processes on this host ended ({what}) without a reason of their own "
+        "(a signal, the host's memory, a lost peer or node); retried by the run's next job",
+    )
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_reporting(main))

@@ -525,6 +525,7 @@ def _loop(ctx: LoopContext, state: TrainerState, max_steps: int, stop: StopReque
             )
             if faults.oom_at(step + 1):  # test-only (trainer.faults): a layout too big for the GPU
                 raise torch.OutOfMemoryError(f"fault injection: out of memory at step {step + 1}")
+            faults.raise_at(step + 1)  # test-only: an uncaught error of a class (trainer.runtime.faults)
             done = _forward_backward(ctx, position, autocast, batches, vote, save_due)
             if done.done < layout.grad_accum:
                 optimizer.zero_grad(set_to_none=True)

@@ -23,17 +23,31 @@ import os
 from pathlib import Path
 
 OK = 0  # finished, or stopped by SIGTERM after saving (or after logging which checkpoint resumes)
+# Possibly transient (the final save failed, the network, a collective, a peer lost, an error nobody
+# recognised): worth the run's next job (trainstack.protocol.failures).
+TRANSIENT = 1
 RECIPE_OR_ENVIRONMENT = 2  # a mistake in the recipe, the data or the job's environment
 NON_FINITE = 3  # the loss or the gradient norm became NaN/inf
 NETWORK = 4  # a multi-node job whose collectives would not run over EFA (the comms gate)
 # The GPU ran out of memory. Fatal: the next job runs the same layout on the same GPUs and would run out
 # the same way; the tuning run (trainstack.tuning) records such a candidate as `oom`, not as a crash.
 OUT_OF_MEMORY = 5
-FATAL = frozenset({RECIPE_OR_ENVIRONMENT, NON_FINITE, NETWORK, OUT_OF_MEMORY})
+# An uncaught error of the code itself (TypeError, ImportError, a torch.compile failure): the next job of
+# the same image and recipe repeats it (trainstack.protocol.failures).
+CODE = 6
+# Something the job reads or writes is missing or refused (a bucket, a key, a file, access denied): the
+# next job would find it missing too, until a person creates it or grants access.
+MISSING_RESOURCE = 7
+FATAL = frozenset({RECIPE_OR_ENVIRONMENT, NON_FINITE, NETWORK, OUT_OF_MEMORY, CODE, MISSING_RESOURCE})
 OOM_MESSAGE = "out of GPU memory"  # how the trainer's failure line starts its message for OUT_OF_MEMORY
 
-# SageMaker reads the reason a job failed from this file (at most 1,024 characters are kept).
+# SageMaker reads the reason a training job failed from this file; DescribeTrainingJob's FailureReason
+# holds at most 1,024 characters (SageMaker API reference and botocore's service model: FailureReason,
+# "Length Constraints: Maximum length of 1024"; tests/unit/test_failures.py pins it), so the line is cut
+# there: the class and the cause come first. A processing job's is MESSAGE_FILE, its ExitMessage, also
+# at most 1,024 (developer guide, "Save and Access Metadata Information About Your Processing Job").
 FAILURE_FILE = "/opt/ml/output/failure"
+MESSAGE_FILE = "/opt/ml/output/message"
 FAILURE_REASON_MAX = 1024
 FATAL_MARKER = "trainstack-fatal"
 

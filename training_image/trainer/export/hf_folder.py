@@ -667,9 +667,10 @@ def main(argv: list[str] | None = None) -> int:
             bos_token_id=args.bos_token_id,
             eos_token_id=args.eos_token_id,
         )
-    except TrainstackError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return exc.exit_code
+    except TrainstackError as exc:  # one line, also in the job's failure file (trainer.runtime.failure)
+        from trainer.runtime.failure import report_failure
+
+        return report_failure(exc.exit_code, str(exc))
     print(
         f"exported step {result.step} to {result.out}: {result.files} file(s), "
         f"{result.bytes_written / 1e9:.2f} GB {result.dtype} in {result.seconds:.1f} s"

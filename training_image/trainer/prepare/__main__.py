@@ -1,8 +1,12 @@
-"""`python -m trainer.prepare` (the processing job's entrypoint): trainer.prepare.pipeline.main."""
+"""`python -m trainer.prepare` (the processing job's entrypoint): trainer.prepare.pipeline.main, its
+every failure written to the job's /opt/ml/output/message (ExitMessage) with its class
+(trainer.runtime.failure)."""
 
 import sys
 
 from trainer.prepare.pipeline import main
+from trainer.runtime.failure import run_reporting
+from trainstack.protocol.exit_codes import MESSAGE_FILE
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_reporting(main, MESSAGE_FILE))

@@ -650,9 +650,11 @@ def main(argv: list[str] | None = None) -> int:
             max_bad_records=args.max_bad_records,
             finalize=not args.no_finalize,
         )
-    except TrainstackError as exc:
-        print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
-        return exc.exit_code
+    except TrainstackError as exc:  # one line, also the job's ExitMessage (trainer.runtime.failure)
+        from trainer.runtime.failure import report_failure
+        from trainstack.protocol.exit_codes import MESSAGE_FILE
+
+        return report_failure(exc.exit_code, str(exc), MESSAGE_FILE)
     except KeyboardInterrupt:
         print(
             "interrupted: files finished so far are kept; rerun the same command to resume", file=sys.stderr

@@ -13,6 +13,10 @@ else; no launcher, recipe or image sets it. Unset, every hook below is one compa
                                      purpose out of reach)
     oom@<step>                       optimizer step <step>'s forward raises torch.OutOfMemoryError, as a
                                      layout too big for the GPU does (the tuning tests on CPU)
+    raise:<Error>@<step>             optimizer step <step>'s forward raises <Error>, uncaught: TypeError
+                                     (a bug in the code), FileNotFoundError (a missing resource) or
+                                     ConnectionResetError (a lost peer), for the failure line's classes
+                                     (trainstack.protocol.failures) through whole runs
 
 Phases, in the order a save passes them (trainer.checkpoint.manager): before-shards (rank-N.pt written, no
 shard yet), mid-shards (the first bytes of a shard written, the shard not finished), after-shards
@@ -35,13 +39,20 @@ PHASES = ("before-shards", "mid-shards", "after-shards", "after-manifests", "bef
 ACTIONS = ("sigterm-no-time", "sigterm-at-start")
 _NAN = re.compile(r"^nan-gradients@(?P<step>\d+)$")
 _OOM = re.compile(r"^oom@(?P<step>\d+)$")
+_RAISE = re.compile(r"^raise:(?P<error>[A-Za-z]+)@(?P<step>\d+)$")
+# The errors `raise:` may raise: one of each class of trainstack.protocol.failures.
+RAISABLE = {
+    "TypeError": TypeError,
+    "FileNotFoundError": FileNotFoundError,
+    "ConnectionResetError": ConnectionResetError,
+}
 _KILL = re.compile(r"^kill:(?P<phase>[a-z-]+)(?:@(?P<step>\d+))?(?:#(?P<rank>\d+))?$")
 
 
 @dataclass(frozen=True)
 class Fault:
-    action: str  # "kill" or one of ACTIONS
-    phase: str | None = None
+    action: str  # "kill", "nan-gradients", "oom", "raise" or one of ACTIONS
+    phase: str | None = None  # kill: the save's phase; raise: the error's name
     step: int | None = None
     rank: int | None = None
 
@@ -54,11 +65,14 @@ def parse(text: str) -> Fault:
         return Fault("nan-gradients", step=int(nan["step"]))
     if oom := _OOM.match(text):
         return Fault("oom", step=int(oom["step"]))
+    if (raised := _RAISE.match(text)) and raised["error"] in RAISABLE:
+        return Fault("raise", raised["error"], int(raised["step"]))
     match = _KILL.match(text)
     if not match or match["phase"] not in PHASES:
         raise TrainstackError(
             f"{ENV}={text!r}: expected kill:<phase>[@<step>][#<rank>] with a phase of {', '.join(PHASES)}, "
-            f"nan-gradients@<step>, oom@<step>, or one of {', '.join(ACTIONS)} (test-only)"
+            f"nan-gradients@<step>, oom@<step>, raise:<{'|'.join(RAISABLE)}>@<step>, or one of "
+            f"{', '.join(ACTIONS)} (test-only)"
         )
     step, rank = match["step"], match["rank"]
     return Fault("kill", match["phase"], int(step) if step else None, int(rank) if rank else None)
@@ -109,3 +123,11 @@ def nan_gradients_at(step: int) -> bool:
 def oom_at(step: int) -> bool:
     fault = active()
     return fault is not None and fault.action == "oom" and fault.step == step
+
+
+def raise_at(step: int) -> None:
+    """Optimizer step `step` is about to run its forward: raise the injected error here if the fault says
+    so (test-only; trainstack.protocol.failures classifies what escapes the trainer)."""
+    fault = active()
+    if fault is not None and fault.action == "raise" and fault.step == step:
+        raise RAISABLE[fault.phase](f"fault injection: {fault.phase} at step {step}")
