@@ -234,9 +234,10 @@ def test_from_hf_block_is_the_shape_transformers_saved(bases):
     config, where = read_hf_config(folder / "config.json")
     block = recipe_model_block(shape_from_hf_config(config, where))
     assert block == (
-        "model: {layers: 2, hidden: 64, heads: 4, kv_heads: 2, ffn: 176, vocab: 256, rope_theta: 10000.0, "
-        "norm_eps: 1e-06, rope_scaling: {rope_type: llama3, factor: 8.0, low_freq_factor: 1.0, "
-        "high_freq_factor: 4.0, original_max_position_embeddings: 16}}"
+        "model: {layers: 2, hidden: 64, heads: 4, kv_heads: 2, head_dim: 16, ffn: 176, vocab: 256, "
+        "tied_embeddings: false, attention_bias: false, norm_eps: 1e-06, rope_theta: 10000.0, "
+        "rope_scaling: {rope_type: llama3, factor: 8.0, low_freq_factor: 1.0, high_freq_factor: 4.0, "
+        "original_max_position_embeddings: 16}, init_from: null}"
     )
 
 

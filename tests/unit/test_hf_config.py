@@ -93,9 +93,10 @@ def test_llama31_rope_scaling_in_both_spellings():
     assert shape_from_hf_config(v5) == legacy
     block = recipe_model_block(legacy)
     assert block.startswith(
-        "model: {layers: 32, hidden: 4096, heads: 32, kv_heads: 8, ffn: 14336, vocab: 128"
+        "model: {layers: 32, hidden: 4096, heads: 32, kv_heads: 8, head_dim: 128, ffn: 14336, vocab: 128"
     )
-    assert "attention_bias" not in block and "head_dim" not in block
+    # every field written out: a recipe that `extends` another inherits none of the base model's fields
+    assert "attention_bias: false" in block and "head_dim: 128" in block and "init_from: null" in block
 
 
 @pytest.mark.parametrize(
@@ -149,7 +150,7 @@ def test_from_hf_command_prints_the_block_and_refuses_in_one_line(tmp_path):
     done = runner.invoke(app, ["recipe", "from-hf", str(tmp_path), "--init-from", "s3://my-models/qwen/"])
     assert done.exit_code == 0, done.output
     assert "32.76B parameters" in done.output
-    assert done.output.strip().endswith("attention_bias: true, init_from: s3://my-models/qwen/}")
+    assert done.output.strip().endswith("rope_scaling: null, init_from: s3://my-models/qwen/}")
     (tmp_path / "config.json").write_text(json.dumps({**QWEN25_32B, "use_sliding_window": True}))
     refused = runner.invoke(app, ["recipe", "from-hf", str(tmp_path / "config.json")])
     assert refused.exit_code == 2

@@ -239,22 +239,23 @@ def shape_from_hf_config(config: dict[str, Any], where: str = "config.json") -> 
 
 
 def recipe_model_block(shape: dict[str, Any], init_from: str | None = None) -> str:
-    """The recipe's `model:` line in the recipes' flow style; fields at their defaults are left out
-    (head_dim when it is hidden / heads, rope_scaling when absent, tied_embeddings when false)."""
-    defaults = {"tied_embeddings": False, "rope_scaling": None, "attention_bias": False}
-    parts = []
-    for key, value in shape.items():
-        if key in defaults and value == defaults[key]:
-            continue
-        if key == "head_dim" and value == shape["hidden"] // shape["heads"]:
-            continue
-        parts.append(f"{key}: {_flow(value)}")
-    if init_from:
-        parts.append(f"init_from: {init_from}")
+    """The recipe's `model:` line in the recipes' flow style, every field written out.
+
+    The block is pasted into a recipe that `extends` another, and the loader merges `model:` key by key:
+    a field left out at its default would be inherited from the extended recipe instead (an untied
+    Llama-3-8B extending the tied 1b-bf16 would train tied, and fail on the instance when its weights
+    load). So every field the base model's config decides is written, `tied_embeddings: false`,
+    `attention_bias: false`, `head_dim`, `rope_scaling: null` and `init_from` included."""
+    parts = [f"{key}: {_flow(shape.get(key))}" for key in COMPARED]
+    # Without a base, `init_from: null`: the run starts from random weights, not from the weights of
+    # the extended recipe's base model (30b-fp8 names Qwen2.5-32B's).
+    parts.append(f"init_from: {init_from or 'null'}")
     return "model: {" + ", ".join(parts) + "}"
 
 
 def _flow(value: Any) -> str:
+    if value is None:
+        return "null"
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, float):

@@ -150,7 +150,7 @@ def launch(
     run = naming.run_name(deployed_recipe, team, run_id)
     job = naming.job_of_run(run, 1)
     overrides = request.hyperparameter_overrides(deployed_recipe, run_recipe)
-    hint = deploy_hint(deployed_recipe.name, team, local)
+    hint = deploy_hint(_context_recipe(recipe, deployed_recipe.name, recipes_dir), team, local)
 
     if dry_run:
         _dry_run(deployed_recipe, run_recipe, team, run, run_id, job, keep, local, hint, as_json)
@@ -162,6 +162,11 @@ def launch(
     from trainstack.aws.session import Aws, explain
 
     aws = Aws(local=local)
+    from trainstack.aws.base_model import check_init_from
+
+    # The base model is read where the job would read it (this S3, never the instance) before any job
+    # exists: a recipe whose shape differs from it would fail every job of the run at step 0.
+    check_init_from(run_recipe, aws.client("s3"))
     stacks = deployed(aws, naming.stack_prefix(deployed_recipe, team), hint)
     deployed_hash, local_hash = stacks.launcher.get("RecipeHash"), naming.recipe_hash(deployed_recipe)
     if deployed_hash != local_hash:
@@ -225,6 +230,22 @@ def launch(
             raise TrainstackError(
                 f"lost contact with {aws.where} while waiting for {job}: {explain(exc)}"
             ) from None
+
+
+def _context_recipe(given: str, name: str, recipes_dir: Any) -> str:
+    """What `-c recipe=` must say to deploy this recipe: its name when it is one of the project's recipes
+    (the CDK app reads recipes/), else the file's absolute path (`cdk deploy` runs the app from the
+    project's root, and a name outside recipes/ is unknown there)."""
+    import shlex
+    from pathlib import Path
+
+    is_path = given.endswith((".yaml", ".yml")) or "/" in given  # the loader's rule (resolve)
+    if is_path:
+        return shlex.quote(str(Path(given).resolve()))
+    if recipes_dir is not None:  # a name under another recipes folder: the app reads recipes/ only
+        file = Path(recipes_dir) / f"{name}.yaml"
+        return shlex.quote(str(file.resolve())) if file.is_file() else name
+    return name
 
 
 def _tuned(recipe: Any, team: str | None, local: bool) -> Any:

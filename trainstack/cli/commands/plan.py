@@ -137,6 +137,9 @@ def plan(
 
     budget.enforce(resolved, result)  # over a team cap: the plan above, then one line and exit 2
     request_check.enforce(resolved)  # a request AWS would refuse: likewise (trainstack.aws.request_check)
+    from trainstack.aws.base_model import check_for_plan
+
+    check_for_plan(resolved.recipe, local)  # model.init_from's config.json against the shape: likewise
     raise typer.Exit(0 if result.fits else 1)
 
 

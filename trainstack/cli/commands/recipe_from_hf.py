@@ -46,6 +46,8 @@ def from_hf(
 
     config, where = read_hf_config(path)
     shape = shape_from_hf_config(config, where)
+    if init_from is not None:
+        _check_init_from(init_from, shape)
     listed = config.get("architectures")
     # The model type decides what the trainer builds; `architectures` is only shown, when it is a name.
     architecture = (
@@ -57,3 +59,24 @@ def from_hf(
     size = f"{params / 1e9:.2f}B" if params >= 1e8 else f"{params / 1e6:.2f}M"
     typer.echo(f"# {where}: {config['model_type']} ({architecture}), {size} parameters")
     typer.echo(recipe_model_block(shape, init_from))
+
+
+def _check_init_from(init_from: str, shape: dict) -> None:
+    """Refuse, in one line, an --init-from the printed recipe could not hold (an ftp:// URL, a path with a
+    space: `validate` would refuse the recipe) or a local folder that does not exist."""
+    from pathlib import Path
+
+    from pydantic import ValidationError
+
+    from trainstack.errors import TrainstackError
+    from trainstack.recipes.schema import ModelShape
+
+    try:
+        ModelShape.model_validate({**shape, "init_from": init_from})
+    except ValidationError:
+        raise TrainstackError(
+            f"--init-from {init_from!r}: expected an s3://BUCKET/PREFIX/ of the model's folder or a local "
+            "directory (a path without spaces or colons)"
+        ) from None
+    if not init_from.startswith("s3://") and not Path(init_from).is_dir():
+        raise TrainstackError(f"--init-from {init_from}: no such directory")

@@ -89,12 +89,36 @@ def run_check(check: Check, quiet: bool = False) -> None:
         raise TrainstackError(f"{resolved.files[-1]}: {planned.verdict}")
     budget.enforce(resolved, planned)  # a team's caps on nodes and planned cost
     request_check.enforce(resolved)  # every request AWS would refuse (trainstack.aws.request_check)
+    _check_local_base(resolved)
     if check.expect_name is not None and resolved.recipe.name != check.expect_name:
         raise RecipeError(
             check.recipe,
             "name",
             f"{resolved.recipe.name!r} does not match the file name {check.expect_name!r}",
         )
+
+
+def _check_local_base(resolved) -> None:
+    """A local `model.init_from` must be a folder whose config.json matches the shape (the trainer would
+    refuse it at step 0, every job of the run); an s3:// one is read by `plan` and `launch`, which have AWS
+    access (this gate needs none)."""
+    init_from = resolved.recipe.model.init_from
+    if not init_from or init_from.startswith("s3://"):
+        return
+    from trainstack.aws.base_model import check_init_from
+
+    source = resolved.source_of("model.init_from")
+    if not Path(init_from).is_dir():
+        raise RecipeError(
+            source,
+            "model.init_from",
+            f"{init_from}: no such directory (a local base is a Hugging Face folder, relative to where the "
+            "trainer runs; or an s3:// prefix)",
+        )
+    try:
+        check_init_from(resolved.recipe, None)
+    except TrainstackError as error:
+        raise TrainstackError(f"{source}: {error}") from None
 
 
 def validate(

@@ -1,0 +1,128 @@
+"""`model.init_from`'s config.json against the recipe, before anything is paid (plan and launch).
+
+The trainer checks the base model's config.json against the recipe's shape at step 0 (trainer.hf.conversion),
+but by then the nodes are paid for and, on a mismatch, the run fails a job per retry. `plan` and `launch`
+read the same config.json first, from where the job would: a local folder as it is, an s3:// prefix
+through S3 (GetObject of `<prefix>/config.json`: the emulator's S3 with --local, AWS's otherwise; never
+on an instance), and compare it with the pure `trainstack.recipes.hf_config.shape_mismatch`: one line
+naming the field, the recipe's value and the base's.
+
+    base_problem(shape, config, where)   -> the one line, or None (pure)
+    read_base_config(init_from, s3)      -> (config, where), or TrainstackError saying why it cannot be read
+    check_init_from(recipe, s3)          -> raises TrainstackError (exit 2) on a mismatch or a missing base
+    check_for_plan(recipe, local)        -> the same for `plan`, which notes (stderr) a base it cannot read
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from trainstack.errors import TrainstackError
+from trainstack.recipes.hf_config import MAX_CONFIG_BYTES, HfConfigError, read_hf_config, shape_mismatch
+from trainstack.recipes.schema import ModelShape, Recipe
+
+WHAT = "model.init_from"
+
+
+class BaseUnreadable(TrainstackError):
+    """The base could not be read here (no AWS access, access denied, no network): `plan` notes it and goes
+    on (planning needs no AWS); `launch` refuses, since the run's jobs would need it."""
+
+
+def config_key(init_from: str) -> tuple[str, str]:
+    """(bucket, key) of config.json under an s3:// prefix: the prefix names a folder, with or without
+    its trailing slash (the `base` channel copies the folder's files, config.json at its top)."""
+    bucket, _, prefix = init_from.removeprefix("s3://").partition("/")
+    return bucket, (prefix.rstrip("/") + "/config.json").lstrip("/")
+
+
+def base_problem(shape: ModelShape, config: dict[str, Any], where: str) -> str | None:
+    """The one line a recipe whose base model differs from it is refused with, or None (pure)."""
+    try:
+        return shape_mismatch(shape, config, f"{WHAT}: {where}")
+    except HfConfigError as error:  # a base the trainer cannot hold at all
+        return f"{WHAT}: {error}"
+
+
+def read_base_config(init_from: str, s3: Any | None) -> tuple[dict[str, Any], str]:
+    """The base model's config.json and where it was read; TrainstackError (one line) when it cannot be.
+    `s3`: a boto3 S3 client for an s3:// base (None: only a local folder can be read)."""
+    if not init_from.startswith("s3://"):
+        try:
+            return read_hf_config(init_from)
+        except HfConfigError as error:
+            raise TrainstackError(f"{WHAT}: {error}") from None
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    from trainstack.aws.session import explain
+
+    bucket, key = config_key(init_from)
+    where = f"s3://{bucket}/{key}"
+    if s3 is None:
+        raise BaseUnreadable(f"{WHAT}: {where}: cannot be read without AWS access")
+    try:
+        body = s3.get_object(Bucket=bucket, Key=key, Range=f"bytes=0-{MAX_CONFIG_BYTES}")["Body"].read()
+    except ClientError as error:
+        code = error.response.get("Error", {}).get("Code", "")
+        if code in ("NoSuchKey", "404"):
+            raise TrainstackError(
+                f"{WHAT}: {where}: no such object (the base model's folder needs its config.json; "
+                "copy the whole Hugging Face folder there)"
+            ) from None
+        if code == "NoSuchBucket":
+            raise TrainstackError(f"{WHAT}: {where}: bucket {bucket} does not exist") from None
+        raise BaseUnreadable(f"{WHAT}: {where}: cannot be read ({explain(error)})") from None
+    except BotoCoreError as error:  # no credentials, no region, no network
+        raise BaseUnreadable(f"{WHAT}: {where}: cannot be read ({explain(error)})") from None
+    if len(body) > MAX_CONFIG_BYTES:
+        raise TrainstackError(f"{WHAT}: {where}: over {MAX_CONFIG_BYTES:,} bytes; is this a config.json?")
+    try:
+        config = json.loads(body)
+    except (ValueError, RecursionError) as error:
+        raise TrainstackError(
+            f"{WHAT}: {where}: not valid JSON ({' '.join(str(error).split())[:160]})"
+        ) from None
+    if not isinstance(config, dict):
+        raise TrainstackError(f"{WHAT}: {where}: expected a JSON object")
+    return config, where
+
+
+def check_init_from(recipe: Recipe, s3: Any | None) -> None:
+    """Refuse (TrainstackError, exit 2) a recipe whose base model cannot be read or differs from it."""
+    init_from = recipe.model.init_from
+    if not init_from:
+        return
+    config, where = read_base_config(init_from, s3)
+    problem = base_problem(recipe.model, config, where)
+    if problem is not None:
+        raise TrainstackError(
+            f"{problem}: the trainer would refuse it at step 0, after the nodes are paid for "
+            "(`trainstack recipe from-hf` prints the base's model block)"
+        )
+
+
+def check_for_plan(recipe: Recipe, local: bool) -> None:
+    """`plan`'s check: a local folder always; an s3:// base through the emulator's S3 with --local, else
+    through AWS when this machine has access. A base that cannot be read here is noted on stderr and the
+    plan stands (a plan needs no AWS); a mismatch, a missing config.json or bucket refuse (exit 2)."""
+    import sys
+
+    init_from = recipe.model.init_from
+    if not init_from:
+        return
+    s3 = None
+    if init_from.startswith("s3://"):
+        from botocore.exceptions import BotoCoreError
+
+        from trainstack.aws.session import Aws
+
+        try:
+            s3 = Aws(local=local).client("s3")
+        except (TrainstackError, BotoCoreError) as error:  # no AWS configuration: nothing to read it with
+            print(f"note: {WHAT}: {init_from}: not checked ({' '.join(str(error).split())})", file=sys.stderr)
+            return
+    try:
+        check_init_from(recipe, s3)
+    except BaseUnreadable as error:
+        print(f"note: {error}; not checked (`launch` checks it)", file=sys.stderr)
