@@ -96,6 +96,7 @@ def test_core_and_checkpoint_dependencies_are_pinned_as_in_pyproject():
         "tenacity",
         "tokenizers",
         "pyarrow",
+        "jinja2",
         "safetensors",
         "mlflow-skinny",
         "sagemaker-mlflow",
