@@ -155,6 +155,7 @@ TRAINER_LAYERS = {
         "storage",
     },
     "export": {"checkpoint", "hf", "config", "storage", "runtime"},
+    "trace": {"train", "config", "distributed", "models", "optim"},  # the train step on fake tensors
     "prepare": {"data", "runtime"},
     "validation": {"data", "config"},
     "checkpoint": {"runtime", "optim", "storage"},

@@ -11,6 +11,7 @@ data-preparation jobs of the same image. Packages by concern; each imports only 
     validation.py    the validation pass over each held-out split
     export/          checkpoint -> Hugging Face folder (`python -m trainer.export`)
     prepare/         raw text -> token shards (`python -m trainer.prepare`)
+    trace/           train.py's own step at full size on fake tensors (`python -m trainer.trace`)
     checkpoint/      save, load, prune, verify, discover and resume from checkpoints
     hf/              Hugging Face weights in (a base model) and out, HF folders locally or in S3
     distributed/     device mesh, FSDP2 sharding, EFA/NCCL checks

@@ -292,19 +292,36 @@ def _open_training_data(
 def _build_sharded_model(
     recipe: Recipe, backend: Any, cp: ContextParallel, mesh: DeviceMesh, device: torch.device
 ) -> tuple[Transformer, list, str]:
-    """The model as the recipe lays it out, in torchtitan's order: context parallelism, activation
-    checkpointing, compile per block, FSDP2; then materialized and initialized from the seed.
-    Returns (model, the recomputed blocks, what compile did)."""
+    """The model as the recipe lays it out (`lay_out_model`), then materialized and initialized from
+    the seed. Returns (model, the recomputed blocks, what compile did)."""
     torch.manual_seed(recipe.training.seed)
+    model, recomputed, compile_note = lay_out_model(recipe, backend, cp, mesh, device)
+    model.to_empty(device=device)
+    model.init_weights()
+    return model, recomputed, compile_note
+
+
+def lay_out_model(
+    recipe: Recipe,
+    backend: Any,
+    cp: ContextParallel,
+    mesh: DeviceMesh,
+    device: torch.device,
+    compile_requested: bool | None = None,
+) -> tuple[Transformer, list, str]:
+    """The meta-device model as the recipe lays it out, in torchtitan's order: context parallelism,
+    activation checkpointing, compile per block, FSDP2; nothing allocated yet. Shared by the training
+    run and the memory trace (trainer.trace), which materializes it on fake tensors instead.
+    `compile_requested`: None follows `training.compile`; the trace passes False (it runs eager).
+    Returns (model, the recomputed blocks, what compile did)."""
     model = build_model(recipe.model, recipe.training.seq_len, backend, recipe.training.loss_chunk_tokens)
     apply_context_parallel(model, cp, device)  # before compile: the blocks trace the CP attention
     recomputed = apply_activation_checkpointing(model, recipe.activation_checkpointing)
-    compiled, compile_note = compile_decision(recipe.training.compile, device.type, backend.name)
+    requested = recipe.training.compile if compile_requested is None else compile_requested
+    compiled, compile_note = compile_decision(requested, device.type, backend.name)
     if compiled:  # per block, after checkpointing and before sharding, as torchtitan orders it
         compile_blocks(model)
     shard_model(model, mesh)
-    model.to_empty(device=device)
-    model.init_weights()
     return model, recomputed, compile_note
 
 
@@ -408,10 +425,7 @@ def _forward_backward(
         )
         batch = batches.next(indices)
         used.extend(batch.sample_indices)
-        set_gradient_sync(ctx.model, ctx.mesh, last_micro_step=last)
-        with autocast():  # forward only: TE's autocast must not wrap backward
-            loss = ctx.model(batch.inputs, batch.targets)
-        (loss / layout.grad_accum).backward()
+        loss = micro_step(ctx.model, ctx.mesh, batch.inputs, batch.targets, autocast, layout.grad_accum, last)
         loss_sum += loss.detach()
         stopped, _ = vote.result()  # the previous micro-step's vote
         vote.post(save_due=save_due and last)
@@ -420,6 +434,25 @@ def _forward_backward(
             return MicroSteps(loss_sum, used, True, micro_step + 1, False)
     stopped, due = vote.result()
     return MicroSteps(loss_sum, used, stopped, layout.grad_accum, due)
+
+
+def micro_step(
+    model: Transformer,
+    mesh: DeviceMesh,
+    inputs: torch.Tensor,
+    targets: torch.Tensor,
+    autocast: Callable,
+    grad_accum: int,
+    last: bool,
+) -> torch.Tensor:
+    """One micro-step's forward and backward (the training loop's, and the memory trace's): gradient
+    sync as the micro-step's place in the step says, the loss scaled by the accumulation count.
+    Returns the micro-step's mean loss (not divided)."""
+    set_gradient_sync(model, mesh, last_micro_step=last)
+    with autocast():  # forward only: TE's autocast must not wrap backward
+        loss = model(inputs, targets)
+    (loss / grad_accum).backward()
+    return loss
 
 
 def _loop(ctx: LoopContext, state: TrainerState, max_steps: int, stop: StopRequest) -> int:
@@ -593,13 +626,22 @@ def _optimizer_step(ctx: LoopContext, step: int) -> tuple[torch.Tensor, float]:
     ctx.checkpoints.wait_for_staging()  # the optimizer step changes what an in-flight save copies
     if faults.nan_gradients_at(step):  # test-only (trainer.runtime.faults): a diverged step
         next(ctx.model.parameters()).grad.mul_(float("nan"))
-    grad_norm = torch.nn.utils.clip_grad_norm_(ctx.model.parameters(), ctx.recipe.training.grad_clip)
+    return update(ctx.model, ctx.optimizer, ctx.scheduler, ctx.recipe.training.grad_clip)
+
+
+def update(
+    model: Transformer, optimizer: torch.optim.Optimizer, scheduler: LRScheduler, grad_clip: float
+) -> tuple[torch.Tensor, float]:
+    """The optimizer update after a step's micro-steps (the training loop's, and the memory trace's):
+    gradients clipped, optimizer and schedule stepped, gradients freed.
+    Returns (the gradient norm before clipping, the learning rate the step used)."""
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
     if hasattr(grad_norm, "full_tensor"):
         grad_norm = grad_norm.full_tensor()
-    lr = ctx.optimizer.param_groups[0]["lr"]
-    ctx.optimizer.step()
-    ctx.scheduler.step()
-    ctx.optimizer.zero_grad(set_to_none=True)
+    lr = optimizer.param_groups[0]["lr"]
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
     return grad_norm, lr
 
 

@@ -57,11 +57,24 @@ def plan(
         ),
     ] = False,
     ranks: Annotated[
-        int,
+        int | None,
         typer.Option(
-            "--ranks", min=1, max=8, help="--local: the CPU processes per job measured (default 1)."
+            "--ranks",
+            min=1,
+            max=8,
+            help="--local: the CPU processes per job measured (default: as many as an emulator job "
+            "of the recipe runs, as `tune --local` measures them).",
         ),
-    ] = 1,
+    ] = None,
+    trace: Annotated[
+        bool,
+        typer.Option(
+            "--trace",
+            help="Also run the trainer's own step at full size on fake tensors (python -m trainer.trace: "
+            "two steps under torch's FSDP memory tracker, about a minute for 8B on a laptop CPU; cached) and "
+            "judge memory by it: traced + modelled (what a trace cannot see) against the GPU.",
+        ),
+    ] = False,
 ) -> None:
     """Plan a recipe: per-GPU memory breakdown and verdict, tokens/s, MFU, time and cost with their
     ranges, the run (jobs, checkpoints), and one recommendation beside the recipe's own values.
@@ -106,11 +119,15 @@ def plan(
 
             write_memory_plot(resolved.recipe, plot)
         measured = _measured(resolved.recipe, local, ranks)
+        traced, trace_lines = _traced(resolved.recipe, result, as_json) if trace else (None, ())
         from trainstack.tuning.engine import tuning_estimate_usd
 
         tuning = {"candidates": 3, "usd": round(tuning_estimate_usd(resolved.recipe, 3), 2)}
         if as_json:
-            typer.echo(json.dumps({**result.to_dict(), "measured": measured, "tuning_run": tuning}, indent=2))
+            document = {**result.to_dict(), "measured": measured, "tuning_run": tuning}
+            if trace:
+                document["memory"]["traced"] = traced
+            typer.echo(json.dumps(document, indent=2))
         else:
             title = resolved.recipe.name + (f" (team {team})" if team else "")
             lines = [
@@ -130,6 +147,8 @@ def plan(
                 _command(recipe, team, set_ or [], result.recommendations.set_flags),
                 tuple(lines),
             )
+            for line in trace_lines:
+                typer.echo(line)
             if plot is not None:
                 typer.echo(f"wrote {plot}")
     from trainstack.aws import request_check
@@ -140,7 +159,63 @@ def plan(
     from trainstack.aws.base_model import check_for_plan
 
     check_for_plan(resolved.recipe, local)  # model.init_from's config.json against the shape: likewise
-    raise typer.Exit(0 if result.fits else 1)
+    fits = result.fits if not (trace and traced and "fits" in traced) else traced["fits"]
+    raise typer.Exit(0 if fits else 1)
+
+
+def _traced(recipe, result, as_json: bool) -> tuple[dict | None, tuple[str, ...]]:
+    """`--trace`: the trace's memory with the modelled terms (trainstack.planner.traced) as
+    `memory.traced`, and the lines printed after the plan, the verdict on traced + modelled last. A
+    layout the trace cannot follow: the knob named, and the planner's figure stands, labelled so."""
+    from trainstack.errors import TrainstackError
+    from trainstack.planner.traced import counted_flops, traced_memory
+    from trainstack.tuning.trace import run_trace
+
+    outcome = run_trace(recipe)
+    if outcome.error is not None:
+        raise TrainstackError(outcome.error)
+    if outcome.report is None:
+        knob, reason = outcome.unsupported["knob"], outcome.unsupported["reason"]
+        line = (
+            f"trace: could not follow {knob} ({reason}); memory is the planner's, not traced: "
+            f"{result.memory.peak_gib:.1f} GiB of {result.memory.usable_gib:.0f}"
+        )
+        if not as_json:
+            typer.echo(line, err=True)
+        return {"fallback": "planner", "knob": knob, "reason": reason}, ()
+    memory = traced_memory(
+        recipe, result.memory.breakdown, result.memory.usable_gib, outcome.report, cached=outcome.cached
+    )
+    flops = counted_flops(outcome.report, result.throughput)
+    document = {**memory.to_json(), "counted_flops": flops}
+    categories = ", ".join(f"{k} {v:.1f}" for k, v in memory.by_category_gib.items())
+    modelled = ", ".join(f"{k} {v:.2f}" for k, v in memory.modelled.items())
+    at = memory.peak_at
+    lines = [
+        f"traced step ({'cached' if memory.cached else 'run'}, {memory.seconds:.0f} s to trace): "
+        f"{categories} GiB; "
+        f"peak in {at.get('phase', '?')} of {at.get('module', '?')} (step {at.get('step', '?')}, "
+        f"micro-step {at.get('micro_step', '?')}); the planner's same-scope figure "
+        f"{memory.planned_same_scope_gib:.1f} GiB "
+        f"({memory.planned_same_scope_gib / memory.traced_gib - 1:+.1%})",
+        f"modelled (not traceable; docs/planner.md): {modelled} GiB",
+        *(f"note: {note}" for note in memory.notes),
+    ]
+    if flops:
+        line = (
+            f"FLOPs per token counted on the traced step: {flops['model_per_token'] / 1e9:.2f} G model + "
+            f"{flops['recompute_per_token'] / 1e9:.2f} G recompute; formula "
+            f"{flops['planned_model_per_token'] / 1e9:.2f}"
+            f" + {flops['planned_recompute_per_token'] / 1e9:.2f} ({flops['difference']:+.1%})"
+        )
+        if flops["used"] == "counted":
+            line += (
+                f"; with the counted FLOPs: step {flops['step_time_s']:.2f} s, "
+                f"{flops['tokens_per_sec_per_gpu']:,.0f} tokens/s per GPU, MFU {flops['mfu']:.1%}"
+            )
+        lines.append(line)
+    lines.append(memory.verdict)
+    return document, tuple(lines)
 
 
 def _measured(recipe, local: bool, ranks: int) -> dict | None:
@@ -151,7 +226,7 @@ def _measured(recipe, local: bool, ranks: int) -> dict | None:
     if local:
         from trainstack.tuning.local import local_hardware
 
-        hardware = local_hardware(ranks)
+        hardware = local_hardware(ranks if ranks is not None else _emulator_ranks(recipe))
     else:
         hardware = recipe_hardware(recipe)
     found = refit(recipe, hardware, Store())
@@ -169,6 +244,16 @@ def _measured(recipe, local: bool, ranks: int) -> dict | None:
         "run": found.run,
         "date": found.date,
     }
+
+
+def _emulator_ranks(recipe) -> int:
+    """The ranks an emulator job of `recipe` runs (the count `tune --local` measured on the emulator
+    records its figures under): a default of 1 found nothing after a tuning run on the emulator."""
+    from trainstack.emulator import jobs as emulator_jobs
+    from trainstack.emulator import stand_in
+
+    nodes = recipe.compute.instance_count
+    return stand_in.ranks_per_node(recipe, nodes, emulator_jobs.RANKS_PER_NODE) * nodes
 
 
 def _command(recipe: str, team: str | None, sets: list[str], new_flags: tuple[str, ...]) -> str:
