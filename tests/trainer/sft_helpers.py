@@ -158,5 +158,6 @@ def reference_tokenizer(folder: Path):
 
 def write_jsonl(path: Path, records: list) -> Path:
     lines = [r if isinstance(r, str) else json.dumps({"messages": r}, ensure_ascii=False) for r in records]
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return path
