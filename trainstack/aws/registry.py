@@ -15,7 +15,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from trainstack.aws.runs import TERMINAL_STATES, Job
-from trainstack.aws.supervisor import RECONCILE_MINUTES
+from trainstack.aws.supervisor import RECONCILE_MINUTES, RULE_BY_ID
+from trainstack.protocol import exit_codes
 from trainstack.recipes.naming import RunName, index_of_job, parse_run_name
 
 RUN_TABLE_OUTPUT = "RunTableName"
@@ -461,3 +462,42 @@ def record_stopped(dynamodb: Any, table: str, run: Run, why: str, next_step: str
     except dynamodb.exceptions.ConditionalCheckFailedException:
         return False
     return True
+
+
+# --- Resuming a run whose last job failed deterministically ---------------------------------------------
+# Every job of a run trains the run's recorded request (trainstack.aws.run_request): a redeploy with a
+# fixed recipe or image never reaches it. So a run whose last job failed on that recipe or in that
+# image's code would fail the same way on resume, as issue 40 saw (a recipe fixed and redeployed, then
+# `resume`: jobs 2 and 3 failed like job 1). Such a resume is refused before any job starts, unless it
+# changes something (`--set`: the safe key, or image.uri, that is the fix). A missing resource, a
+# diverged loss (resume --from-step with another lr) and no EFA (the deployment's network) are fixed
+# outside the recorded recipe and resume as they are.
+FAILED_ON_RECIPE = (
+    "run {run} cannot be resumed as it is: its last job {job} failed on the run's recorded recipe, which "
+    "every job of the run trains (a redeploy does not change it), so the next job would fail the same way "
+    "({why}). Launch a new run with the fixed recipe (trainstack launch RECIPE), or, if a key that may "
+    "change mid-run is the fix, resume {run} --set KEY=VALUE"
+)
+FAILED_IN_CODE = (
+    "run {run} cannot be resumed as it is: its last job {job} failed in the code of the run's recorded "
+    "image, which the next job would run again ({why}). Resume with the fixed image (trainstack resume "
+    "{run} --set image.uri=<fixed image>), or launch a new run"
+)
+FATAL_RULE = RULE_BY_ID["Fatal"].id
+REFUSED_AS_IS = {
+    exit_codes.RECIPE_OR_ENVIRONMENT: FAILED_ON_RECIPE,
+    exit_codes.OUT_OF_MEMORY: FAILED_ON_RECIPE,  # the layout: only a new run changes it
+    exit_codes.CODE: FAILED_IN_CODE,
+}
+
+
+def resume_refusal(record: Run, changes: bool) -> str | None:
+    """Why `resume` of `record` with no change (`changes` False) would only repeat its last failure, in
+    one line; None when it may go ahead."""
+    last = max(record.jobs, key=lambda j: j.index, default=None)
+    if changes or record.state != "failed" or last is None or last.rule != FATAL_RULE:
+        return None
+    template = REFUSED_AS_IS.get(exit_codes.exit_code_of(record.why))
+    if template is None:
+        return None
+    return template.format(run=record.run, job=last.name, why=" ".join(record.why.split()))

@@ -132,7 +132,13 @@ def changed_request(recorded: Mapping[str, Any], before: Recipe, after: Recipe, 
     the new value; every other field stays exactly as recorded."""
     inputs = _builder_inputs(recorded)
     old = builder.create_training_job_request(before, team, **inputs)
-    new = builder.create_training_job_request(after, team, **inputs)
+    # image.uri is the one recipe key the builder takes from the deployment instead (the image it
+    # built or was given): a changed one is the image the next jobs run (`resume --set image.uri=`,
+    # a trainer fix reaching a running run), the recorded one otherwise.
+    image = after.image.uri if after.image.uri and after.image.uri != before.image.uri else None
+    new = builder.create_training_job_request(
+        after, team, **{**inputs, **({"image_uri": image} if image else {})}
+    )
     patched = copy.deepcopy(dict(recorded))
     _apply_difference(patched, old, new)
     patched.pop(JOB_NAME, None)

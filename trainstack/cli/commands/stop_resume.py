@@ -189,6 +189,24 @@ def _resume_point(aws: Any, run: str, checkpoint_uri: str) -> int:
     return newest.step if newest is not None else 0
 
 
+def image_problem(assignments: list[str]) -> None:
+    """`--set image.*`, refused in one line before anything is read: image.uri is the image every later
+    job of the run runs (the request's TrainingImage: trainstack.aws.run_request.changed_request), and
+    must name one; the other image keys say how `cdk deploy` builds an image, which no running run
+    sees."""
+    for assignment in assignments:
+        key, _, value = (part.strip() for part in assignment.partition("="))
+        if key.startswith("image.") and key != "image.uri":
+            raise RecipeError(
+                f"--set {assignment}",
+                key,
+                "an image is built when a recipe is deployed, never for a running run: give the built "
+                "image with --set image.uri=<image>",
+            )
+        if key == "image.uri" and value.strip("'\"") in ("", "null", "~"):
+            raise RecipeError(f"--set {assignment}", key, "give the image the next job runs")
+
+
 def resume(
     run: RunArg,
     sets: Annotated[
@@ -237,13 +255,14 @@ def resume(
 
     from trainstack.aws import request, run_request
     from trainstack.aws.checkpoints import step_problem
-    from trainstack.aws.registry import history_with
+    from trainstack.aws.registry import history_with, resume_refusal
     from trainstack.aws.session import Aws, explain
     from trainstack.recipes import changes as recipe_changes
     from trainstack.recipes import naming
 
     assignments = list(sets or [])
     run_request.safe_set_keys(assignments)  # one line, exit 2, before any AWS call
+    image_problem(assignments)
     job_environment = run_request.resume_step_environment(from_step)
 
     aws = Aws(local=local)
@@ -266,6 +285,8 @@ def resume(
     before = run_request.recipe_of(record.request)
     after = run_request.apply_sets(before, assignments) if assignments else before
     found = recipe_changes.changes(before, after)
+    if (refusal := resume_refusal(record, bool(found))) is not None:
+        raise TrainstackError(refusal)
     if {c.key for c in found} & {"training.steps", "training.warmup_steps"}:
         start = from_step if from_step is not None else _resume_point(aws, run, record.checkpoint_uri)
         if (problem := recipe_changes.resume_problem(before, after, start)) is not None:
