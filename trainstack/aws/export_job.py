@@ -25,6 +25,7 @@ from typing import Any
 
 from trainstack.aws.request import Runtime, _put, output_prefix, tags
 from trainstack.planner.models_io import plan_export
+from trainstack.protocol.metrics import export_metric_definitions
 from trainstack.recipes import naming
 from trainstack.recipes.schema import Recipe, to_hyperparameters
 
@@ -93,6 +94,8 @@ def export_job_request(
         "TrainingImage": image_uri,
         "TrainingInputMode": "File",
         "ContainerEntrypoint": ENTRYPOINT,
+        # the step it exported, for `trainstack runs` to name the folder it wrote
+        "MetricDefinitions": export_metric_definitions(),
     }
     arguments = ["--checkpoint", checkpoint_uri, "--out-parent", out_parent, "--step", step]
     if all(isinstance(a, str) for a in arguments):

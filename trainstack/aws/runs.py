@@ -436,3 +436,29 @@ def find_executions(
         if is_recipe_job(e["name"], prefix)
     ]
     return sorted(found, key=lambda e: e.started, reverse=True)[:limit]
+
+
+def exported_step(description: dict[str, Any] | None) -> int | None:
+    """The step an export job exported (its `export:step` in FinalMetricDataList), None before it said."""
+    from trainstack.protocol.metrics import EXPORTED_STEP_METRIC
+
+    values = [
+        m["Value"]
+        for m in (description or {}).get("FinalMetricDataList") or []
+        if m.get("MetricName") == EXPORTED_STEP_METRIC
+    ]
+    return int(values[-1]) if values else None
+
+
+def export_folder(export: dict[str, Any], description: dict[str, Any] | None) -> str:
+    """Where an export's Hugging Face folder is, as a user would load it: `<parent>step-<N>/` with N the
+    step asked for, else the one the job reports it exported; until then, what it will be (issue 40:
+    `trainstack runs` printed `step-N/` for every export)."""
+    parent = export.get("out_parent", "")
+    step = int(export.get("step") or 0) or exported_step(description)
+    if step:
+        return f"{parent}step-{step}/"
+    status = (description or {}).get("TrainingJobStatus")
+    if status in ("Failed", "Stopped"):
+        return f"{parent} (nothing exported: the job ended {status})"
+    return f"{parent}step-<newest complete checkpoint>/ (named when the job has exported it)"

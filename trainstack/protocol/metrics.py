@@ -190,3 +190,15 @@ def parse_saved_step(line: str) -> int | None:
     """The step SAVED_STEP_REGEX reads from a `checkpoint_saved_line`, or None for any other line."""
     match = re.search(SAVED_STEP_REGEX, line)
     return int(match.group(1)) if match else None
+
+
+# The step an export job exported, read by SageMaker from the export's last line (`exported step 120 to
+# s3://.../step-120/: ...`, trainer.export.hf_folder) into its FinalMetricDataList: `trainstack runs`
+# names the folder an export of "the newest step" wrote (its parent's `step-<N>/`), not `step-N/`.
+EXPORTED_STEP_METRIC = "export:step"
+EXPORTED_STEP_REGEX = r"exported step ([0-9]+) to "
+
+
+def export_metric_definitions() -> list[dict[str, str]]:
+    """The export job's MetricDefinitions: its exported step (one of CreateTrainingJob's 40)."""
+    return [{"Name": EXPORTED_STEP_METRIC, "Regex": EXPORTED_STEP_REGEX}]

@@ -100,6 +100,7 @@ def runs(
 
 def _mlflow_lines(aws: Any, views: list[RunView], recipes_dir: str | None) -> dict[str, tuple[str, Any]]:
     """run -> (where its MLflow run is, the MLflow run or None) (trainstack.cli.commands.mlflow_access)."""
+    from trainstack.aws.run_request import recipe_of
     from trainstack.cli.commands import mlflow_access
     from trainstack.cli.commands.run_access import deploy_hint, team_option
     from trainstack.recipes.loader import resolve
@@ -109,7 +110,15 @@ def _mlflow_lines(aws: Any, views: list[RunView], recipes_dir: str | None) -> di
         # The registry names the deployment's team; the default team's recipes deploy without `--team`.
         team = team_option(v.run.team, recipes_dir)
         try:
-            resolved = resolve(v.run.recipe, team=team, recipes_dir=recipes_dir).recipe
+            # The run's own recorded recipe: what it trained and tracked, whatever is deployed or on disk
+            # now; a recipe deployed from a file (the demo's scripts/demo-tiny.yaml) has no name that
+            # `resolve` finds ("unknown recipe 'demo-tiny'", issue 40). By name only for a run recorded
+            # before runs recorded their request.
+            resolved = (
+                recipe_of(v.run.request)
+                if v.run.request
+                else resolve(v.run.recipe, team=team, recipes_dir=recipes_dir).recipe
+            )
             uri = mlflow_access.tracking_uri(aws, resolved, team, deploy_hint(v.run.recipe, team, aws.local))
         except TrainstackError as error:
             out[v.run.run] = (f"mlflow: {error}", None)
@@ -157,12 +166,30 @@ def collect(clients: Any, stack_prefix: str | None, team: str | None) -> list[Ru
                 if "step" in metrics:
                     step = int(metrics["step"].value)
                     break
+        if run.exports:  # the folder each export wrote (or will): its step, asked or reported
+            run = replace(run, exports=tuple(_with_folder(clients.sagemaker, e) for e in run.exports))
         found_view = view(run, described, step, now, deployed.get(run.run))
         stand_ins = sorted({j.stand_in for j in described.values() if j.stand_in})
         if stand_ins:  # the local emulator trained a scaled-down stand-in (trainstack.emulator.stand_in)
             found_view = replace(found_view, notes=(*found_view.notes, *(f"emulator {s}" for s in stand_ins)))
         views.append(found_view)
     return views
+
+
+def _with_folder(sagemaker: Any, export: dict[str, Any]) -> dict[str, Any]:
+    from botocore.exceptions import ClientError
+
+    from trainstack.aws.runs import export_folder
+
+    try:
+        described = (
+            sagemaker.describe_training_job(TrainingJobName=export["job"]) if export.get("job") else None
+        )
+    except ClientError as error:
+        if error.response.get("Error", {}).get("Code") not in ("ValidationException", "ResourceNotFound"):
+            raise
+        described = None  # not created (yet)
+    return {**export, "folder": export_folder(export, described)}
 
 
 def _tokens(n: int | None) -> str:
@@ -230,7 +257,8 @@ def render(views: list[RunView], where: str, recipe: str | None, team: str | Non
         console.print(Text(f"  checkpoints {v.run.checkpoint_uri}", style="dim"), soft_wrap=True)
         for export in v.run.exports:  # trainstack export / export.on_complete (docs/models.md)
             step = f"step {export['step']}" if export.get("step") else "newest step"
-            line = f"  export {export['job']} ({step}, {export['reason']}) -> {export['out_parent']}step-N/"
+            folder = export.get("folder") or f"{export['out_parent']}step-<N>/"
+            line = f"  export {export['job']} ({step}, {export['reason']}) -> {folder}"
             console.print(Text(line, style="dim"), soft_wrap=True)
         for failed in v.run.export_failures:  # an export job that failed, or one that never started
             line = (
