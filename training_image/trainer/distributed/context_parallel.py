@@ -38,6 +38,7 @@ load, and the data position counts samples, which every CP rank of a group share
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
 
 import torch
 import torch.distributed as dist
@@ -106,14 +107,22 @@ class ContextParallel:
         if mask is None:
             allowed = self.positions[:, None] >= self.gathered_positions()[None, :]
             mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, float("-inf")).to(device)
-            self._masks[key] = mask
+            # Under torch.compile this runs inside the block's activation checkpoint, where dynamo
+            # refuses a mutation of state outside it ("HOP: Unsafe side effect"): the block's eager
+            # pre-forward hook (`apply_context_parallel`) fills the cache first, so compiled blocks only
+            # read it; a miss there still gets a correct mask, just not the shared one.
+            if not torch.compiler.is_compiling():
+                self._masks[key] = mask
         return mask
 
 
 class _GatherSequence(torch.autograd.Function):
     """All-gather along the first dimension in forward; reduce-scatter (sum) of the gradient in
     backward. Plain c10d collectives (NCCL and gloo both have all_gather_into_tensor and
-    reduce_scatter_tensor), so what a block saves stays countable by a dispatch mode on CPU."""
+    reduce_scatter_tensor), so what a block saves stays countable by a dispatch mode on CPU. Under
+    torch.compile dynamo traces forward and backward, rewriting both collectives into its functional
+    ones (`_c10d_functional.all_gather_into_tensor` / `reduce_scatter_tensor` + `wait_tensor`): the
+    block stays one graph."""
 
     @staticmethod
     def forward(ctx, local: torch.Tensor, group: dist.ProcessGroup, size: int) -> torch.Tensor:
@@ -180,6 +189,15 @@ def apply_context_parallel(model: nn.Module, cp: ContextParallel, device: torch.
         return
     for block in model.layers:
         block.attention.core = ContextParallelSDPAttention(block.attention.core, cp)
+        block.register_forward_pre_hook(partial(_fill_mask_cache, cp))
+
+
+def _fill_mask_cache(cp: ContextParallel, block: nn.Module, args: tuple) -> None:
+    """Pre-forward hook of every CP block: make the causal mask for the block input's dtype and device
+    before the block runs. Hooks run eagerly (trainer.models.model.compile_blocks compiles `forward`
+    only), so a compiled block finds the one shared mask (see `ContextParallel.causal_mask`)."""
+    x = args[0]
+    cp.causal_mask(x.dtype, x.device)
 
 
 # --- the device mesh -------------------------------------------------------------------------------

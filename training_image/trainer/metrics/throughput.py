@@ -104,7 +104,10 @@ class BlockComputeTimer:
         self._pairs: list[tuple[Any, Any]] = []
         self._open: list[Any] = []
         self._host_s = 0.0
-        for block in blocks:  # registered once (a hook added per log step would recompile compiled code)
+        # Registered once. The hooks run eagerly around a compiled block (compile_blocks compiles the
+        # block's forward, not its __call__): dynamo cannot trace the host clock or CUDA events, and a
+        # traced `armed` would recompile every block on each log step.
+        for block in blocks:
             block.register_forward_pre_hook(self._before)
             block.register_forward_hook(self._after)
 

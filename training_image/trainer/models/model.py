@@ -458,14 +458,25 @@ def compile_decision(requested: bool | None, device_type: str, backend_name: str
 
 
 def compile_blocks(model: Transformer, backend: str = "inductor") -> None:
-    """torch.compile each block in place (`Module.compile`: parameter names unchanged), one graph
-    per block, reused by all (torchtitan's per-block compile). The pure-PyTorch block compiles as
-    one graph (fullgraph: a graph break is an error, not a silent slowdown); a TE block cannot."""
-    # Under context parallelism the block's K/V all-gather (trainer.distributed.context_parallel, plain c10d
-    # collectives in an autograd function) is a graph break: compile around it, not fullgraph.
-    fullgraph = model.backend_name == "pytorch" and model.rope_positions is None
+    """torch.compile each block's `forward` in place (parameter names unchanged), one graph for
+    every block alike, reused by all (torchtitan's per-block compile; blocks that recompute and blocks
+    that do not are two graphs). fullgraph: a graph break is an error, not a silent slowdown.
+
+    `forward`, not the module's `__call__` (what `Module.compile` compiles): `__call__` runs the
+    block's hooks, and dynamo would trace them too. FSDP2's hooks opt out of tracing
+    (`torch._dynamo.disable`), but the trainer's block timer (trainer.metrics.throughput) reads the
+    host clock or records CUDA events, which dynamo cannot trace ("Attempted to call function marked
+    as skipped: time.perf_counter" under fullgraph), and its `armed` flag, traced, would be a guard
+    that recompiles the blocks on every log step. So hooks stay eager at the block's edges and only
+    the computation between them is compiled: the activation checkpoint (dynamo's checkpoint
+    higher-order op, so the op-level policy still decides what is saved), attention, and under context
+    parallelism the K/V all-gather (trainer.distributed.context_parallel: dynamo rewrites its c10d
+    collectives into functional ones and traces them into the graph). A Transformer Engine block
+    graph-breaks at each fused module, so it is compiled without fullgraph: `training.compile: true`
+    with TE compiles the code between them."""
+    fullgraph = model.backend_name == "pytorch"
     for block in model.layers:
-        block.compile(backend=backend, fullgraph=fullgraph)
+        block.forward = torch.compile(block.forward, backend=backend, fullgraph=fullgraph)
 
 
 def build_model(shape: ModelShape, seq_len: int, backend: Backend, loss_chunk_tokens: int) -> Transformer:
