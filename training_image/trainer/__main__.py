@@ -47,12 +47,14 @@ examples:
       --device cpu --max-steps 30 --checkpoint-dir /tmp/ck
   AWS_REGION=us-west-2 python -m trainer --recipe 8b-fp8 --checkpoint-dir s3://bucket/checkpoints/run-1/
 
-exit codes:
+exit codes (each failure also one line in /opt/ml/output/failure: trainstack.protocol.failures):
   0  finished, or stopped by SIGTERM (saved, or logged which checkpoint the next job resumes from)
-  1  the final checkpoint could not be saved
+  1  possibly transient: the final checkpoint could not be saved, the network, a collective, a peer
   2  a mistake in the recipe, the data or the environment (one line names the file and field)
   3  the loss or the gradient norm became NaN/inf (nothing saved from that step on)
   5  the GPU ran out of memory (the layout does not fit)
+  6  an error of the code itself (TypeError, ImportError, a torch.compile failure): not retried
+  7  a missing or refused resource (a bucket, a key, a file, access denied): not retried
 """
 
 
