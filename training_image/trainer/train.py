@@ -418,11 +418,9 @@ def _forward_backward(
     layout = ctx.layout
     loss_sum = torch.zeros((), device=ctx.device)
     used: list[int] = []
-    for micro_step in range(layout.grad_accum):
-        last = micro_step == layout.grad_accum - 1
-        indices = micro_batch_indices(
-            position, micro_step, ctx.data_rank, layout.data_ranks, layout.micro_batch
-        )
+    for index in range(layout.grad_accum):  # not `micro_step`: that name is the function called below
+        last = index == layout.grad_accum - 1
+        indices = micro_batch_indices(position, index, ctx.data_rank, layout.data_ranks, layout.micro_batch)
         batch = batches.next(indices)
         used.extend(batch.sample_indices)
         loss = micro_step(ctx.model, ctx.mesh, batch.inputs, batch.targets, autocast, layout.grad_accum, last)
@@ -431,7 +429,7 @@ def _forward_backward(
         vote.post(save_due=save_due and last)
         if stopped and not last:
             vote.result()  # every rank reads the vote it posted: the group stays in step
-            return MicroSteps(loss_sum, used, True, micro_step + 1, False)
+            return MicroSteps(loss_sum, used, True, index + 1, False)
     stopped, due = vote.result()
     return MicroSteps(loss_sum, used, stopped, layout.grad_accum, due)
 
