@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from trainstack.emulator import delivery, events, jobs
+from trainstack.emulator import cloudformation, delivery, events, jobs
 from trainstack.emulator.endpoint import (
     JOBS_DIR_ENV,
     STATE_FILE,
@@ -115,6 +115,8 @@ def serve(argv: list[str], jobs_dir: Path | None = None) -> None:
 
     sfn_models.stepfunctions_backends = stepfunctions_parser_backends
     isolate_definition_parses()
+    # `npx cdk deploy` as documented: the change-set path, termination protection, failed creations.
+    cloudformation.install()
     # Jobs that really run (trainstack.emulator.jobs), StopTrainingJob, Environment kept (.events).
     port = argv[argv.index("-p") + 1]
     jobs.configure_server(f"http://localhost:{port}", jobs_dir)
