@@ -135,10 +135,10 @@ def main() -> int:
         step(
             3,
             total,
-            f"npx cdk deploy --all -c recipe={RECIPE} --method=direct   "
-            "(direct: the emulator loses exports on the change-set path)",
+            f"npx cdk deploy --all -c recipe={RECIPE} --require-approval=never   "
+            "(a script: no terminal to confirm the IAM changes in)",
         )
-        deploy = [npx, "cdk", "deploy", "--all", *context, "--method=direct", "--require-approval=never"]
+        deploy = [npx, "cdk", "deploy", "--all", *context, "--require-approval=never"]
         out = run([*deploy, "-o", "cdk.out.demo"], env, quiet=True)
         for line in out.splitlines():
             if "✅" in line:

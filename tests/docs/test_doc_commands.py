@@ -14,15 +14,14 @@ How they run:
   stop|resume|emulator`, `make demo`) run against one shared local emulator (started with
   `trainstack emulator start`, stopped with `trainstack emulator stop` at the end), its AWS_* variables
   exported; before such a block, every recipe/team its trainstack commands name is deployed if it is
-  not yet. Others run with no AWS credentials at all (AWS_REGION us-west-2, for synthesis).
-- emulator adaptations, the only changes made to a command: `npx cdk deploy` gets `--method=direct`
-  (the emulator loses cross-stack exports on the change-set path, ../shared/README.md section 7) and
-  `--require-approval=never` (no terminal to confirm IAM changes in); `trainstack launch` of a recipe
-  of more than LAUNCH_STEPS steps gets `--max-steps LAUNCH_STEPS` (a smaller one stays): a base
-  recipe's run trains its stand-in on this machine (trainstack.emulator.stand_in) for thousands of steps,
-  and several such runs would train through the rest of the test and every test beside it, where a run
-  of a few steps shows the same launch, stop, resume and completion; `trainstack status --watch`
-  refreshes twice.
+  not yet (with `npx cdk deploy --all -c recipe=R [-c team=T]`, as docs/cdk.md shows). Others run with
+  no AWS credentials at all (AWS_REGION us-west-2, for synthesis).
+- every command runs exactly as the doc writes it: nothing is added, dropped or rewritten
+  (test_the_walkthrough_adds_nothing_to_a_documented_command; the emulator takes the CDK CLI's default
+  change-set deploy, trainstack.emulator.cloudformation). `npx cdk deploy` runs in a terminal (a
+  pseudo-terminal), as a reader's does, and the CLI's own question before IAM changes ("Do you wish to
+  deploy these changes (y/n)?") is answered `y`, as the reader answers it; any other question fails
+  the command.
 - a command already run successfully in the same group, with the same words in any order (comments
   aside), is not run again.
 After `make demo`, the "Try next" commands it prints are run too (its last, `emulator stop`, at the end).
@@ -59,9 +58,8 @@ RECIPE_COMMAND = re.compile(
 TEAM = re.compile(r"--team[ =](?P<team>[a-z][a-z0-9]*)")
 STOP_COMMAND = re.compile(r"\btrainstack stop (?P<run>ts-[a-z0-9-]+)")
 TRY_NEXT = re.compile(r"^  (?P<command>\S.*?)\s+# ")
-LAUNCH = re.compile(r"\btrainstack launch (?P<recipe>[a-z0-9][a-z0-9-]*)(?![\w./-])(?P<rest>[^;&|#]*)")
-MAX_STEPS = re.compile(r"--max-steps[ =](?P<steps>[0-9]+)")
-LAUNCH_STEPS = 10
+IN_A_TERMINAL = re.compile(r"\bnpx cdk deploy\b")  # the CLI asks before IAM changes, in a terminal only
+APPROVAL = "Do you wish to deploy these changes"  # the CDK CLI's question (aws-cdk, deploy)
 
 
 def grouped() -> list[tuple[str, list[Command]]]:
@@ -82,40 +80,6 @@ def _block_of(command: Command) -> int:
     return 0
 
 
-def bounded_launch(text: str, recipes_dir: Path) -> str:
-    """`trainstack launch RECIPE ...` with at most LAUNCH_STEPS steps (see the module docstring)."""
-    from trainstack.recipes.loader import resolve
-
-    match = LAUNCH.search(text)
-    if match is None or "--dry-run" in match.group("rest") or "--tuned" in match.group("rest"):
-        return text
-    team = TEAM.search(match.group("rest"))
-    try:
-        recipe = resolve(match.group("recipe"), team and team.group("team"), recipes_dir=recipes_dir).recipe
-    except Exception:  # the command itself says what is wrong with it
-        return text
-    given = MAX_STEPS.search(match.group("rest"))
-    steps = int(given.group("steps")) if given else recipe.training.steps
-    if steps <= LAUNCH_STEPS:
-        return text
-    rest = match.group("rest")
-    rest = (
-        MAX_STEPS.sub(f"--max-steps {LAUNCH_STEPS}", rest) if given else f" --max-steps {LAUNCH_STEPS}{rest}"
-    )
-    return text[: match.start("rest")] + rest + text[match.end("rest") :]
-
-
-def adapt_for_emulator(text: str) -> str:
-    if re.search(r"\bnpx cdk deploy\b", text) and "--method" not in text:
-        text = re.sub(r"\bnpx cdk deploy\b", "npx cdk deploy --method=direct --require-approval=never", text)
-    if re.search(r"\btrainstack status\b.*--watch\b", text) and not re.search(r"--count|--interval", text):
-        # A documented watch of a base recipe's run would follow its stand-in for thousands of steps: two
-        # refreshes, a second apart, show that it refreshes. A watch that names its --interval is meant to
-        # run to the end (docs/tutorial.md: a tiny run that completes).
-        text = re.sub(r"--watch\b", "--watch --count 2 --interval 1", text, count=1)
-    return text
-
-
 @dataclass
 class Workspace:
     repo: Path
@@ -128,28 +92,80 @@ class Workspace:
     failures: list[str] = field(default_factory=list)
     timings: list[tuple[float, str]] = field(default_factory=list)  # (seconds, command): where time goes
 
+    executed: list[str] = field(default_factory=list)  # every text given to bash, in order, setup included
+    ran: list[tuple[Command, int]] = field(default_factory=list)  # a documented command, its executed index
+
     def shell(self, text: str, env: dict[str, str], timeout: float = TIMEOUT_S) -> tuple[int, str, dict]:
-        """Run one command in bash; returns (exit status, output, the environment it left)."""
+        """Run one command in bash; returns (exit status, output, the environment it left). `npx cdk
+        deploy` runs in a pseudo-terminal (see the module docstring)."""
         import time
 
         started = time.monotonic()
+        self.executed.append(text)
         env_file = self.home / ".docs-test-env"
         script = f"set -o pipefail\n{text}\nstatus=$?\nenv -0 > {shlex.quote(str(env_file))}\nexit $status\n"
-        done = subprocess.run(
-            ["bash", "-c", script],
-            cwd=self.repo,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-        )
+        returncode, output = self.execute(text, script, env, timeout)
         after = env
         if env_file.exists():
             pairs = env_file.read_text().split("\0")
             after = dict(p.split("=", 1) for p in pairs if "=" in p)
             env_file.unlink()
         self.timings.append((time.monotonic() - started, text.strip().splitlines()[0][:100]))
-        return done.returncode, done.stdout + done.stderr, after
+        return returncode, output, after
+
+    def execute(self, text: str, script: str, env: dict[str, str], timeout: float) -> tuple[int, str]:
+        """Run `script` (which runs `text`) in bash: (exit status, output)."""
+        if IN_A_TERMINAL.search(text):
+            return in_a_terminal(["bash", "-c", script], self.repo, env, timeout)
+        done = subprocess.run(
+            ["bash", "-c", script], cwd=self.repo, env=env, capture_output=True, text=True, timeout=timeout
+        )
+        return done.returncode, done.stdout + done.stderr
+
+
+def in_a_terminal(argv: list[str], cwd: Path, env: dict[str, str], timeout: float) -> tuple[int, str]:
+    """Run `argv` with a pseudo-terminal as its stdin, stdout and stderr, answering `y` to the CDK CLI's
+    approval question each time it asks, as a reader at a terminal does. Any other (y/n) question is
+    not answered: the command is ended and fails, naming it. Returns (exit status, output)."""
+    import pty
+    import select
+    import time
+
+    leader, follower = pty.openpty()
+    process = subprocess.Popen(
+        argv, cwd=cwd, env={**env, "TERM": "dumb"}, stdin=follower, stdout=follower, stderr=follower
+    )
+    os.close(follower)
+    output, answered, deadline = b"", 0, time.monotonic() + timeout
+    try:
+        while True:
+            if time.monotonic() > deadline:
+                process.kill()
+                raise subprocess.TimeoutExpired(argv, timeout)
+            ready, _, _ = select.select([leader], [], [], 1.0)
+            if not ready:
+                if process.poll() is not None:
+                    break
+                continue
+            try:
+                chunk = os.read(leader, 65536)
+            except OSError:  # the terminal closed: every writer has exited
+                break
+            if not chunk:
+                break
+            output += chunk
+            asked = output.count(b"(y/n)")
+            if asked > answered:
+                question = output.decode(errors="replace").rsplit("(y/n)", 1)[0][-300:]
+                if APPROVAL not in question:
+                    process.kill()
+                    process.wait()
+                    return 1, output.decode(errors="replace") + "\n[docs test: a question it does not answer]"
+                os.write(leader, b"y\n")
+                answered = asked
+    finally:
+        os.close(leader)
+    return process.wait(), output.decode(errors="replace").replace("\r\n", "\n")
 
 
 def _copy_checkout(dest: Path) -> None:
@@ -260,7 +276,7 @@ def _ensure_deployed(ws: Workspace, commands: list[Command]) -> str | None:
         existing = {s["StackName"] for s in cfn.describe_stacks()["Stacks"]}
         if f"{prefix}-Launcher" not in existing:
             context = f"-c recipe={recipe}" + (f" -c team={team}" if team else "")
-            deploy = adapt_for_emulator(f"npx cdk deploy --all {context}")
+            deploy = f"npx cdk deploy --all {context}"  # docs/cdk.md's command
             status, out, _ = ws.shell(deploy, env)
             if status != 0:
                 return f"setting up for {command.where}: `{deploy}` failed:\n{out[-3000:]}"
@@ -306,10 +322,11 @@ def _run_block(ws: Workspace, commands: list[Command]) -> None:
     for command in commands:
         if command.skip is not None:
             continue
-        text = bounded_launch(adapt_for_emulator(command.text), ws.repo / "recipes") if aws else command.text
+        text = command.text  # as written (test_the_walkthrough_adds_nothing_to_a_documented_command)
         key = (_words(text), aws)
         if key in ws.done and "export " not in text and "eval " not in text:
             continue  # ran already, with the same words, at ws.done[key]
+        ws.ran.append((command, len(ws.executed)))
         status, out, env = ws.shell(text, env)
         if status != 0 or "Traceback (most recent call last)" in out:
             ws.failures.append(f"{command.where}: `{text}` exited {status}:\n{out[-4000:]}")
@@ -411,6 +428,16 @@ def _demo_next_steps(ws: Workspace) -> None:
     _run_block(ws, [Command("make demo: Try next", n, t) for n, t in enumerate(suggested[:-1], start=1)])
 
 
+def changed_commands(ws: Workspace) -> list[str]:
+    """Each documented command whose text bash was given differs from the doc's (none, when the docs run
+    as written)."""
+    return [
+        f"{command.where}: documented `{command.text}`, ran `{ws.executed[index]}`"
+        for command, index in ws.ran
+        if ws.executed[index] != command.text
+    ]
+
+
 def _words(text: str) -> tuple[str, ...]:
     try:
         return tuple(sorted(shlex.split(text, comments=True)))
@@ -441,6 +468,7 @@ def test_every_documented_command_runs(tmp_path: Path) -> None:
     for seconds, text in sorted(ws.timings, reverse=True)[:30]:
         print(f"  {seconds:7.1f} s  {text}")
     ran = len(ws.done)
+    assert not changed_commands(ws), changed_commands(ws)
     assert not ws.failures, f"{len(ws.failures)} documented command(s) failed ({ran} ran):\n\n" + "\n\n".join(
         ws.failures
     )
