@@ -319,6 +319,77 @@ def _local_copy(unit: Unit, settings: Settings) -> tuple[Path, bool]:
 
 # --- the run --------------------------------------------------------------------------------------------
 
+LOCK_DIR_ENV = "TRAINSTACK_PREPARE_LOCK_DIR"  # default: the temp directory
+
+
+def lock_path(out: str) -> Path:
+    """The lock file of one output on this machine: a local output by its real path, S3 by its URI."""
+    where = out.rstrip("/") if out.startswith("s3://") else str(Path(out).resolve())
+    folder = Path(os.environ.get(LOCK_DIR_ENV) or tempfile.gettempdir()) / "trainstack-prepare-locks"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder / (hashlib.sha256(where.encode()).hexdigest()[:16] + ".lock")
+
+
+@contextmanager
+def writer_lock(out: str) -> Iterator[None]:
+    """One preparation writes one output at a time on a machine: an exclusive flock held by this process
+    for the whole run (the kernel drops it when the process ends, killed or not; its pool workers die
+    with it, PR_SET_PDEATHSIG). A second one, a rerun beside a writer that is still alive included, is
+    refused in one line naming the writer's pid."""
+    import fcntl
+
+    path = lock_path(out)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            raise TrainstackError(
+                f"--out {out}: another data preparation (pid {holder}) is writing it on this machine; wait "
+                "for it to end or stop it, then rerun to resume"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+# What a preparation writes under its output (the only things --overwrite deletes).
+DATASET_PARTS = ("_prepare/", "shards/", f"{VALIDATION}/", INDEX_FILE, MANIFEST_FILE)
+
+
+def _other_corpus(store, done: dict[str, dict], units: list[Unit], overwrite: bool) -> dict[str, dict]:
+    """The markers to resume from. Files finished earlier that are not among this run's inputs mean the
+    output holds another corpus (prepared with the same settings): resuming would drop it from the index
+    without a word, so it is refused in one line, or with `overwrite` deleted first (local outputs)."""
+    inputs = {u.uri for u in units}
+    foreign = sorted(uri for uri in done if uri not in inputs)
+    if not foreign:
+        return done
+    more = f" and {len(foreign) - 1} more" if len(foreign) > 1 else ""
+    if not overwrite:
+        raise TrainstackError(
+            f"--out {store.uri}: holds a dataset prepared from other files ({foreign[0]}{more}, not among "
+            "the inputs given); give another --out, or --overwrite to replace it"
+        )
+    if isinstance(store, S3Store):
+        raise TrainstackError(
+            f"--overwrite: {store.uri} is in S3, where this preparation deletes nothing; empty it first "
+            f"(`aws s3 rm --recursive {store.uri}`) or give another --out"
+        )
+    import shutil
+
+    for part in DATASET_PARTS:
+        path = store.root / part
+        if path.is_dir():
+            shutil.rmtree(path)
+        elif path.is_file():
+            path.unlink()
+    print(f"prepare: --overwrite: deleted the dataset of other files in {store.uri}", file=sys.stderr)
+    return {}
+
 
 def check_output(store, config: dict) -> None:
     """Refuse an output that holds another dataset; record this one's settings on first use."""
@@ -405,19 +476,26 @@ def prepare(
     workers: int | None = None,
     max_bad_records: int = DEFAULT_MAX_BAD_RECORDS,
     finalize: bool = True,
+    overwrite: bool = False,
 ) -> dict:
-    """Prepare `sources` into `out`; returns the root manifest (or, without finalize, a summary)."""
+    """Prepare `sources` into `out`; returns the root manifest (or, without finalize, a summary).
+    `overwrite`: an output holding a dataset of other files is deleted first (local outputs only)."""
     if not 0 <= validation_fraction < 1:
         raise TrainstackError(f"--validation-fraction {validation_fraction}: expected 0 <= F < 1")
     if shard_tokens < 1 or max_bad_records < 0:
         raise TrainstackError("--shard-tokens must be positive and --max-bad-records non-negative")
+    if workers is not None and workers < 1:
+        raise TrainstackError(f"--workers {workers}: expected at least 1 (default: one per core)")
     store = open_store(out)
     with tempfile.TemporaryDirectory(prefix="trainstack-prepare-") as scratch, ExitStack() as stack:
+        stack.enter_context(writer_lock(out))  # before anything under `out` is read or written
         local_tokenizer = _tokenizer_file(tokenizer, Path(scratch))
         units = list_units(sources, out)
         if not units:
             raise TrainstackError(f"{' '.join(sources)}: no JSONL, Parquet or text files found")
         done = done_markers(store)
+        if finalize:  # an instance of a Processing job sees only its share of the files
+            done = _other_corpus(store, done, units, overwrite)
         pending = [u for u in units if done.get(u.uri, {}).get("size") != u.size]
         workers = max(1, min(workers or os.cpu_count() or 1, len(pending) or 1))
         settings = Settings(
@@ -618,6 +696,11 @@ def build_parser() -> argparse.ArgumentParser:
         f"(default {DEFAULT_MAX_BAD_RECORDS})",
     )
     parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace a dataset of other files already in --out (local outputs)",
+    )
+    parser.add_argument(
         "--no-finalize",
         action="store_true",
         help="process files only; write no index (Processing job instances)",
@@ -649,6 +732,7 @@ def main(argv: list[str] | None = None) -> int:
             workers=args.workers,
             max_bad_records=args.max_bad_records,
             finalize=not args.no_finalize,
+            overwrite=args.overwrite,
         )
     except TrainstackError as exc:  # one line, also the job's ExitMessage (trainer.runtime.failure)
         from trainer.runtime.failure import report_failure

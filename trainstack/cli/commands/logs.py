@@ -25,7 +25,8 @@ def logs(
     team: TeamOpt = None,
     set_: SetOpt = None,
     job: Annotated[
-        str | None, typer.Option("--job", help="A training job of this recipe (default: the newest).")
+        str | None,
+        typer.Option("--job", help="A training or export job of this recipe (default: the newest job)."),
     ] = None,
     follow: Annotated[
         bool,
@@ -53,7 +54,6 @@ def logs(
         LogCursor,
         aws_clients,
         find_jobs,
-        is_recipe_job,
         job_from_description,
         log_streams,
         read_new_lines,
@@ -69,10 +69,11 @@ def logs(
     hint = f" --team {team}" if team else ""
     try:
         if job is not None:
-            if not is_recipe_job(job, prefix):
+            # A run's jobs and its exports (`<run>-X<n>`, trainstack.aws.export_job) carry the prefix.
+            if not job.startswith(prefix):
                 raise TrainstackError(
-                    f"--job {job} is not a run of {resolved.recipe.name}{hint} "
-                    f"(its jobs are named {prefix}<recipe hash>-...)"
+                    f"--job {job} is not a run of {resolved.recipe.name}{hint} nor an export of one "
+                    f"(its jobs and exports are named {prefix}<run id>-...)"
                 )
             target = job_from_description(clients.sagemaker.describe_training_job(TrainingJobName=job))
         else:
