@@ -157,3 +157,24 @@ def test_nothing_to_train_on_is_one_line_naming_the_first_skipped_line(base, tmp
     source = write_jsonl(tmp_path / "x.jsonl", [json.dumps({"text": "not a chat"})])
     with pytest.raises(TrainstackError, match="no conversation to train on .*line 1: no 'messages' list"):
         prepare_chat([str(source)], str(base), str(tmp_path / "out"), seq_len=SEQ_LEN)
+
+
+def test_trainstack_data_prepare_format_chat_writes_the_dataset(base, tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    source = write_jsonl(tmp_path / "in" / "chats.jsonl", many_conversations(12) + ["{bad"])
+    out = tmp_path / "out"
+    trainstack = Path(sys.executable).with_name("trainstack")
+    command = [str(trainstack), "data", "prepare", str(source), "--format", "chat", "--tokenizer", str(base)]
+    done = subprocess.run([*command, "--out", str(out), "--seq-len", "512"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert "12 conversations" in done.stdout and "1 line(s) skipped" in done.stdout
+    assert ChatShards(read_chat_dataset(out)).count == 12
+    refused = subprocess.run([*command, "--out", str(tmp_path / "other")], capture_output=True, text=True)
+    assert refused.returncode == 2
+    assert refused.stderr.strip().splitlines() == [
+        "error: --seq-len: --format chat needs the training sequence length (at least 2 tokens): longer "
+        "conversations are dropped, never cut"
+    ]

@@ -182,4 +182,4 @@ class ChatShards:
                 f"{spec.tokens}: token {start + bad} is id {int(ids[bad])}, outside model.vocab {self.vocab} "
                 "(shards made with another tokenizer?)"
             )
-        return ids, np.asarray(mask[start : start + length]).astype(bool)
+        return ids, np.asarray(mask[start : start + length]).view(np.bool_)  # 0/1 bytes: a view, no copy

@@ -4,9 +4,11 @@ every failure written to the job's /opt/ml/output/message (ExitMessage) with its
 
 import sys
 
+from trainer.prepare import chat_prepare
 from trainer.prepare.pipeline import main
 from trainer.runtime.failure import run_reporting
 from trainstack.protocol.exit_codes import MESSAGE_FILE
 
 if __name__ == "__main__":
-    sys.exit(run_reporting(main, MESSAGE_FILE))
+    # `--format chat`: conversations through a base model's chat template (trainer.prepare.chat_prepare).
+    sys.exit(run_reporting(chat_prepare.main if chat_prepare.is_chat(sys.argv[1:]) else main, MESSAGE_FILE))

@@ -21,6 +21,7 @@ SageMaker Processing run, and a base folder in S3.
 
 from __future__ import annotations
 
+import argparse
 import gzip
 import hashlib
 import json
@@ -395,3 +396,68 @@ def summary(manifest: dict, out: str) -> str:
         f"{100 * chat['packing']['efficiency']:.1f}%. Recipe: data.tokenizer: "
         f"{manifest['tokenizer']['identity']}"
     )
+
+
+# --- command line (`python -m trainer.prepare --format chat ...`) --------------------------------------
+
+
+def is_chat(argv: list[str]) -> bool:
+    """Whether `python -m trainer.prepare` was asked for conversations (`--format chat`)."""
+    return any(
+        a == "--format=chat" or (a == "--format" and b == "chat")
+        for a, b in zip(argv, [*argv[1:], ""], strict=True)
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m trainer.prepare --format chat",
+        description="Render JSONL conversations with a base model's chat template into token shards with "
+        "a loss mask beside them; a rerun resumes.",
+    )
+    parser.add_argument("--format", choices=["chat"], required=True)
+    parser.add_argument(
+        "sources", nargs="+", metavar="SRC", help="JSONL files, directories or s3:// prefixes"
+    )
+    parser.add_argument(
+        "--tokenizer", required=True, help="the base model's folder (tokenizer.json, tokenizer_config.json)"
+    )
+    parser.add_argument("--out", required=True, help="output directory or s3:// prefix")
+    parser.add_argument(
+        "--seq-len", type=int, required=True, help="the training sequence length: longer examples are dropped"
+    )
+    parser.add_argument(
+        "--validation-fraction",
+        type=float,
+        default=DEFAULT_VALIDATION_FRACTION,
+        help=f"share of conversations held out, by a hash of each (default {DEFAULT_VALIDATION_FRACTION})",
+    )
+    parser.add_argument(
+        "--shard-tokens", type=int, default=DEFAULT_SHARD_TOKENS, help="tokens per shard file"
+    )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        manifest = prepare_chat(
+            args.sources,
+            args.tokenizer,
+            args.out,
+            seq_len=args.seq_len,
+            validation_fraction=args.validation_fraction,
+            shard_tokens=args.shard_tokens,
+        )
+    except TrainstackError as exc:  # one line, also the job's ExitMessage (trainer.runtime.failure)
+        from trainer.runtime.failure import report_failure
+        from trainstack.protocol.exit_codes import MESSAGE_FILE
+
+        return report_failure(exc.exit_code, str(exc), MESSAGE_FILE)
+    except KeyboardInterrupt:
+        print(
+            "interrupted: files finished so far are kept; rerun the same command to resume", file=sys.stderr
+        )
+        return 130
+    print(summary(manifest, args.out))
+    return 0

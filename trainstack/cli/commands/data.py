@@ -47,6 +47,17 @@ def prepare(
         str, typer.Option("--out", help="output directory or s3:// prefix (empty, or this dataset's)")
     ],
     text_field: Annotated[str, typer.Option("--text-field", help="JSONL field / Parquet column")] = "text",
+    fmt: Annotated[
+        str,
+        typer.Option(
+            "--format",
+            help="text (documents) or chat (JSONL conversations, rendered by the chat template of the base "
+            "model folder given as --tokenizer; docs/sft.md)",
+        ),
+    ] = "text",
+    seq_len: Annotated[
+        int | None, typer.Option("--seq-len", help="chat: the training sequence length (longer ones dropped)")
+    ] = None,
     validation_fraction: Annotated[
         float, typer.Option("--validation-fraction", help="share of documents held out (by hash); 0: none")
     ] = 0.005,
@@ -84,10 +95,6 @@ def prepare(
         bool, typer.Option("--dry-run", help="AWS: print the plan and the request; start nothing")
     ] = False,
     no_wait: Annotated[bool, typer.Option("--no-wait", help="AWS: start the job and return")] = False,
-    overwrite: Annotated[
-        bool,
-        typer.Option("--overwrite", help="replace a dataset of other files already in a local --out"),
-    ] = False,
 ) -> None:
     """Tokenize SRC... into token shards at --out: JSONL (--text-field), Parquet (a column) or plain text.
 
@@ -102,8 +109,6 @@ def prepare(
 
       trainstack data prepare s3://demo-corpus/ --tokenizer bytes --out s3://demo-data/tokens/ --local
     """
-    if workers is not None and workers < 1:
-        raise TrainstackError(f"--workers {workers}: expected at least 1 (default: one per core)")
     remote = all(s.startswith("s3://") for s in sources) and out.startswith("s3://")
     options = dict(
         text_field=text_field,
@@ -112,14 +117,12 @@ def prepare(
         shard_tokens=shard_tokens,
         max_bad_records=max_bad_records,
     )
+    if fmt != "text":
+        on_aws = remote and not (local or here)
+        options.update(_chat_options(fmt, seq_len, on_aws, workers, text_field, eos_token))
     if local or here or not remote:
-        code = run_here(sources, tokenizer, out, workers=workers, local=local, overwrite=overwrite, **options)
+        code = run_here(sources, tokenizer, out, workers=workers, local=local, **options)
         raise typer.Exit(code)
-    if overwrite:
-        raise TrainstackError(
-            f"--overwrite: {out} is in S3, where data prepare deletes nothing; empty it first "
-            f"(`aws s3 rm --recursive {out}`) or give another --out"
-        )
     if recipe is None:
         raise TrainstackError(
             "--recipe: needed to run on AWS (its data stack's processing role and image run the job); "
@@ -141,37 +144,45 @@ def prepare(
     )
 
 
+def _chat_options(fmt: str, seq_len: int | None, on_aws: bool, workers, text_field, eos_token) -> dict:
+    """`--format chat`'s options (trainer.prepare.chat_prepare), or one line for what it does not take."""
+    if fmt != "chat":
+        raise TrainstackError(f"--format {fmt}: expected text or chat")
+    if seq_len is None or seq_len < 2:
+        raise TrainstackError(
+            f"--seq-len{'' if seq_len is None else f' {seq_len}'}: --format chat needs the training sequence "
+            "length (at least 2 tokens): longer conversations are dropped, never cut"
+        )
+    given = {"--workers": workers is not None, "--text-field": text_field != "text", "--eos-token": eos_token}
+    refused = next((name for name, used in given.items() if used), None)
+    if refused:
+        raise TrainstackError(
+            f"{refused}: not taken with --format chat (one process; the conversation is `messages`, the end "
+            "of turn is the base folder's)"
+        )
+    if on_aws:
+        raise TrainstackError(
+            "--format chat: a SageMaker Processing job for conversations is not built yet; pass --here (or "
+            "--local for the emulator) to prepare them on this machine"
+        )
+    return {"format": "chat", "seq_len": seq_len}
+
+
 def entrypoint_args(sources: list[str], tokenizer: str, out: str, **options: Any) -> list[str]:
+    if options.get("format") == "chat":  # trainer.prepare.chat_prepare's command line
+        args = ["--format", "chat", *sources, "--tokenizer", tokenizer, "--out", out]
+        args += ["--seq-len", str(options["seq_len"])]
+        args += ["--validation-fraction", repr(options["validation_fraction"])]
+        if options.get("shard_tokens") is not None:
+            args += ["--shard-tokens", str(options["shard_tokens"])]
+        return args
     args = [*sources, "--tokenizer", tokenizer, "--out", out, "--text-field", options["text_field"]]
     args += ["--validation-fraction", repr(options["validation_fraction"])]
     args += ["--max-bad-records", str(options["max_bad_records"])]
     for name in ("eos_token", "shard_tokens", "workers"):
         if options.get(name) is not None:
             args += [f"--{name.replace('_', '-')}", str(options[name])]
-    if options.get("overwrite"):
-        args.append("--overwrite")
     return args
-
-
-def _dies_with(parent: int):
-    """A preexec function: the child gets SIGKILL when this process ends, however it ends (Linux
-    PR_SET_PDEATHSIG), so a `kill -9` of `trainstack data prepare` does not leave `trainer.prepare`
-    writing shards and markers beside the rerun that resumes it (its own pool workers die with it the
-    same way; trainer.prepare.pipeline)."""
-
-    def preexec() -> None:
-        if sys.platform != "linux":
-            return
-        import ctypes
-        import os
-        import signal
-
-        pr_set_pdeathsig = 1
-        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
-        if os.getppid() != parent:  # the parent died before the request was in place
-            os._exit(1)
-
-    return preexec
 
 
 def run_here(sources: list[str], tokenizer: str, out: str, *, local: bool, **options: Any) -> int:
@@ -181,11 +192,9 @@ def run_here(sources: list[str], tokenizer: str, out: str, *, local: bool, **opt
     env = environment(local)
     if local:  # the emulator only: never a real profile
         env = {**env, "AWS_ENDPOINT_URL_S3": env["AWS_ENDPOINT_URL"]}
-    import os
-
     command = [sys.executable, "-m", "trainer.prepare", *entrypoint_args(sources, tokenizer, out, **options)]
     try:
-        return subprocess.run(command, env=env, preexec_fn=_dies_with(os.getpid())).returncode
+        return subprocess.run(command, env=env).returncode
     except KeyboardInterrupt:
         return 130
 
