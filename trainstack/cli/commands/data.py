@@ -95,6 +95,10 @@ def prepare(
         bool, typer.Option("--dry-run", help="AWS: print the plan and the request; start nothing")
     ] = False,
     no_wait: Annotated[bool, typer.Option("--no-wait", help="AWS: start the job and return")] = False,
+    overwrite: Annotated[
+        bool,
+        typer.Option("--overwrite", help="replace a dataset of other files already in a local --out"),
+    ] = False,
 ) -> None:
     """Tokenize SRC... into token shards at --out: JSONL (--text-field), Parquet (a column) or plain text.
 
@@ -109,6 +113,8 @@ def prepare(
 
       trainstack data prepare s3://demo-corpus/ --tokenizer bytes --out s3://demo-data/tokens/ --local
     """
+    if workers is not None and workers < 1:
+        raise TrainstackError(f"--workers {workers}: expected at least 1 (default: one per core)")
     remote = all(s.startswith("s3://") for s in sources) and out.startswith("s3://")
     options = dict(
         text_field=text_field,
@@ -121,8 +127,13 @@ def prepare(
         on_aws = remote and not (local or here)
         options.update(_chat_options(fmt, seq_len, on_aws, workers, text_field, eos_token))
     if local or here or not remote:
-        code = run_here(sources, tokenizer, out, workers=workers, local=local, **options)
+        code = run_here(sources, tokenizer, out, workers=workers, local=local, overwrite=overwrite, **options)
         raise typer.Exit(code)
+    if overwrite:
+        raise TrainstackError(
+            f"--overwrite: {out} is in S3, where data prepare deletes nothing; empty it first "
+            f"(`aws s3 rm --recursive {out}`) or give another --out"
+        )
     if recipe is None:
         raise TrainstackError(
             "--recipe: needed to run on AWS (its data stack's processing role and image run the job); "
@@ -182,7 +193,30 @@ def entrypoint_args(sources: list[str], tokenizer: str, out: str, **options: Any
     for name in ("eos_token", "shard_tokens", "workers"):
         if options.get(name) is not None:
             args += [f"--{name.replace('_', '-')}", str(options[name])]
+    if options.get("overwrite"):
+        args.append("--overwrite")
     return args
+
+
+def _dies_with(parent: int):
+    """A preexec function: the child gets SIGKILL when this process ends, however it ends (Linux
+    PR_SET_PDEATHSIG), so a `kill -9` of `trainstack data prepare` does not leave `trainer.prepare`
+    writing shards and markers beside the rerun that resumes it (its own pool workers die with it the
+    same way; trainer.prepare.pipeline)."""
+
+    def preexec() -> None:
+        if sys.platform != "linux":
+            return
+        import ctypes
+        import os
+        import signal
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:  # the parent died before the request was in place
+            os._exit(1)
+
+    return preexec
 
 
 def run_here(sources: list[str], tokenizer: str, out: str, *, local: bool, **options: Any) -> int:
@@ -192,9 +226,11 @@ def run_here(sources: list[str], tokenizer: str, out: str, *, local: bool, **opt
     env = environment(local)
     if local:  # the emulator only: never a real profile
         env = {**env, "AWS_ENDPOINT_URL_S3": env["AWS_ENDPOINT_URL"]}
+    import os
+
     command = [sys.executable, "-m", "trainer.prepare", *entrypoint_args(sources, tokenizer, out, **options)]
     try:
-        return subprocess.run(command, env=env).returncode
+        return subprocess.run(command, env=env, preexec_fn=_dies_with(os.getpid())).returncode
     except KeyboardInterrupt:
         return 130
 
