@@ -165,6 +165,68 @@ def test_a_crash_that_repeats_fails_the_run_and_a_resume_after_the_fix_completes
     assert resumed_step(cloud, resumed["job"], timeout_s=0) == 10
 
 
+def test_a_bug_costs_one_job_says_why_and_a_fixed_image_resumes_the_run(cloud: Cloud, fault) -> None:
+    """Issue 40: an uncaught error (here a TypeError at step 3, as a real bug raises it) ended "exit code
+    1 (no /opt/ml/output/failure)", was counted as a crash and retried twice, and nothing said why. Now the
+    trainer classifies it (deterministic: code), the run fails on its first job with the cause, `runs`
+    shows it, a `resume` that changes nothing is refused (the next job would run the same code), and
+    `resume --set image.uri=<fixed>` sends that image with the next job, which completes the run."""
+    fault("raise:TypeError@3")
+    answer = cloud.cli_json("launch", RECIPE, "--local", "--wait", "--name", "code-bug", "--max-steps", "20")
+    run = answer["run"]
+    record = cloud.wait_for_run(DATA_STACK, run, ("failed", "completed", "stopped"), 300)
+    assert record.state == "failed", record.why
+    assert [(j.name, j.status, j.rule) for j in record.jobs] == [(answer["job"], "Failed", "Fatal")]
+    reason = cloud.sagemaker.describe_training_job(TrainingJobName=answer["job"])["FailureReason"]
+    assert reason.startswith("trainstack-fatal exit=6: deterministic code: TypeError: fault injection"), (
+        reason
+    )
+    assert "trainer/runtime/faults.py" in reason and reason in record.why
+    (listed,) = [r for r in cloud.cli_json("runs", RECIPE, "--local") if r["run"] == run]
+    assert "deterministic code: TypeError" in listed["why"] and "--set image.uri=" in listed["why"]
+
+    refused = one_line_error(cloud.cli("resume", run, "--local"))
+    assert f"run {run} cannot be resumed as it is" in refused and "--set image.uri=<fixed image>" in refused
+    assert [j.name for j in cloud.run_record(DATA_STACK, run).jobs] == [answer["job"]]  # nothing started
+
+    fault("")  # the fixed trainer (the emulator runs this checkout's code whatever the image)
+    fixed = f"{ACCOUNT}.dkr.ecr.{REGION}.amazonaws.com/trainstack-fixed:2"
+    resumed = cloud.cli_json("resume", run, "--local", "--set", f"image.uri={fixed}")
+    described = cloud.sagemaker.describe_training_job(TrainingJobName=resumed["job"])
+    assert described["AlgorithmSpecification"]["TrainingImage"] == fixed
+    record = cloud.wait_for_run(DATA_STACK, run, ("completed", "failed", "stopped"), 300)
+    assert record.state == "completed", record.why
+    assert record.jobs[-1].name == resumed["job"] and record.step == 20
+
+
+def test_jobs_whose_max_runtime_ends_before_their_first_save_fail_the_run_at_the_third(cloud: Cloud) -> None:
+    """Issue 40: jobs that end without progress (there: exit 0 after a capacity block's deadline, 0 steps)
+    each started the next at once, up to compute.max_jobs. Here every job's max runtime ends while it is
+    still starting (SIGTERM before its first step: it saves nothing and exits 0, MaxRuntimeExceeded); the
+    third such job in a row fails the run with that cause, not the 20th."""
+    emulator_events.configure(cloud.env, max_runtime_cap_seconds=2)
+    try:
+        answer = cloud.cli_json("launch", RECIPE, "--local", "--name", "no-progress")
+        run = answer["run"]
+        record = cloud.wait_for_run(DATA_STACK, run, ("failed", "completed", "stopped"), 600)
+    finally:
+        emulator_events.configure(cloud.env, no_max_runtime_cap=True)
+    ended = [("Stopped", "MaxRuntime")] * (MAX_CONSECUTIVE_CRASHES - 1) + [("Stopped", CRASH_LOOP)]
+    assert record.state == "failed" and [(j.status, j.rule) for j in record.jobs] == ended, record.why
+    assert record.why.startswith(
+        f"{MAX_CONSECUTIVE_CRASHES} jobs of the run in a row ended without a checkpoint past step 0"
+    )
+    assert record.why.endswith(
+        "this job ended because it reached its max runtime "
+        "(StoppingCondition.MaxRuntimeInSeconds) and saved on SIGTERM"
+    )
+    for job in record.jobs:
+        described = cloud.sagemaker.describe_training_job(TrainingJobName=job.name)
+        assert described["SecondaryStatus"] == "MaxRuntimeExceeded"
+        saved = [m for m in described.get("FinalMetricDataList", []) if m["MetricName"] == "train:saved_step"]
+        assert saved == []  # not one checkpoint: none of them made progress
+
+
 def resumed_step(cloud: Cloud, job: str, timeout_s: float = 300) -> int:
     """The step the job's trainer resumed from, by its own log line (trainer.train._resume_or_start)."""
     log = wait_until(lambda: cloud.log_of(job), RESUMED.search, timeout_s)
