@@ -118,11 +118,11 @@ def _find_change_set(backend: Any, change_set_name: str, stack_name: str | None)
 
     if change_set_name in backend.change_sets:  # an ARN
         return backend.change_sets[change_set_name]
-    for change_set in backend.change_sets.values():
-        if change_set.change_set_name == change_set_name and stack_name in (
-            None,
-            change_set.stack_name,
-            change_set.stack_id,
+    for change_set in reversed(backend.change_sets.values()):  # the newest, of a stack that is there
+        if (
+            change_set.change_set_name == change_set_name
+            and change_set.stack_id in backend.stacks
+            and stack_name in (None, change_set.stack_name, change_set.stack_id)
         ):
             return change_set
     raise ValidationError(stack_name or change_set_name)
@@ -196,13 +196,16 @@ def _roll_back(stack: Any, exc: Exception) -> None:
 
 def _delete_stack(self: Any, name_or_stack_id: str) -> None:
     """CloudFormationBackend.delete_stack, for a stack whose exports are not (or no longer) the region's:
-    a rolled-back one, or one still in review."""
+    a rolled-back one, or one still in review. Its change sets go with it, as on AWS."""
     if name_or_stack_id not in self.stacks:
         for stack in list(self.stacks.values()):
             if stack.name == name_or_stack_id:
                 _delete_stack(self, stack.stack_id)
         return
     stack = self.stacks.pop(name_or_stack_id)
+    for change_set_id, change_set in list(self.change_sets.items()):  # a stack's change sets go with it
+        if change_set.stack_id == stack.stack_id:
+            del self.change_sets[change_set_id]
     stack.delete()
     self.deleted_stacks[stack.stack_id] = stack
     _withdraw_exports(self, stack)
