@@ -178,3 +178,12 @@ def test_trainstack_data_prepare_format_chat_writes_the_dataset(base, tmp_path):
         "error: --seq-len: --format chat needs the training sequence length (at least 2 tokens): longer "
         "conversations are dropped, never cut"
     ]
+
+
+def test_the_pretraining_loader_refuses_a_chat_dataset_in_one_line(prepared):
+    from trainer.data.loader import open_source
+
+    _, out, _ = prepared
+    with pytest.raises(TrainstackError, match="loss_mask: a chat dataset") as error:
+        open_source(out, 64, 1000, 0)
+    assert "\n" not in str(error.value)

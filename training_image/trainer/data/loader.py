@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import bisect
 import hashlib
+import json
 import logging
 import queue
 import threading
@@ -210,10 +211,23 @@ def open_source(
     if data_dir is None:
         return SyntheticTokens(vocab, seq_len, seed)
     dataset = read_dataset(Path(data_dir))
+    _refuse_chat(dataset)
     if tokenizer is not None:
         check_tokenizer(read_manifest(dataset.directory), dataset.directory, tokenizer, "data.tokenizer")
     name = f"shards:sha256={dataset.content_sha256[:16]}" + (f"@{uri}" if uri else "")
     return ShardedTokens(dataset, seq_len, vocab, seed, name)
+
+
+def _refuse_chat(dataset: DatasetIndex) -> None:
+    """A chat (fine-tuning) dataset read as token windows would make every token a target and run
+    examples into each other: refused until the trainer has `training.objective: sft` (docs/sft.md)."""
+    index = dataset.directory / INDEX_FILE
+    if dataset.kind == "trainstack" and json.loads(index.read_bytes()).get("loss_mask") is not None:
+        raise TrainstackError(
+            f"{index}: loss_mask: a chat dataset (`data prepare --format chat`); the trainer cannot "
+            "fine-tune on it yet (training.objective: sft, docs/sft.md), and as pretraining data its loss "
+            "mask and example boundaries would be ignored"
+        )
 
 
 def micro_batch_indices(position: int, micro_step: int, rank: int, world: int, micro_batch: int) -> range:
