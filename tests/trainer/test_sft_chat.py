@@ -191,3 +191,21 @@ def test_an_example_longer_than_seq_len_is_dropped_and_counted_never_cut(folders
     assert sorted(e.ids.size for _, _, e in kept) == sorted(s for s in sizes if s <= limit)
     assert counts.too_long == sum(s > limit for s in sizes) == 2
     assert counts.skipped_lines == 0
+
+
+def test_a_line_longer_than_the_record_bound_is_skipped_without_being_held(folders, monkeypatch):
+    import trainer.prepare.chat as chat_module
+
+    monkeypatch.setattr(chat_module, "MAX_RECORD_BYTES", 1000)
+    monkeypatch.setattr(chat_module, "READ_BYTES", 64)
+    good = json.dumps({"messages": CONVERSATIONS[0]})
+    long = json.dumps(
+        {"messages": [{"role": "user", "content": "x" * 5000}, {"role": "assistant", "content": "y"}]}
+    )
+    counts = ChatCounts()
+    stream = io.BytesIO(f"{good}\n{long}\n{good}\n".encode())
+    kept = list(read_examples(stream, ChatTokenizer(folders["qwen2"]), 4096, counts))
+    assert [number for number, _, _ in kept] == [1, 3]
+    assert counts.first_skipped == [
+        f"line 2: a line of {len(long) + 1:,} bytes, over the 1,000-byte bound of one record"
+    ]

@@ -41,9 +41,10 @@ without adding special tokens (the template writes them), as `apply_chat_templat
 
 **Lines that are not a conversation** (invalid JSON, not an object, no `messages` list, a message that
 is not `{role, content}` strings with a known role, no assistant turn, a template's own
-`raise_exception`, no target token) are skipped and counted by reason, the first ones with their line
-numbers. An example longer than `seq_len` tokens is dropped and counted, never cut (a cut conversation
-teaches a reply that stops mid-sentence, or loses its targets altogether).
+`raise_exception`, no target token, longer than trainer.prepare.inputs.MAX_RECORD_BYTES: one line is
+read whole, so it is bounded as the pretraining path bounds a record) are skipped and counted by
+reason, the first ones with their line numbers. An example longer than `seq_len` tokens is dropped and
+counted, never cut (a cut conversation teaches a reply that stops mid-sentence, or loses its targets).
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from trainer.prepare.inputs import MAX_RECORD_BYTES, READ_BYTES
 from trainstack.errors import TrainstackError
 
 if TYPE_CHECKING:
@@ -470,7 +472,20 @@ def read_examples(
 ) -> Iterator[tuple[int, bytes, Example]]:
     """(line number, the line's bytes, its example) of every usable conversation in a binary JSONL
     stream, each at most `seq_len` tokens; everything else is counted in `counts`."""
-    for number, raw in enumerate(stream, start=1):
+    number = 0
+    while raw := stream.readline(MAX_RECORD_BYTES + 1):  # one line in memory, at most the bound
+        number += 1
+        if len(raw) > MAX_RECORD_BYTES and not raw.endswith(b"\n"):
+            size = len(raw)
+            del raw
+            while (rest := stream.readline(READ_BYTES)) and not rest.endswith(b"\n"):
+                size += len(rest)
+            size += len(rest)  # the line's last piece, with its line break
+            counts.lines += 1
+            counts.skip(
+                number, f"a line of {size:,} bytes, over the {MAX_RECORD_BYTES:,}-byte bound of one record"
+            )
+            continue
         if not raw.strip():
             continue
         counts.lines += 1
