@@ -98,6 +98,7 @@ def test_every_exception_gets_a_class_and_the_exit_code_that_says_it(make, kind:
     assert type(exc).__name__ in found.message
 
 
+@pytest.mark.slow  # imports torch (and dynamo): 5-50 s on 2 busy cores
 def test_a_torch_compile_failure_is_deterministic_and_says_how_to_turn_compile_off() -> None:
     """Issue 40 item 5's crash (`torch._dynamo.exc.Unsupported`): the next job would fail the same way;
     `training.compile` may change mid-run, so the line says so."""
@@ -145,6 +146,7 @@ def _python(module: str, *args: str, env: dict[str, str], cwd: Path) -> subproce
     )
 
 
+@pytest.mark.slow  # imports torch (and dynamo): 5-50 s on 2 busy cores
 def test_the_export_jobs_failure_reaches_its_failure_file(tmp_path: Path) -> None:
     """Before: the export printed its error and exited 2; the job's reason was "exit code 2 (no
     /opt/ml/output/failure)"."""
@@ -162,6 +164,7 @@ def test_the_export_jobs_failure_reaches_its_failure_file(tmp_path: Path) -> Non
     assert done.stderr.strip().splitlines()[-1] == "error: " + line.removeprefix("trainstack-fatal exit=2: ")
 
 
+@pytest.mark.slow  # imports torch (and dynamo): 5-50 s on 2 busy cores
 def test_the_processing_jobs_failure_reaches_its_exit_message(tmp_path: Path) -> None:
     message = tmp_path / "message"
     done = _python(
