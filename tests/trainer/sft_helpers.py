@@ -105,6 +105,13 @@ CONVERSATIONS = [
         {"role": "user", "content": 'Ünïcödé: café 東京 🙂 {"json": [1, 2]} <b>html</b> & more'},
         {"role": "assistant", "content": "naïve 🙂 <b>ok</b> & done"},
     ],
+    [  # replies that the role headers contain ("assistant", "system"): found after the header only
+        {"role": "system", "content": "sys"},
+        {"role": "user", "content": "Say a letter."},
+        {"role": "assistant", "content": "a"},
+        {"role": "user", "content": "Now a longer word."},
+        {"role": "assistant", "content": "assist"},
+    ],
 ]
 
 

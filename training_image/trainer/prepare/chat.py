@@ -32,8 +32,10 @@ without adding special tokens (the template writes them), as `apply_chat_templat
   span whose first character is in no token ends the search; one whose last is in no token, or in
   token 0, runs to the end).
 - A template without the marks (most published ones): each assistant turn's content, found in the
-  rendered text after the previous message's (verbatim, else stripped of surrounding white space, as
-  templates that `| trim` it render it), plus the end-of-turn token: the first special token of the
+  rendered text (verbatim, else stripped of surrounding white space, as templates that `| trim` it
+  render it) after the previous message's and after the turn's own header (where the rendering starts
+  with the conversation before the turn rendered with the generation prompt, as it does for the
+  published templates), plus the end-of-turn token: the first special token of the
   tokenizer after the content (`<|eot_id|>`, `<|im_end|>`, `</s>`) with the white-space-only tokens
   before it (Llama 2's `content + ' ' + eos_token`: the model must learn the space too). Where a
   non-space token comes first there is no end-of-turn token to learn and only the content is a target.
@@ -396,6 +398,8 @@ class ChatTokenizer:
         mask = np.zeros(count, dtype=np.uint8)
         cursor = 0
         for i, message in enumerate(messages):
+            if message["role"] == "assistant":
+                cursor = max(cursor, self._prompt_end(text, messages[:i]))
             start, end = _locate(text, message["content"], cursor)
             if start is None:
                 if message["role"] == "assistant":
@@ -419,6 +423,17 @@ class ChatTokenizer:
                 if text[begin:stop].strip():
                     break
         return mask
+
+    def _prompt_end(self, text: str, before: list[dict]) -> int:
+        """Where an assistant turn's text can start: after the conversation before it rendered with the
+        generation prompt (the role header: a reply "a" or "assist" is not found inside
+        "<|im_start|>assistant"), when `text` starts with that rendering; else 0 (the caller's cursor,
+        after the previous message, stands)."""
+        try:
+            prompt, _ = self.render(before, add_generation_prompt=True)
+        except SkippedLine:  # e.g. a template that refuses a conversation not ending as it expects
+            return 0
+        return len(prompt) if text.startswith(prompt) else 0
 
 
 def _locate(text: str, content: str, cursor: int) -> tuple[int | None, int]:
