@@ -1,6 +1,7 @@
-"""Small base-model folders for the fine-tuning tests: a byte-level BPE tokenizer trained here with the
-`tokenizers` library (no hub access), its tokenizer_config.json, and chat templates written after the
-published Llama 3 and Qwen2 ones, with and without `{% generation %}` marks."""
+"""Small base-model folders for the fine-tuning tests: a byte-level BPE tokenizer (or a SentencePiece-style
+one) trained here with the `tokenizers` library (no hub access), its tokenizer_config.json, and chat
+templates written after the published Llama 3, Qwen2 and Mistral ones, with and without
+`{% generation %}` marks."""
 
 from __future__ import annotations
 
@@ -49,6 +50,20 @@ FEATURES = (
     "{% if message['role'] == 'assistant' %}{{ eos_token }}{% endif %}\n{% endfor %}"
     "{{ dict(turns=ns.turns) | tojson }}"
 )
+# Mistral-7B-Instruct-v0.1's template, as published (no system role; the reply straight after [/INST]),
+# for a SentencePiece-style tokenizer (Metaspace, byte fallback).
+MISTRAL = (
+    "{{ bos_token }}{% for message in messages %}"
+    "{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}"
+    "{% if message['role'] == 'user' %}{{ '[INST] ' + message['content'] + ' [/INST]' }}"
+    "{% elif message['role'] == 'assistant' %}{{ message['content'] + eos_token}}"
+    "{% else %}{{ raise_exception('Only user and assistant roles are supported!') }}{% endif %}{% endfor %}"
+)
+MISTRAL_MARKED = MISTRAL.replace(
+    "{{ message['content'] + eos_token}}",
+    "{% generation %}{{ message['content'] + eos_token}}{% endgeneration %}",
+)
 ALTERNATING = (
     "{% for message in messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
     "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}"
@@ -66,6 +81,7 @@ SPECIALS = [
     "<|im_end|>",
     "</s>",
 ]
+SENTENCEPIECE_SPECIALS = ["<unk>", "<s>", "</s>", "[INST]", "[/INST]"]
 CORPUS = [
     "You are a helpful assistant. What is the capital of France? The capital of France is Paris.",
     "system user assistant Hello! How can I help you today? Tell me a joke about cats, please.",
@@ -81,6 +97,8 @@ FAMILIES = {
     "qwen2-marked": (QWEN2_MARKED, None, "<|im_end|>", "<|endoftext|>"),
     "features": (FEATURES, "<|begin_of_text|>", "</s>", None),
     "alternating": (ALTERNATING, None, "</s>", None),
+    "mistral": (MISTRAL, "<s>", "</s>", None),
+    "mistral-marked": (MISTRAL_MARKED, "<s>", "</s>", None),
 }
 CONVERSATIONS = [
     [
@@ -115,9 +133,18 @@ CONVERSATIONS = [
 ]
 
 
-def tokenizer(vocab_size: int = 600):
+def tokenizer(vocab_size: int = 600, sentencepiece: bool = False):
+    """A byte-level BPE (GPT-2, Llama 3, Qwen2 style), or with `sentencepiece` a Metaspace BPE with byte
+    fallback (Llama 2, Mistral style)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
+    if sentencepiece:
+        tok = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True))
+        tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="first")
+        tok.decoder = decoders.Metaspace(replacement="\u2581", prepend_scheme="first")
+        trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SENTENCEPIECE_SPECIALS)
+        tok.train_from_iterator(CORPUS * 20, trainer)
+        return tok
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
@@ -133,7 +160,7 @@ def base_folder(folder: Path, family: str, template_file: bool = False) -> Path:
     (the template in it, or in chat_template.jinja beside it)."""
     template, bos, eos, pad = FAMILIES[family]
     folder.mkdir(parents=True, exist_ok=True)
-    tokenizer().save(str(folder / "tokenizer.json"))
+    tokenizer(sentencepiece=family.startswith("mistral")).save(str(folder / "tokenizer.json"))
     config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "bos_token": bos,

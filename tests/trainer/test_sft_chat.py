@@ -44,12 +44,19 @@ def test_rendered_text_equals_transformers_for_every_conversation(folders, famil
             assert text == expected, (family, conversation, prompt)
 
 
-@pytest.mark.parametrize("family", ["llama3-marked", "qwen2-marked"])
+def conversations_for(family: str) -> list[list[dict]]:
+    """CONVERSATIONS as the family's template takes them (Mistral's has no system role)."""
+    if not family.startswith("mistral"):
+        return CONVERSATIONS
+    return [[m for m in c if m["role"] != "system"] for c in CONVERSATIONS]
+
+
+@pytest.mark.parametrize("family", ["llama3-marked", "qwen2-marked", "mistral-marked"])
 def test_assistant_mask_equals_return_assistant_tokens_mask(folders, family):
     ours = ChatTokenizer(folders[family])
     reference = reference_tokenizer(folders[family])
     assert ours.marked
-    for conversation in CONVERSATIONS:
+    for conversation in conversations_for(family):
         example = ours.encode(conversation)
         expected = reference.apply_chat_template(
             conversation, tokenize=True, return_dict=True, return_assistant_tokens_mask=True
@@ -59,14 +66,14 @@ def test_assistant_mask_equals_return_assistant_tokens_mask(folders, family):
         assert 0 < example.mask.sum() < example.mask.size
 
 
-@pytest.mark.parametrize("family", ["llama3", "qwen2"])
+@pytest.mark.parametrize("family", ["llama3", "qwen2", "mistral"])
 def test_a_template_without_marks_targets_the_content_and_end_of_turn_as_the_marked_one_does(folders, family):
-    """The published Llama 3 / Qwen2 templates have no generation marks; our rule (content plus the
-    end-of-turn token) gives the mask transformers finds with the marked version of the same template."""
+    """The published Llama 3 / Qwen2 / Mistral templates have no generation marks; our rule (content plus
+    the end-of-turn token) gives the mask transformers finds with the marked version of the template."""
     ours = ChatTokenizer(folders[family])
     marked = reference_tokenizer(folders[f"{family}-marked"])
     assert not ours.marked
-    for conversation in CONVERSATIONS:
+    for conversation in conversations_for(family):
         expected = marked.apply_chat_template(
             conversation, return_dict=True, return_assistant_tokens_mask=True
         )
