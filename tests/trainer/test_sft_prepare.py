@@ -187,3 +187,17 @@ def test_the_pretraining_loader_refuses_a_chat_dataset_in_one_line(prepared):
     with pytest.raises(TrainstackError, match="loss_mask: a chat dataset") as error:
         open_source(out, 64, 1000, 0)
     assert "\n" not in str(error.value)
+
+
+def test_an_output_of_other_conversations_or_with_a_live_writer_is_refused(base, prepared, tmp_path):
+    from trainer.prepare.pipeline import writer_lock
+
+    _, out, _ = prepared
+    other = write_jsonl(tmp_path / "other.jsonl", many_conversations(3))
+    settings = dict(seq_len=SEQ_LEN, validation_fraction=0.2, shard_tokens=500)
+    with pytest.raises(TrainstackError, match="holds a dataset prepared from other files"):
+        prepare_chat([str(other)], str(base), str(out), **settings)
+    fresh = tmp_path / "fresh"
+    with writer_lock(str(fresh)), pytest.raises(TrainstackError, match="another data preparation"):
+        prepare_chat([str(other)], str(base), str(fresh), **settings)
+    assert not fresh.exists()  # nothing written beside the live writer

@@ -10,8 +10,9 @@ the base model's tokenizer.json and tokenizer_config.json (or chat_template.jinj
 
 Each input file is one unit of work with a completion marker (`_prepare/done/<id>.json`), as for
 pretraining text: a rerun skips the files already done, `_prepare/config.json` refuses an output made
-with other settings (template, tokenizer, seq_len, validation fraction, shard size), and the root
-manifest.json is written last. Conversations are held out for validation by a hash of the line
+with other settings (template, tokenizer, seq_len, validation fraction, shard size), an output holding
+other files' markers is refused, one writer at a time holds the output (pipeline.writer_lock), and the
+root manifest.json is written last. Conversations are held out for validation by a hash of the line
 (trainer.prepare.inputs.in_validation), into `validation/`, with their masks: validation is a masked
 loss on held-out conversations.
 
@@ -45,9 +46,11 @@ from trainer.prepare.pipeline import (
     TOOL,
     VALIDATION,
     Unit,
+    _other_corpus,
     check_output,
     done_markers,
     list_units,
+    writer_lock,
 )
 from trainer.prepare.shard_writer import ShardWriter
 from trainer.prepare.store import S3Store, open_store, split_s3
@@ -223,46 +226,48 @@ def prepare_chat(
 
     identity = tokenizer_identity(chat.tokenizer_path)
     store = open_store(out)
-    units = list_units(sources, out)
-    if not units:
-        raise TrainstackError(f"{' '.join(sources)}: no JSONL files found")
-    other = next((u for u in units if u.fmt != "jsonl"), None)
-    if other is not None:
-        raise TrainstackError(f"{other.uri}: a {other.fmt} file; --format chat reads JSONL conversations")
-    settings = {
-        "format": DATASET_FORMAT,
-        "kind": "chat",
-        "tokenizer": identity,
-        "chat_template_sha256": chat.template_sha256,
-        "eos_id": chat.eos_id,
-        "dtype": _dtype(chat.vocab_size),
-        "seq_len": seq_len,
-        "validation_fraction": validation_fraction,
-        "shard_tokens": shard_tokens,
-    }
-    check_output(store, settings)
-    done = done_markers(store)
-    pending = [u for u in units if done.get(u.uri, {}).get("size") != u.size]
-    if pending:
-        store.discard(MANIFEST_FILE)  # unfinished until the indexes are rewritten (as pipeline.prepare)
-    print(
-        f"prepare: {len(units)} conversation files, {len(units) - len(pending)} already done; template "
-        f"{chat.template_from} (targets: {chat.targets_rule}); tokenizer {identity[:19]}, vocab "
-        f"{chat.vocab_size}; seq_len {seq_len}; output {store.uri}",
-        file=sys.stderr,
-        flush=True,
-    )
-    with tempfile.TemporaryDirectory(prefix="trainstack-prepare-") as scratch:
-        for unit in pending:
-            marker = _process(unit, chat, store, settings, Path(scratch))
-            if marker["skipped_records"]:
-                print(
-                    f"prepare: {unit.uri}: {marker['skipped_records']} line(s) skipped (first: "
-                    f"{marker['first_skipped'][0]})",
-                    file=sys.stderr,
-                    flush=True,
-                )
-    return write_chat_indexes(store, chat, settings, [u.uri for u in units])
+    with writer_lock(out):  # one writer per output on this machine, as for text (pipeline.writer_lock)
+        units = list_units(sources, out)
+        if not units:
+            raise TrainstackError(f"{' '.join(sources)}: no JSONL files found")
+        other = next((u for u in units if u.fmt != "jsonl"), None)
+        if other is not None:
+            raise TrainstackError(f"{other.uri}: a {other.fmt} file; --format chat reads JSONL conversations")
+        settings = {
+            "format": DATASET_FORMAT,
+            "kind": "chat",
+            "tokenizer": identity,
+            "chat_template_sha256": chat.template_sha256,
+            "eos_id": chat.eos_id,
+            "dtype": _dtype(chat.vocab_size),
+            "seq_len": seq_len,
+            "validation_fraction": validation_fraction,
+            "shard_tokens": shard_tokens,
+        }
+        check_output(store, settings)
+        # Files finished earlier that are not among these inputs: another corpus, refused as for text.
+        done = _other_corpus(store, done_markers(store), units, overwrite=False)
+        pending = [u for u in units if done.get(u.uri, {}).get("size") != u.size]
+        if pending:
+            store.discard(MANIFEST_FILE)  # unfinished until the indexes are rewritten (as pipeline.prepare)
+        print(
+            f"prepare: {len(units)} conversation files, {len(units) - len(pending)} already done; template "
+            f"{chat.template_from} (targets: {chat.targets_rule}); tokenizer {identity[:19]}, vocab "
+            f"{chat.vocab_size}; seq_len {seq_len}; output {store.uri}",
+            file=sys.stderr,
+            flush=True,
+        )
+        with tempfile.TemporaryDirectory(prefix="trainstack-prepare-") as scratch:
+            for unit in pending:
+                marker = _process(unit, chat, store, settings, Path(scratch))
+                if marker["skipped_records"]:
+                    print(
+                        f"prepare: {unit.uri}: {marker['skipped_records']} line(s) skipped (first: "
+                        f"{marker['first_skipped'][0]})",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+        return write_chat_indexes(store, chat, settings, [u.uri for u in units])
 
 
 def write_chat_indexes(store, chat: ChatTokenizer, settings: dict, uris: list[str]) -> dict:
