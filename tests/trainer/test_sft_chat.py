@@ -216,3 +216,22 @@ def test_a_line_longer_than_the_record_bound_is_skipped_without_being_held(folde
     assert counts.first_skipped == [
         f"line 2: a line of {len(long) + 1:,} bytes, over the 1,000-byte bound of one record"
     ]
+
+
+def test_a_conversation_that_cannot_fit_is_dropped_without_being_tokenized(folders, monkeypatch):
+    ours = ChatTokenizer(folders["qwen2"])
+    encoded = []
+    original = ours.tokenizer
+    monkeypatch.setattr(
+        ours,
+        "tokenizer",
+        type("Spy", (), {"encode": lambda s, t, **k: encoded.append(t) or original.encode(t, **k)})(),
+    )
+    huge = [{"role": "user", "content": "x" * 200_000}, {"role": "assistant", "content": "ok"}]
+    counts = ChatCounts()
+    stream = io.BytesIO(
+        (json.dumps({"messages": huge}) + "\n" + json.dumps({"messages": CONVERSATIONS[0]}) + "\n").encode()
+    )
+    kept = list(read_examples(stream, ours, 512, counts))
+    assert [n for n, _, _ in kept] == [2] and counts.too_long == 1
+    assert len(encoded) == 1 and len(encoded[0]) < 1000  # only the conversation that fits was encoded

@@ -91,6 +91,10 @@ class SkippedLine(Exception):
     """A line that is not a usable conversation; the message is the reason, without the line number."""
 
 
+class TooLong(Exception):
+    """A conversation whose rendered text is certainly longer than the token limit (not tokenized)."""
+
+
 # --- the template ------------------------------------------------------------------------------------
 
 
@@ -352,6 +356,9 @@ class ChatTokenizer:
             ) from None
         self.tokenizer_path = tokenizer_path
         self.vocab_size = self.tokenizer.get_vocab_size(True)
+        # Characters one token can stand for, at most (twice the longest token string: normalizers such
+        # as NFKC can expand a character), so a text longer than limit * this has more than `limit` tokens.
+        self.max_token_chars = 2 * max(len(t) for t in self.tokenizer.get_vocab(True))
         self.special_ids = frozenset(
             i for i, t in self.tokenizer.get_added_tokens_decoder().items() if t.special
         )
@@ -378,10 +385,15 @@ class ChatTokenizer:
         except jinja2.exceptions.TemplateError as exc:  # raise_exception, an undefined name, ...
             raise SkippedLine(f"the chat template refused it: {' '.join(str(exc).split())[:200]}") from None
 
-    def encode(self, messages: list[dict]) -> Example:
+    def encode(self, messages: list[dict], max_tokens: int | None = None) -> Example:
+        """The conversation's ids and mask; TooLong, without tokenizing, when its text cannot fit in
+        `max_tokens` (the tokenizer holds ~100 bytes per character of one text: a multi-megabyte
+        conversation, which no training sequence holds anyway, is never encoded)."""
         import numpy as np
 
         text, spans = self.render(messages)
+        if max_tokens is not None and len(text) > max_tokens * self.max_token_chars:
+            raise TooLong
         encoding = self.tokenizer.encode(text, add_special_tokens=False)
         ids = np.asarray(encoding.ids, dtype=np.int64)
         if self.marked:
@@ -507,9 +519,12 @@ def read_examples(
         try:
             if number == 1 and raw.startswith(b"\xef\xbb\xbf"):  # a byte-order mark opens some exports
                 raw = raw[3:]
-            example = chat.encode(conversation(raw))
+            example = chat.encode(conversation(raw), max_tokens=seq_len)
         except SkippedLine as exc:
             counts.skip(number, str(exc))
+            continue
+        except TooLong:
+            counts.too_long += 1
             continue
         if example.ids.size > seq_len:
             counts.too_long += 1
