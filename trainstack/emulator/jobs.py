@@ -436,8 +436,32 @@ class LocalJob:
             )
         finally:
             _kill_trees(self.processes())
+            self._discard_copies()
             with _LOCK:
                 _RUNNING.pop(self.name, None)
+
+    def _discard_copies(self) -> None:
+        """Delete what this job copied from S3 once it has ended (on SageMaker the instance and its disk
+        go away): each node's input channels (File and FastFile copies, a base model's included) and,
+        when it went back to S3, the restored checkpoint folder (LocalPath). The token data alone made
+        420 MB for 42 tiny jobs. Kept, as a user needs them: the node's log, its config files,
+        output/failure and message, model/ and output/data (uploaded too)."""
+        import shutil
+
+        spec = getattr(self, "_spec_used", None)
+        if spec is None:
+            return
+        checkpoint = spec.get("checkpoint") if getattr(self, "_uploaded", False) else None
+        for node in self.nodes:
+            copies = [Path(map_opt_ml(item["local"], node.root)) for item in spec["inputs"]]
+            if checkpoint:
+                copies.append(
+                    Path(map_opt_ml(checkpoint.get("LocalPath") or "/opt/ml/checkpoints", node.root))
+                )
+            for copy in copies:
+                # Only under the node's own folder: a LocalPath outside it is the container's business.
+                if copy.is_dir() and copy.resolve().is_relative_to(node.root.resolve()):
+                    shutil.rmtree(copy, ignore_errors=True)
 
     def _fail(self, reason: str) -> None:
         if self.killed:
@@ -476,6 +500,7 @@ class LocalJob:
                 "channels": [c for c in spec["channels"] if c.get("ChannelName") != BASE_CHANNEL],
             }
             notes = [*notes, f"the stand-in reads no base model: channel '{BASE_CHANNEL}' not copied"]
+        self._spec_used = spec  # what the job copies, for _discard_copies when it ends
         if self.stop_reason:
             return self._end_stopped()
         for note in notes:
@@ -840,6 +865,7 @@ class LocalJob:
             for node in self.nodes:
                 local = Path(map_opt_ml(checkpoint.get("LocalPath") or "/opt/ml/checkpoints", node.root))
                 _upload_folder(s3, local, checkpoint["S3Uri"])
+        self._uploaded = True  # the checkpoint folders are in S3: their local copies may go
         tensorboard = spec.get("tensorboard")
         if tensorboard:
             local = Path(map_opt_ml(tensorboard.get("LocalPath") or "/opt/ml/output/tensorboard", first))

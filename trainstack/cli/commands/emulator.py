@@ -50,6 +50,8 @@ def start(
     when the dev extra's mlflow is installed), where `--local` runs are tracked; its URL is recorded too.
 
     Prints the `export` line for other shells; `eval "$(trainstack emulator env)"` sets it in this one.
+    The emulator keeps its state in memory: a new one starts empty (it says so, and names the one before
+    it when that one died).
     Exit status 0 (also when one is already running), 2 when it cannot start.
 
     Example: trainstack emulator start && eval "$(trainstack emulator env)"
@@ -62,6 +64,7 @@ def start(
     else:
         from trainstack.emulator import mlflow_server
 
+        before = emu.read_state(emu.STATE_FILE)  # a stale record: an emulator here that died
         emu.stop_recorded()  # a stale record (its server died): remove it
         emu.LOG_FILE.parent.mkdir(parents=True, exist_ok=True)
         tracker = mlflow_server.launch_beside()  # starts while moto does; None without the mlflow package
@@ -76,8 +79,24 @@ def start(
         emu.write_state(server.endpoint, server.pid or 0, log=emu.LOG_FILE, mlflow=tracker)
         state = emu.read_state(emu.STATE_FILE) or {"endpoint": server.endpoint, "pid": server.pid}
         typer.echo(f"started the local AWS emulator on {_describe(state)}")
+        typer.echo(_memory_line(before))
     typer.echo("stop it with `trainstack emulator stop`; for AWS tools in another shell:")
     typer.echo(emu.export_line(emu.env_for(state["endpoint"])))
+
+
+def _memory_line(before: dict | None) -> str:
+    """moto keeps every bucket, stack, run registry and job in its process's memory: a new server starts
+    empty, which a user who deployed into the last one must hear, once, when it starts."""
+    gone = (
+        f"the emulator that ran here before ({before['endpoint']}, pid {before.get('pid')}) is gone, and "
+        "its state with it: "
+        if before
+        else ""
+    )
+    return (
+        f"note: {gone}the emulator keeps its state in memory only: buckets, deployed stacks, runs and jobs "
+        "last until it stops (redeploy after a restart: `npx cdk deploy --all -c recipe=... --method=direct`)"
+    )
 
 
 @emulator_app.command("status")
@@ -104,14 +123,19 @@ def status() -> None:
 
 @emulator_app.command("stop")
 def stop() -> None:
-    """Stop the recorded emulator (its server process) and remove the record. Exit status 0."""
+    """Stop the recorded emulator (its server process) and remove the record. Exit status 0.
+
+    Its state (buckets, stacks, runs, jobs) is in the server's memory and goes with it."""
     from trainstack.emulator import endpoint as emu
 
     stopped = emu.stop_recorded()
     if stopped is None:
         typer.echo("no local AWS emulator was running here")
     else:
-        typer.echo(f"stopped the local AWS emulator on {stopped['endpoint']} (pid {stopped.get('pid')})")
+        typer.echo(
+            f"stopped the local AWS emulator on {stopped['endpoint']} (pid {stopped.get('pid')}); its state "
+            "(buckets, stacks, runs, jobs) was in its memory and is gone"
+        )
 
 
 @emulator_app.command("env")

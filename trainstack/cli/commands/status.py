@@ -174,7 +174,10 @@ def _collect(clients: Any, prefix: str, recipe: Any, team: str | None, plan: Any
     try:
         jobs = find_jobs(clients.sagemaker, prefix, limit)
         reports = [
-            assess(job, latest_metrics(clients.cloudwatch, job, now), recipe, plan, now) for job in jobs
+            _with_latest_losses(
+                clients.logs, assess(job, latest_metrics(clients.cloudwatch, job, now), recipe, plan, now)
+            )
+            for job in jobs
         ]
         trends = {job.name: metric_history(clients.cloudwatch, job, now) for job in jobs}
         restarts = measured_restarts(clients.sagemaker, jobs, trends)
@@ -199,6 +202,54 @@ def _collect(clients: Any, prefix: str, recipe: Any, team: str | None, plan: Any
     for e in sorted(executions, key=lambda e: e.started):  # the newest attempt per job
         by_job[job_of_execution(e.name)] = e
     return Snapshot(reports, by_job, pending, machine is not None, trends, restarts)
+
+
+# GetLogEvents returns at most 10,000 events (1 MB) a call; the newest 1,000 lines hold the last log
+# step's line of any run that logs, and on most runs its last validation's too.
+LATEST_LINES = 1000
+LATEST_KEYS = ("loss", "val_loss")
+
+
+def latest_values(messages: list[str], keys: tuple[str, ...] = LATEST_KEYS) -> dict[str, float]:
+    """The newest finite value of each metric in log lines given oldest first, as the trainer printed
+    it (the MetricDefinitions' own regexes, trainstack.protocol.metrics): pure."""
+    import math
+    import re
+
+    from trainstack.protocol.metrics import FIELD_BY_KEY
+
+    found: dict[str, float] = {}
+    for message in reversed(messages):
+        for key in keys:
+            if key in found:
+                continue
+            match = re.search(FIELD_BY_KEY[key].regex, message)
+            if match and math.isfinite(value := float(match.group(1))):
+                found[key] = value
+        if len(found) == len(keys):
+            break
+    return found
+
+
+def _with_latest_losses(logs: Any, report: Any) -> Any:
+    """The report with loss and val_loss as the trainer last printed them. CloudWatch keeps SageMaker's
+    metrics per minute and status asks for each minute's average, which for loss is a mean of every log
+    step in that minute, not the latest value; the job's log has the line itself. A value not in the
+    newest lines (a validation long ago) stays CloudWatch's."""
+    from dataclasses import replace
+
+    from trainstack.aws.runs import LOG_GROUP, log_streams
+
+    found: dict[str, float] = {}
+    for stream in log_streams(logs, report.job.name):  # algo-1 first: rank 0 prints the metric line
+        events = logs.get_log_events(
+            logGroupName=LOG_GROUP, logStreamName=stream, startFromHead=False, limit=LATEST_LINES
+        )["events"]
+        for key, value in latest_values([e["message"] for e in events]).items():
+            found.setdefault(key, value)
+        if len(found) == len(LATEST_KEYS):
+            break
+    return replace(report, **found) if found else report
 
 
 def measured_restarts(sagemaker: Any, jobs: list, trends: dict[str, dict[str, list]]) -> dict[str, Any]:
