@@ -136,15 +136,38 @@ def test_a_base_folder_without_a_usable_template_is_one_line(tmp_path, config, m
     assert "\n" not in str(error.value)
 
 
-def test_the_sandbox_refuses_underscore_names_as_transformers_does(tmp_path):
-    from jinja2.exceptions import SecurityError
-
+@pytest.mark.parametrize(
+    "template", ["{% set ns = namespace(_secret=1) %}{{ messages }}", "{{ messages.__class__.__mro__ }}"]
+)
+def test_what_the_sandbox_refuses_stops_the_preparation_in_one_line(tmp_path, template):
     folder = base_folder(tmp_path / "base", "llama3")
     config = json.loads((folder / "tokenizer_config.json").read_text())
-    config["chat_template"] = "{% set ns = namespace(_secret=1) %}{{ messages }}"
+    config["chat_template"] = template
     (folder / "tokenizer_config.json").write_text(json.dumps(config))
-    with pytest.raises(SecurityError):
+    with pytest.raises(
+        TrainstackError, match="tokenizer_config.json: the chat template does what the sandbox"
+    ):
         ChatTokenizer(folder).render(CONVERSATIONS[0])
+    with pytest.raises(Exception, match="unsafe|underscore") as reference:
+        reference_tokenizer(folder).apply_chat_template(CONVERSATIONS[0], tokenize=False)
+    assert type(reference.value).__name__ == "SecurityError"  # transformers refuses it too
+
+
+def test_a_template_that_fails_on_a_conversation_skips_that_line(folders, tmp_path):
+    folder = base_folder(tmp_path / "base", "llama3")
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config["chat_template"] = (
+        "{% for m in messages %}{{ m.content + (1 if m.content == 'boom' else '') }}{% endfor %}"
+    )
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    boom = [{"role": "user", "content": "boom"}, {"role": "assistant", "content": "x"}]
+    counts = ChatCounts()
+    stream = io.BytesIO(
+        "".join(json.dumps({"messages": c}) + "\n" for c in (boom, CONVERSATIONS[0])).encode()
+    )
+    kept = list(read_examples(stream, ChatTokenizer(folder), 4096, counts))
+    assert [n for n, _, _ in kept] == [2]
+    assert counts.first_skipped[0].startswith("line 1: the chat template failed on it (TypeError: ")
 
 
 def test_lines_that_are_not_conversations_are_counted_and_named_by_line(folders):

@@ -380,10 +380,16 @@ class ChatTokenizer:
         jinja2 = _jinja()
         try:
             return render(self.template, messages, self.variables, add_generation_prompt)
-        except jinja2.exceptions.SecurityError:
-            raise
+        except jinja2.exceptions.SecurityError as exc:  # the template, not the line: stop, in one line
+            raise TrainstackError(
+                f"{self.base / self.template_from.split()[0]}: the chat template does what the sandbox "
+                f"refuses ({' '.join(str(exc).split())[:200]})"
+            ) from None
         except jinja2.exceptions.TemplateError as exc:  # raise_exception, an undefined name, ...
             raise SkippedLine(f"the chat template refused it: {' '.join(str(exc).split())[:200]}") from None
+        except Exception as exc:  # e.g. a TypeError of the template's own expressions on this conversation
+            detail = " ".join(str(exc).split())[:200]
+            raise SkippedLine(f"the chat template failed on it ({type(exc).__name__}: {detail})") from None
 
     def encode(self, messages: list[dict], max_tokens: int | None = None) -> Example:
         """The conversation's ids and mask; TooLong, without tokenizing, when its text cannot fit in
