@@ -201,3 +201,26 @@ def test_an_output_of_other_conversations_or_with_a_live_writer_is_refused(base,
     with writer_lock(str(fresh)), pytest.raises(TrainstackError, match="another data preparation"):
         prepare_chat([str(other)], str(base), str(fresh), **settings)
     assert not fresh.exists()  # nothing written beside the live writer
+
+
+def test_a_preparation_stopped_by_a_damaged_file_resumes_to_the_same_dataset(base, tmp_path, capsys):
+    import gzip
+
+    conversations = many_conversations(20)
+    write_jsonl(tmp_path / "in" / "a.jsonl", conversations[:10])
+    damaged = tmp_path / "in" / "b.jsonl.gz"
+    whole = gzip.compress("".join(json.dumps({"messages": c}) + "\n" for c in conversations[10:]).encode())
+    damaged.write_bytes(whole[: len(whole) // 2])  # a truncated copy
+    out = tmp_path / "out"
+    settings = dict(seq_len=SEQ_LEN * 10, validation_fraction=0.0, shard_tokens=300)
+    with pytest.raises(TrainstackError, match=r"b.jsonl.gz: cannot be read"):
+        prepare_chat([str(tmp_path / "in")], str(base), str(out), **settings)
+    assert not (out / "manifest.json").exists()  # visibly unfinished
+    assert not [p for p in (out / "shards").iterdir() if p.name.startswith("b-")]  # nothing of b kept
+    damaged.write_bytes(whole)
+    capsys.readouterr()
+    resumed = prepare_chat([str(tmp_path / "in")], str(base), str(out), **settings)
+    assert "1 already done" in capsys.readouterr().err
+    fresh = prepare_chat([str(tmp_path / "in")], str(base), str(tmp_path / "fresh"), **settings)
+    assert resumed["chat"]["examples"] == fresh["chat"]["examples"] == 20
+    assert (out / "index.json").read_bytes() == (tmp_path / "fresh" / "index.json").read_bytes()
