@@ -96,3 +96,22 @@ def test_a_refused_launch_of_a_recipe_file_suggests_a_deploy_that_resolves_that_
     config = load({"recipe": context_recipe, "emulator": "true"}, {}, base_image_resolver=lambda *a: "img")
     assert config.deployments[0].recipe.name == "cpt-small"
     assert no_jobs(emulator)
+
+
+def test_a_base_the_job_cannot_reach_is_noted_by_plan_and_skipped_for_the_emulators_stand_in(
+    emulator, tmp_path
+):
+    """plan needs no AWS: a base it cannot read is one note on stderr, the plan stands. On the emulator
+    30b-fp8 trains as a stand-in from random weights (its base, in a bucket only a README names, is never
+    read): launch --local does not refuse it for that base, and goes on to say what is missing."""
+    recipe = recipe_file(tmp_path, "s3://no-such-bucket/llama/", tied=False)
+    planned = cli(emulator, "plan", recipe, "-q", local=False)
+    assert planned.exit_code == 0, planned.output
+    assert (
+        "note: model.init_from: s3://no-such-bucket/llama/config.json: bucket no-such-bucket does not exist"
+        in (planned.output)
+    )
+    launched = cli(emulator, "launch", "30b-fp8")
+    assert launched.exit_code == 2
+    assert launched.output.startswith("error: stack Trainstack-platform-30b-fp8-Launcher is not deployed")
+    assert no_jobs(emulator)

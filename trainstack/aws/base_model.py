@@ -10,6 +10,7 @@ naming the field, the recipe's value and the base's.
     base_problem(shape, config, where)   -> the one line, or None (pure)
     read_base_config(init_from, s3)      -> (config, where), or TrainstackError saying why it cannot be read
     check_init_from(recipe, s3)          -> raises TrainstackError (exit 2) on a mismatch or a missing base
+    check_for_launch(recipe, s3, local)  -> check_init_from, but not for a stand-in the emulator would train
     check_for_plan(recipe, local)        -> the same for `plan`, which notes (stderr) a base it cannot read
 """
 
@@ -26,8 +27,7 @@ WHAT = "model.init_from"
 
 
 class BaseUnreadable(TrainstackError):
-    """The base could not be read here (no AWS access, access denied, no network): `plan` notes it and goes
-    on (planning needs no AWS); `launch` refuses, since the run's jobs would need it."""
+    """The base could not be read here (no AWS access, access denied, no network)."""
 
 
 def config_key(init_from: str) -> tuple[str, str]:
@@ -94,7 +94,10 @@ def check_init_from(recipe: Recipe, s3: Any | None) -> None:
     if not init_from:
         return
     config, where = read_base_config(init_from, s3)
-    problem = base_problem(recipe.model, config, where)
+    _refuse(base_problem(recipe.model, config, where))
+
+
+def _refuse(problem: str | None) -> None:
     if problem is not None:
         raise TrainstackError(
             f"{problem}: the trainer would refuse it at step 0, after the nodes are paid for "
@@ -102,14 +105,41 @@ def check_init_from(recipe: Recipe, s3: Any | None) -> None:
         )
 
 
+def trains_a_stand_in(recipe: Recipe) -> bool:
+    """EMULATOR: whether the emulator would train a stand-in of `recipe` on this machine, which starts
+    from random weights (trainstack.emulator.stand_in drops model.init_from): its base is never read."""
+    import os
+
+    from trainstack.emulator import stand_in
+    from trainstack.emulator.jobs import RANKS_PER_NODE
+    from trainstack.recipes.schema import to_hyperparameters
+
+    decided = stand_in.decide(
+        to_hyperparameters(recipe),
+        recipe.compute.instance_count,
+        RANKS_PER_NODE,
+        stand_in.host_memory_bytes(),
+        os.cpu_count() or 1,
+    )
+    return decided.note is not None
+
+
+def check_for_launch(recipe: Recipe, s3: Any, local: bool) -> None:
+    """`launch`'s check: every base the run's first job would read (on the emulator, not a stand-in's)."""
+    if local and recipe.model.init_from and trains_a_stand_in(recipe):
+        return
+    check_init_from(recipe, s3)
+
+
 def check_for_plan(recipe: Recipe, local: bool) -> None:
     """`plan`'s check: a local folder always; an s3:// base through the emulator's S3 with --local, else
-    through AWS when this machine has access. A base that cannot be read here is noted on stderr and the
-    plan stands (a plan needs no AWS); a mismatch, a missing config.json or bucket refuse (exit 2)."""
+    through AWS when this machine has access. A plan needs no AWS: a base that cannot be read here (no
+    access, another account's bucket, not uploaded yet) is noted on stderr and the plan stands (`launch`
+    refuses it); a base that differs from the recipe refuses the plan (exit 2)."""
     import sys
 
     init_from = recipe.model.init_from
-    if not init_from:
+    if not init_from or (local and trains_a_stand_in(recipe)):
         return
     s3 = None
     if init_from.startswith("s3://"):
@@ -123,6 +153,8 @@ def check_for_plan(recipe: Recipe, local: bool) -> None:
             print(f"note: {WHAT}: {init_from}: not checked ({' '.join(str(error).split())})", file=sys.stderr)
             return
     try:
-        check_init_from(recipe, s3)
-    except BaseUnreadable as error:
-        print(f"note: {error}; not checked (`launch` checks it)", file=sys.stderr)
+        config, where = read_base_config(init_from, s3)
+    except TrainstackError as error:
+        print(f"note: {error}; not checked (`launch` refuses a base it cannot read)", file=sys.stderr)
+        return
+    _refuse(base_problem(recipe.model, config, where))

@@ -162,11 +162,11 @@ def launch(
     from trainstack.aws.session import Aws, explain
 
     aws = Aws(local=local)
-    from trainstack.aws.base_model import check_init_from
+    from trainstack.aws.base_model import check_for_launch
 
     # The base model is read where the job would read it (this S3, never the instance) before any job
     # exists: a recipe whose shape differs from it would fail every job of the run at step 0.
-    check_init_from(run_recipe, aws.client("s3"))
+    check_for_launch(run_recipe, aws.client("s3"), local)
     stacks = deployed(aws, naming.stack_prefix(deployed_recipe, team), hint)
     deployed_hash, local_hash = stacks.launcher.get("RecipeHash"), naming.recipe_hash(deployed_recipe)
     if deployed_hash != local_hash:
