@@ -136,7 +136,14 @@ def test_the_largest_run_record_fits_one_dynamodb_item() -> None:
     from trainstack.aws.export_job import EXPORTS_PER_RUN
     from trainstack.aws.registry import HISTORY_MAX, ITEM_MAX, WHAT_MAX, WHO_MAX, item_bytes
     from trainstack.aws.request_check import longest_run_id, requests_for
-    from trainstack.aws.supervisor import CAPACITY_BUDGET_WHY, JOB_LIMIT_WHY, NEXT, RULES, Outcome
+    from trainstack.aws.supervisor import (
+        CAPACITY_BUDGET_WHY,
+        CRASH_LOOP_WHY,
+        JOB_LIMIT_WHY,
+        NEXT,
+        RULES,
+        Outcome,
+    )
     from trainstack.protocol.exit_codes import FAILURE_REASON_MAX
     from trainstack.recipes import naming
     from trainstack.recipes.schema import to_hyperparameters
@@ -153,7 +160,7 @@ def test_the_largest_run_record_fits_one_dynamodb_item() -> None:
     jobs = [naming.job_of_run(run, i) for i in range(1, naming.JOB_INDEX_MAX + 1)]
     text = lambda n: {"S": "x" * n}  # noqa: E731
     entry = {"at": "2026-12-01T00:00:00.000000+00:00", "who": "w" * WHO_MAX, "what": "w" * WHAT_MAX}
-    why = max(len(JOB_LIMIT_WHY), len(CAPACITY_BUDGET_WHY)) + 400 + FAILURE_REASON_MAX
+    why = max(len(JOB_LIMIT_WHY), len(CAPACITY_BUDGET_WHY), len(CRASH_LOOP_WHY)) + 400 + FAILURE_REASON_MAX
     item = {
         "run": {"S": run},
         "run_id": text(naming.RUN_ID_MAX),

@@ -52,6 +52,19 @@ QUOTES_INTERNAL = "AlgorithmError: " + failure_line(
 QUOTES_CAPACITY = "AlgorithmError: " + failure_line(
     1, "RuntimeError: CapacityError: data loader pool exhausted"
 )
+CODE_BUG = "AlgorithmError: " + failure_line(
+    6,
+    "deterministic code: TypeError: 'NoneType' object is not subscriptable (trainer/train.py:428 in "
+    "_forward_backward); not retried: fix it, build the image, then resume RUN --set image.uri=...",
+)
+MISSING_BUCKET = "AlgorithmError: " + failure_line(
+    7,
+    "deterministic missing resource: S3Exception: Service error: The bucket does not exist (trainer/"
+    "storage.py:252 in read); not retried: create it or grant the job's role access to it",
+)
+PEER_LOST = "AlgorithmError: " + failure_line(
+    1, "possibly transient: DistNetworkError: Connection reset by peer; retried by the run's next job"
+)
 CASES = [
     Case("max-runtime", "Stopped", "MaxRuntimeExceeded", outcome="next_job", rule="MaxRuntime"),
     Case("spot-interrupted", "Stopped", "Interrupted", outcome="next_job", rule="SpotInterrupted"),
@@ -132,6 +145,11 @@ CASES = [
     ),
     Case("stopped-elsewhere", "Stopped", "Stopped", outcome="stopped", rule="StoppedElsewhere"),
     Case("fatal-nan", "Failed", "Failed", FATAL, outcome="failed", rule="Fatal"),
+    # Every uncaught exception's line (trainstack.protocol.failures): deterministic ones end the run on
+    # their first job (issue 40: a missing bucket or a bug was a crash, three jobs), transient ones crash.
+    Case("fatal-code-bug", "Failed", "Failed", CODE_BUG, outcome="failed", rule="Fatal"),
+    Case("fatal-missing-resource", "Failed", "Failed", MISSING_BUCKET, outcome="failed", rule="Fatal"),
+    Case("transient-peer-lost", "Failed", "Failed", PEER_LOST, outcome="next_job", rule="Crashed"),
     Case(
         "client-error",
         "Failed",

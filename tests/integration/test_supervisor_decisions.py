@@ -118,7 +118,7 @@ def test_the_trainers_fatal_exit_codes_end_the_run_and_its_other_failures_do_not
     from trainstack.protocol.exit_codes import FATAL, failure_line
 
     run = RunRecord("ts-p-r--x", "running", "ts-p-r--x-1", 1)
-    for code in (1, 2, 3, 4, 137):
+    for code in (1, 2, 3, 4, 5, 6, 7, 137):
         reason = f"AlgorithmError: {failure_line(code, 'boom')}"
         action = next_action(run, EndedJob("ts-p-r--x-1", "Failed", "Failed", reason))
         assert (action.outcome is Outcome.FAILED) is (code in FATAL), code

@@ -61,6 +61,15 @@ def test_the_export_job_reports_the_step_it_exported_in_a_metric_sagemaker_reads
         bucket_name="b",
     )
     (definition,) = request["AlgorithmSpecification"]["MetricDefinitions"]
+    # CreateTrainingJob's MetricDefinition: Name 1-255, Regex 1-500 characters, at most 40 of them
+    # (SageMaker API reference; the same in botocore's service model, read here).
+    import botocore.session
+
+    model = botocore.session.get_session().get_service_model("sagemaker")
+    shape = model.shape_for("MetricDefinition").members
+    listed = model.shape_for("MetricDefinitionList").metadata
+    assert shape["Name"].metadata["max"] == 255 and shape["Regex"].metadata["max"] == 500
+    assert listed["max"] == 40 and len(request["AlgorithmSpecification"]["MetricDefinitions"]) <= 40
     assert definition["Name"] == EXPORTED_STEP_METRIC and 1 <= len(definition["Regex"]) <= 500
     # The export's last line (trainer.export.hf_folder.main).
     line = "exported step 120 to s3://b/exports/x/main/step-120/: 4 file(s), 0.01 GB bf16 in 1.2 s"
