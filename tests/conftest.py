@@ -6,7 +6,8 @@
   fault and multi-node suites.
 
 A module says its tier with `pytestmark = pytest.mark.fast` (or `slow`); a `slow` mark on one test of a fast
-module moves that test alone. A test with neither is a collection error naming its file, so a new module
+module moves that test alone. Not the other way round: `-m "not slow"` deselects every test that carries a
+slow mark at any level, so a fast test inside a slow module would silently leave the fast tier. A test with neither is a collection error naming its file, so a new module
 cannot silently fall out of both tiers (tests/test_suite_grouping.py pins this rule on a throwaway tree).
 """
 
@@ -18,7 +19,7 @@ TIERS = ("fast", "slow")
 
 
 def tier_of(item: pytest.Item) -> str | None:
-    """`slow` wins over `fast` (a slow test inside a fast module); None: the test belongs to no tier."""
+    """`slow` wins over `fast`, as `-m "not slow"` sees it; None: the test belongs to no tier."""
     marks = {mark.name for mark in item.iter_markers() if mark.name in TIERS}
     if "slow" in marks:
         return "slow"

@@ -20,7 +20,9 @@ from trainstack.aws.supervisor import CRASH_LOOP, MAX_CONSECUTIVE_CRASHES
 from trainstack.emulator import events as emulator_events
 from trainstack.emulator.endpoint import ACCOUNT, REGION, Emulator
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("whole-runs")]
+# The fast tier's one whole run is the first test (max runtime -> the supervisor's next job -> completed);
+# every other test here is the slow tier.
+pytestmark = [pytest.mark.fast, pytest.mark.xdist_group("whole-runs")]
 RECIPE = "tests/integration/fixtures/whole-run.yaml"
 RECIPE_NAME = "whole-run"
 DATA_STACK = f"Trainstack-platform-{RECIPE_NAME}-Data"
@@ -62,12 +64,13 @@ def jobs_of(record) -> list[tuple[str, str, str, str]]:
     return [(j.name, j.status, j.secondary_status, j.rule) for j in record.jobs]
 
 
-def test_a_run_continues_after_its_max_runtime_and_a_stop_and_completes_from_its_checkpoints(
+def test_a_run_whose_first_job_reaches_its_max_runtime_is_completed_by_the_supervisors_next_job(
     cloud: Cloud,
 ) -> None:
-    """Job 1 reaches its max runtime (SIGTERM: the trainer saves and exits), the supervisor starts job 2,
-    which resumes from that save; a user stops job 2 (`trainstack stop`: the trainer saves again) and
-    resumes the run; job 3 resumes and completes the run's steps. One checkpoint prefix throughout."""
+    """The fast tier's whole run. Job 1 reaches its max runtime (SIGTERM: the trainer saves and exits),
+    the supervisor starts job 2 by itself when job 1's Stopped event arrives, job 2 resumes from that
+    save and completes the run's steps. One checkpoint prefix throughout; the completed run is not
+    stopped, resumed or launched again."""
     emulator_events.configure(cloud.env, max_runtime_cap_seconds=FIRST_JOB_RUNTIME_S)
     try:
         first, _ = cloud.launch(RECIPE, None, "--name", "long")
@@ -75,7 +78,6 @@ def test_a_run_continues_after_its_max_runtime_and_a_stop_and_completes_from_its
         emulator_events.configure(cloud.env, no_max_runtime_cap=True)
     run = first.rsplit("-", 1)[0]
 
-    # Job 2 is started by the supervisor alone, when job 1's Stopped event arrives.
     second = f"{run}-2"
     record = wait_until(lambda: cloud.run_record(DATA_STACK, run), lambda r: r.current_job == second, 300)
     assert jobs_of(record)[0] == (first, "Stopped", "MaxRuntimeExceeded", "MaxRuntime")
@@ -83,32 +85,14 @@ def test_a_run_continues_after_its_max_runtime_and_a_stop_and_completes_from_its
     assert 0 < stopped_at < STEPS
     assert resumed_step(cloud, second) == stopped_at  # saved on SIGTERM, resumed
 
-    # The user stops job 2 once it has trained past job 1.
-    wait_until(lambda: cloud.final_metrics(second).get("train:step", 0), lambda s: s > stopped_at, 300)
-    stopped = cloud.cli_json("stop", run, "--local")
-    assert stopped == {"run": run, "job": second, "execution": None}
-    record = cloud.wait_for_run(DATA_STACK, run, ("stopped",), timeout_s=300)
-    assert jobs_of(record)[1] == (second, "Stopped", "Stopped", "StopRequested")
-    described = cloud.sagemaker.describe_training_job(TrainingJobName=second)
-    # SageMaker passes through Stopping (SIGTERM: the trainer saves) before Stopped.
-    statuses = [t["Status"] for t in described["SecondaryStatusTransitions"]]
-    assert statuses[-1] == "Stopped" and statuses.index("Stopping") > statuses.index("Training"), statuses
-    second_step = int(cloud.final_metrics(second)["train:step"])
-    assert stopped_at < second_step < STEPS
-
-    resumed = cloud.cli_json("resume", run, "--local")
-    third = resumed["job"]
-    assert third == f"{run}-3"
     record = cloud.wait_for_run(DATA_STACK, run, ("completed", "failed", "stopped"), timeout_s=600)
     assert record.state == "completed", record.why
-    assert resumed_step(cloud, third) == second_step
-    assert int(cloud.final_metrics(third)["train:step"]) == STEPS == record.step
-    assert [j[:2] for j in jobs_of(record)] == [(first, "Stopped"), (second, "Stopped"), (third, "Completed")]
-    assert jobs_of(record)[2][3] == "Completed"
-
+    assert int(cloud.final_metrics(second)["train:step"]) == STEPS == record.step
+    assert [j[:2] for j in jobs_of(record)] == [(first, "Stopped"), (second, "Completed")]
+    assert jobs_of(record)[1][3] == "Completed"
     uris = {
         cloud.sagemaker.describe_training_job(TrainingJobName=j)["Environment"]["TRAINSTACK_CHECKPOINT_URI"]
-        for j in (first, second, third)
+        for j in (first, second)
     }
     assert len(uris) == 1 and uris == {record.checkpoint_uri}
     (listed,) = [r for r in cloud.cli_json("runs", RECIPE, "--local") if r["run"] == run]
@@ -121,9 +105,44 @@ def test_a_run_continues_after_its_max_runtime_and_a_stop_and_completes_from_its
     )
     taken = one_line_error(cloud.cli("launch", RECIPE, "--local", "--name", "long"))
     assert f"a run named {run} exists (completed; launch of recipe " in taken
-    assert [j.name for j in cloud.run_record(DATA_STACK, run).jobs] == [first, second, third]
+    assert [j.name for j in cloud.run_record(DATA_STACK, run).jobs] == [first, second]
 
 
+@pytest.mark.slow
+def test_a_run_stopped_by_its_user_resumes_from_the_save_of_the_stop_and_completes(cloud: Cloud) -> None:
+    """A user stops job 1 once it has trained (`trainstack stop`: SageMaker passes through Stopping,
+    the trainer saves), the run is stopped; `resume` starts job 2, which resumes from that save and
+    completes the run's steps, on the same checkpoint prefix."""
+    first, _ = cloud.launch(RECIPE, None, "--name", "stopped")
+    run = first.rsplit("-", 1)[0]
+    wait_until(lambda: cloud.final_metrics(first).get("train:step", 0), lambda s: s > 0, 300)
+    stopped = cloud.cli_json("stop", run, "--local")
+    assert stopped == {"run": run, "job": first, "execution": None}
+    record = cloud.wait_for_run(DATA_STACK, run, ("stopped",), timeout_s=300)
+    assert jobs_of(record)[0] == (first, "Stopped", "Stopped", "StopRequested")
+    described = cloud.sagemaker.describe_training_job(TrainingJobName=first)
+    # SageMaker passes through Stopping (SIGTERM: the trainer saves) before Stopped.
+    statuses = [t["Status"] for t in described["SecondaryStatusTransitions"]]
+    assert statuses[-1] == "Stopped" and statuses.index("Stopping") > statuses.index("Training"), statuses
+    first_step = int(cloud.final_metrics(first)["train:step"])
+    assert 0 < first_step < STEPS
+
+    resumed = cloud.cli_json("resume", run, "--local")
+    second = resumed["job"]
+    assert second == f"{run}-2"
+    record = cloud.wait_for_run(DATA_STACK, run, ("completed", "failed", "stopped"), timeout_s=600)
+    assert record.state == "completed", record.why
+    assert resumed_step(cloud, second) == first_step
+    assert int(cloud.final_metrics(second)["train:step"]) == STEPS == record.step
+    assert [j[:2] for j in jobs_of(record)] == [(first, "Stopped"), (second, "Completed")]
+    uris = {
+        cloud.sagemaker.describe_training_job(TrainingJobName=j)["Environment"]["TRAINSTACK_CHECKPOINT_URI"]
+        for j in (first, second)
+    }
+    assert uris == {record.checkpoint_uri}
+
+
+@pytest.mark.slow
 def test_a_run_that_diverges_ends_with_the_trainers_reason_and_no_second_job(cloud: Cloud, fault) -> None:
     """A NaN loss is a failure the next job would repeat: the trainer says so in its failure file, and
     the supervisor ends the run on the first job with that line."""
@@ -136,6 +155,7 @@ def test_a_run_that_diverges_ends_with_the_trainers_reason_and_no_second_job(clo
     assert "trainstack-fatal" in reason and reason.split(":")[0] in record.why
 
 
+@pytest.mark.slow
 def test_a_crash_that_repeats_fails_the_run_and_a_resume_after_the_fix_completes_it(
     cloud: Cloud, fault
 ) -> None:
@@ -165,6 +185,7 @@ def test_a_crash_that_repeats_fails_the_run_and_a_resume_after_the_fix_completes
     assert resumed_step(cloud, resumed["job"], timeout_s=0) == 10
 
 
+@pytest.mark.slow
 def test_a_bug_costs_one_job_says_why_and_a_fixed_image_resumes_the_run(cloud: Cloud, fault) -> None:
     """Issue 40: an uncaught error (here a TypeError at step 3, as a real bug raises it) ended "exit code
     1 (no /opt/ml/output/failure)", was counted as a crash and retried twice, and nothing said why. Now the
@@ -182,8 +203,11 @@ def test_a_bug_costs_one_job_says_why_and_a_fixed_image_resumes_the_run(cloud: C
         reason
     )
     assert "trainer/runtime/faults.py" in reason and reason in record.why
-    (listed,) = [r for r in cloud.cli_json("runs", RECIPE, "--local") if r["run"] == run]
+    (listed,) = [r for r in cloud.cli_json("runs", RECIPE, "--local", "--mlflow") if r["run"] == run]
     assert "deterministic code: TypeError" in listed["why"] and "--set image.uri=" in listed["why"]
+    # A recipe deployed from a file is found by the run's recorded recipe (issue 40: the demo's suggested
+    # `runs ... --mlflow` said "unknown recipe 'demo-tiny'"); this one tracks nothing.
+    assert listed["mlflow"] == "mlflow: not tracked (tracking.mlflow is off)"
 
     refused = one_line_error(cloud.cli("resume", run, "--local"))
     assert f"run {run} cannot be resumed as it is" in refused and "--set image.uri=<fixed image>" in refused
@@ -199,6 +223,7 @@ def test_a_bug_costs_one_job_says_why_and_a_fixed_image_resumes_the_run(cloud: C
     assert record.jobs[-1].name == resumed["job"] and record.step == 20
 
 
+@pytest.mark.slow
 def test_jobs_whose_max_runtime_ends_before_their_first_save_fail_the_run_at_the_third(cloud: Cloud) -> None:
     """Issue 40: jobs that end without progress (there: exit 0 after a capacity block's deadline, 0 steps)
     each started the next at once, up to compute.max_jobs. Here every job's max runtime ends while it is

@@ -11,7 +11,7 @@ import sys
 import pytest
 from trainer_helpers import REPO, TINY, trainer_env
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("trainer")]
+pytestmark = [pytest.mark.fast, pytest.mark.xdist_group("trainer")]
 
 
 @pytest.fixture(scope="module")

@@ -26,7 +26,8 @@ from trainstack.protocol.metrics import FIELDS, SAVED_STEP_METRIC, metric_defini
 from trainstack.recipes.loader import resolve
 from trainstack.recipes.schema import to_hyperparameters
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("trainer")]
+# The fast tier trains 2 ranks and resumes exactly (the first two tests); the rest is the slow tier.
+pytestmark = [pytest.mark.fast, pytest.mark.xdist_group("trainer")]
 
 GLOBAL_BATCH = 16  # tiny.yaml
 
@@ -123,6 +124,7 @@ def test_resume_is_exact_and_the_data_position_continues(straight, first_20, tmp
     assert sorted(samples) == list(range(30 * GLOBAL_BATCH)), "a batch was repeated or skipped"
 
 
+@pytest.mark.slow
 def test_truncated_checkpoint_is_skipped_for_the_previous_complete_one(straight, first_20, tmp_path):
     run = tmp_path / "truncated"
     shutil.copytree(first_20, run)
@@ -149,6 +151,7 @@ def test_truncated_checkpoint_is_skipped_for_the_previous_complete_one(straight,
     assert abs(resumed[0][30]["loss"] - reference[0][30]["loss"]) <= 1e-6
 
 
+@pytest.mark.slow
 def test_checkpoint_without_marker_is_skipped(first_20, tmp_path):
     run = tmp_path / "unmarked"
     shutil.copytree(first_20, run)
@@ -158,6 +161,7 @@ def test_checkpoint_without_marker_is_skipped(first_20, tmp_path):
     assert "interrupted while writing" in result.stderr and "step 10, data position 160" in result.stderr
 
 
+@pytest.mark.slow
 def test_hsdp_2x2_mesh_trains_like_fsdp(straight, tmp_path):
     # shard_group 2 on 4 ranks: 2 replicas x 2-way shard; global batch and samples per step unchanged.
     result = trainer_ranks(
@@ -182,6 +186,7 @@ def test_hsdp_2x2_mesh_trains_like_fsdp(straight, tmp_path):
     assert hsdp[0][6]["loss"] < hsdp[0][1]["loss"]
 
 
+@pytest.mark.slow
 def test_one_process_computes_the_same_losses_as_two_ranks(straight, tmp_path):
     # Initialisation and the data each step sees do not depend on the layout: only reduction order does.
     result = subprocess.run(
@@ -213,6 +218,7 @@ def test_one_process_computes_the_same_losses_as_two_ranks(straight, tmp_path):
         assert abs(single[0][step]["loss"] - fsdp[0][step]["loss"]) < 1e-4, step
 
 
+@pytest.mark.slow
 def test_every_metric_regex_matches_real_lines_and_only_the_intended_numbers(straight):
     _, result = straight
     lines = metric_lines(result.stdout)
@@ -253,6 +259,7 @@ def test_every_metric_regex_matches_real_lines_and_only_the_intended_numbers(str
     assert saved_steps, "no completed checkpoint in the run's log"
 
 
+@pytest.mark.slow
 def test_sigterm_to_the_entrypoint_and_torchrun_exits_zero_and_resumes_exactly(straight, tmp_path):
     """SageMaker's stop, as the container may get it: SIGTERM to the entrypoint, which forwards it to the
     2 trainer ranks, and to torchrun too (a signal to the container's process tree). torchrun must not
@@ -340,6 +347,7 @@ def test_sigterm_to_the_entrypoint_and_torchrun_exits_zero_and_resumes_exactly(s
     assert sorted(all_samples(trace)) == list(range(30 * GLOBAL_BATCH)), "a batch was repeated or skipped"
 
 
+@pytest.mark.slow
 def test_nan_loss_exits_non_zero_and_saves_nothing_after_it(tmp_path):
     # Step 5's gradients become NaN, as a diverging run's do (a learning rate high enough to diverge on
     # purpose is past the recipe's bounds): the optimizer takes them, so the weights are NaN from there.
@@ -364,6 +372,7 @@ def test_nan_loss_exits_non_zero_and_saves_nothing_after_it(tmp_path):
     assert all(completeness_problem(tmp_path / "ck" / f"step-{s:09d}") is None for s in saved)
 
 
+@pytest.mark.slow
 def test_trains_from_token_shards_written_by_make_shards(tmp_path):
     texts = []
     for i in range(6):
@@ -408,6 +417,7 @@ def test_trains_from_token_shards_written_by_make_shards(tmp_path):
     assert losses[-1] < losses[0]
 
 
+@pytest.mark.slow
 def test_node_local_checkpoint_directories_resume_after_an_s3_style_merge(straight, tmp_path):
     """SageMaker: each node writes its own /opt/ml/checkpoints, synced to one S3 prefix and downloaded
     whole to every node on restart. Each node keeps only its own files; the merge is complete only
@@ -437,6 +447,7 @@ def test_node_local_checkpoint_directories_resume_after_an_s3_style_merge(straig
     assert sorted(all_samples(tmp_path / "trace")) == list(range(30 * GLOBAL_BATCH))
 
 
+@pytest.mark.slow
 def test_checkpoints_go_straight_to_the_emulators_s3_and_resume_exactly(straight, tmp_path):
     """TRAINSTACK_CHECKPOINT_URI as the launcher sets it: both ranks write their shards straight to
     S3 (the local emulator's, through s3torchconnector), a second job resumes from S3 exactly."""
@@ -488,6 +499,7 @@ F.scaled_dot_product_attention = _slow_attention
 """
 
 
+@pytest.mark.slow
 def test_the_slow_node_is_named_as_straggler_though_step_times_are_equal(tmp_path):
     """Node 2 (algo-2) computes slower. Its wall step time equals node 1's (the collectives make the fast
     node wait), so the trainer compares what each rank's own blocks took to compute."""
