@@ -235,6 +235,26 @@ def run_here(sources: list[str], tokenizer: str, out: str, *, local: bool, **opt
         return 130
 
 
+def _refuse_another_corpus(s3: Any, out: str, inputs: dict[str, int]) -> None:
+    """`--out` holds files finished for inputs other than these (trainer.prepare's completion markers):
+    another corpus prepared there. The processing job would write beside it and the final index replace
+    it; refused in one line before the job, as trainer.prepare refuses it here."""
+    bucket = out.removeprefix("s3://").partition("/")[0]
+    foreign = []
+    for uri in _listing(s3, out.rstrip("/") + "/_prepare/done/"):
+        if uri.endswith(".json"):
+            key = uri.removeprefix(f"s3://{bucket}/")
+            marker = json.loads(s3.get_object(Bucket=bucket, Key=key)["Body"].read())
+            if marker.get("uri") not in inputs:
+                foreign.append(marker.get("uri"))
+    if foreign:
+        more = f" and {len(foreign) - 1} more" if len(foreign) > 1 else ""
+        raise TrainstackError(
+            f"--out {out}: holds a dataset prepared from other files ({sorted(foreign)[0]}{more}, not among "
+            "the inputs given); give another --out, or empty it first (data prepare deletes nothing in S3)"
+        )
+
+
 def _listing(s3: Any, uri: str) -> dict[str, int]:
     bucket, _, prefix = uri.removeprefix("s3://").partition("/")
     found = {}
@@ -265,6 +285,7 @@ def run_on_aws(
         if not listed:
             raise TrainstackError(f"{source}: no objects under this prefix in {aws.where}")
         sizes.update(listed)
+    _refuse_another_corpus(s3, out, sizes)  # before the instances are paid for, not at the finalize
     by_format: dict[str, int] = {}
     for uri, size in sizes.items():
         by_format[format_of(uri)] = by_format.get(format_of(uri), 0) + size
