@@ -406,14 +406,6 @@ def summary(manifest: dict, out: str) -> str:
 # --- command line (`python -m trainer.prepare --format chat ...`) --------------------------------------
 
 
-def is_chat(argv: list[str]) -> bool:
-    """Whether `python -m trainer.prepare` was asked for conversations (`--format chat`)."""
-    return any(
-        a == "--format=chat" or (a == "--format" and b == "chat")
-        for a, b in zip(argv, [*argv[1:], ""], strict=True)
-    )
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m trainer.prepare --format chat",
