@@ -1,4 +1,5 @@
-"""`python -m trainer.prepare` (the processing job's entrypoint): trainer.prepare.pipeline.main, its
+"""`python -m trainer.prepare` (the processing job's entrypoint): trainer.prepare.pipeline.main (with
+`--format chat`, trainer.prepare.chat_prepare.main), its
 every failure written to the job's /opt/ml/output/message (ExitMessage) with its class
 (trainer.runtime.failure)."""
 
