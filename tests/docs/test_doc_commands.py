@@ -207,6 +207,14 @@ def _git(repo: Path, *args: str) -> None:
 @contextmanager
 def workspace(top: Path) -> Iterator[Workspace]:
     """The checkout copy, its shared emulator (started here, stopped on the way out)."""
+    # The copy links this checkout's .venv and node_modules: stamps older than their pins would have the
+    # copy's `make setup` (README's `make demo`) rebuild them through the link, which fails.
+    stamps = [".venv/.stamp", "node_modules/.stamp"]
+    if subprocess.run(["make", "-q", *stamps], cwd=ROOT, capture_output=True).returncode != 0:
+        pytest.fail(
+            "this checkout's .venv or node_modules is older than its pins (pyproject.toml, "
+            "requirements.lock, Makefile, package*.json): run `make setup` here first"
+        )
     repo, home = top / "trainstack", top / "home"
     repo.mkdir()
     home.mkdir()

@@ -15,6 +15,7 @@ import json
 import sys
 import time
 from typing import Annotated, Any
+from urllib.parse import urlsplit
 
 import typer
 
@@ -166,7 +167,11 @@ def launch(
 
     # The base model is read where the job would read it (this S3, never the instance) before any job
     # exists: a recipe whose shape differs from it would fail every job of the run at step 0.
-    check_for_launch(run_recipe, aws.client("s3"), local)
+    s3 = aws.client("s3")
+    # EMULATOR: the emulator trains its stand-in (no base read) whether it was named by --local or by its
+    # exported AWS_* variables (docs/runs.md's commands, run as written against it)
+    emulator = local or urlsplit(s3.meta.endpoint_url).hostname in ("localhost", "127.0.0.1")
+    check_for_launch(run_recipe, s3, emulator)
     stacks = deployed(aws, naming.stack_prefix(deployed_recipe, team), hint)
     deployed_hash, local_hash = stacks.launcher.get("RecipeHash"), naming.recipe_hash(deployed_recipe)
     if deployed_hash != local_hash:
