@@ -23,7 +23,7 @@ How they run:
   deploy these changes (y/n)?") is answered `y`, as the reader answers it; any other question fails
   the command.
 - a command already run successfully in the same group, with the same words in any order (comments
-  aside), is not run again.
+  aside), is not run again; the set-up's bootstrap and deploys (the commands docs/cdk.md shows) count.
 After `make demo`, the "Try next" commands it prints are run too (its last, `emulator stop`, at the end).
 All of it is one test (the blocks depend on each other's deployments); it reports every failing block.
 """
@@ -265,9 +265,11 @@ def _ensure_deployed(ws: Workspace, commands: list[Command]) -> str | None:
     (cfn,) = clients(env, "cloudformation")
     existing = {s["StackName"] for s in cfn.describe_stacks()["Stacks"]}
     if "CDKToolkit" not in existing:  # a doc may run `status` before any doc bootstraps
-        status, out, _ = ws.shell(f"npx cdk bootstrap aws://{ACCOUNT}/{REGION}", env)
+        bootstrap = f"npx cdk bootstrap aws://{ACCOUNT}/{REGION}"  # docs/cdk.md's command
+        status, out, _ = ws.shell(bootstrap, env)
         if status != 0:
-            return f"setting up: `npx cdk bootstrap` failed:\n{out[-3000:]}"
+            return f"setting up: `{bootstrap}` failed:\n{out[-3000:]}"
+        ws.done[(_words(bootstrap), True)] = "setting up"  # a doc's same command later has nothing to do
     for command in commands:
         named = RECIPE_COMMAND.search(command.text)
         if named is None:
@@ -288,6 +290,7 @@ def _ensure_deployed(ws: Workspace, commands: list[Command]) -> str | None:
             status, out, _ = ws.shell(deploy, env)
             if status != 0:
                 return f"setting up for {command.where}: `{deploy}` failed:\n{out[-3000:]}"
+            ws.done[(_words(deploy), True)] = f"setting up for {command.where}"
         if problem := _seed_data(ws, resolved.data.uris):
             return f"setting up for {command.where}: {problem}"
         ws.deployed.add((recipe, team))
