@@ -177,6 +177,10 @@ def test_base_in_s3_to_export_in_s3_through_the_export_state_machine(
     ended = events.wait_for_status(cloud.env(), f"{run}-X1", timeout_s=600)
     assert ended["TrainingJobStatus"] == "Completed", ended.get("FailureReason")
     out = f"exports/platform/{recipe.name}/{RUN_ID}/step-5/"
+    # The folder `trainstack runs` names for it: the step the job reported (its export:step metric).
+    from trainstack.aws.runs import export_folder
+
+    assert export_folder(export, ended) == f"s3://{BUCKET}/{out}"
     listed = {o["Key"].removeprefix(out) for o in s3.list_objects_v2(Bucket=BUCKET, Prefix=out)["Contents"]}
     assert {
         "config.json",
