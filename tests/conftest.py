@@ -5,10 +5,11 @@
 - `slow`: `make test-all` only (what CI's `.ci/run` calls): the docs walkthrough, every other whole run, the
   fault and multi-node suites.
 
-A module says its tier with `pytestmark = pytest.mark.fast` (or `slow`); a `slow` mark on one test of a fast
-module moves that test alone. Not the other way round: `-m "not slow"` deselects every test that carries a
-slow mark at any level, so a fast test inside a slow module would silently leave the fast tier. A test with neither is a collection error naming its file, so a new module
-cannot silently fall out of both tiers (tests/test_suite_grouping.py pins this rule on a throwaway tree).
+A module says its tier with `pytestmark = pytest.mark.fast` (or `slow`); a `slow` mark on one test of a
+fast module moves that test alone. Not the other way round: `-m "not slow"` deselects every test that
+carries a slow mark at any level, so a fast test inside a slow module would silently leave the fast tier.
+A test with neither is a collection error naming its file, so a new module cannot silently fall out of
+both tiers (tests/test_suite_grouping.py pins this rule on a throwaway tree).
 """
 
 from __future__ import annotations
