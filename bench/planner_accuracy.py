@@ -155,8 +155,18 @@ def predict_tps(case: dict, cal: Calibration, limits: bool = False) -> float:
 def predict_memory(case: dict) -> dict:
     instance = INSTANCES[GPU_TO_INSTANCE[case["gpu"]]]
     k = knobs(case)
+    # Gradient accumulation as published (global batch / micro-batch x data-parallel GPUs; none when
+    # no global batch is published): without it no gradient exists at the peak (issue 39's trace).
+    data_parallel = case["gpus"] // (k["tp"] * k["cp"])
+    accumulation = max(
+        1, case.get("global_batch", k["micro_batch"] * data_parallel) // (k["micro_batch"] * data_parallel)
+    )
     parts = memory_breakdown(
-        shape_of(case), instance.gpu, loss_chunk_tokens=k["micro_batch"] * k["seq_len"], **k
+        shape_of(case),
+        instance.gpu,
+        loss_chunk_tokens=k["micro_batch"] * k["seq_len"],
+        grad_accum=accumulation,
+        **k,
     )
     mem = memory_plan(parts, instance.gpu)
     return {"peak_gib": mem.peak_gib, "allocator_peak_gib": mem.allocator_peak_gib}

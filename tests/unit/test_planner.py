@@ -19,7 +19,12 @@ from trainstack.planner import (
     recompute_flops_per_token,
     throughput,
 )
-from trainstack.planner.trainer_memory import fsdp_units_in_flight_bytes, full_recompute_share
+from trainstack.planner.trainer_memory import (
+    bottom_block_backward_in_flight_bytes,
+    full_recompute_share,
+    loss_backward_in_flight_bytes,
+    top_block_backward_in_flight_bytes,
+)
 from trainstack.recipes.hardware import INSTANCES
 from trainstack.recipes.loader import resolve
 from trainstack.recipes.schema import ModelShape
@@ -74,20 +79,44 @@ def test_sharded_states_are_16_bytes_per_parameter_over_the_shard_group():
     assert wider["optimizer states (AdamW FP32)"] == pytest.approx(TINY_PARAMS * 8 / 16)
 
 
-def test_unsharded_layers_in_flight_two_blocks_and_the_head_unit():
-    # two blocks x 36,992 params x (2 BF16 param + 2 BF16 grad + 4 FP32 reduce) + the [norm, output]
-    # unit's 1000 x 64 head matrix x (2 + 2 + 4); the untied embedding is resharded at the peak
-    expected = 2 * 36_992 * 8 + 1000 * 64 * 8
+TINY_PPL = 36_992  # the tiny block's parameters (above)
+
+
+def test_unsharded_layers_in_flight_at_the_loss_backward():
+    # The peak of the tiny step is the loss's backward (the traced step's moments, trainer_memory): the
+    # 1000 x 64 head matrix in BF16 with its BF16 gradient, and the last block's BF16 parameters.
+    expected = 1000 * 64 * (2 + 2) + TINY_PPL * 2
     assert tiny_memory()["unsharded layers in flight"] == pytest.approx(expected)
+
+
+def test_a_block_backward_peak_holds_its_units_and_its_working_set():
+    # Full recompute and a one-token loss chunk on the 2-block shape: block 0's backward is the peak.
+    # It holds block 0's BF16 parameters, block 1's FP32 reduce-scatter input, the embedding's BF16
+    # all-gather (prefetched for the last backward), block 0's checkpointed input, and the block
+    # rebuilt with fc1's output gradient (4 x ffn bytes per token).
+    tokens = 4 * 32
+    m = tiny_memory(micro_batch=4, loss_chunk_tokens=1, policy=ActivationPolicy("full", 1.0))
+    assert m["unsharded layers in flight"] == pytest.approx(TINY_PPL * (2 + 4) + 1000 * 64 * 2)
+    assert m["activations (saved)"] == pytest.approx(2 * 64 * tokens)
+    assert m["activations (backward working set)"] == pytest.approx((TINY_BLOCK_BYTES + 4 * 128) * tokens)
+    assert m["logits and loss"] == 0
 
 
 @pytest.mark.parametrize("name", BASE)
 def test_unsharded_layers_in_flight_are_the_trainers_fsdp_units(name):
-    # The trainer's own figure (trainstack.planner.trainer_memory, checked against the gathered units on gloo
-    # ranks by tests/trainer/test_trainer_fsdp_units.py), not a second copy of the formula.
+    # The trainer's own figures (trainstack.planner.trainer_memory, the traced step's moments), not a
+    # second copy of the formula: the peak holds the units of one of the three moments.
     recipe = resolve(name).recipe
     planned = plan(recipe).memory.breakdown["unsharded layers in flight"]
-    assert planned == pytest.approx(fsdp_units_in_flight_bytes(recipe.model) / GIB, abs=1e-3)
+    moments = [
+        f(recipe.model) / GIB
+        for f in (
+            loss_backward_in_flight_bytes,
+            top_block_backward_in_flight_bytes,
+            bottom_block_backward_in_flight_bytes,
+        )
+    ]
+    assert min(abs(planned - m) for m in moments) < 1e-3
 
 
 @pytest.mark.parametrize(
@@ -107,12 +136,14 @@ def test_saved_activations_by_checkpointing_mode(policy, saved_per_token_per_lay
     assert m["activations (backward working set)"] == 0
 
 
-def test_backward_working_set_counts_what_one_block_adds_beyond_the_loss_peak():
-    tokens = 4 * 32
-    m = tiny_memory(micro_batch=4, loss_chunk_tokens=1)
-    loss = 12 * 1 * 1000 + tokens * 64 * 2
-    assert m["logits and loss"] == pytest.approx(loss)
-    assert m["activations (backward working set)"] == pytest.approx(TINY_BLOCK_BYTES * tokens - loss)
+def test_the_peak_is_one_moment_not_the_sum_of_the_loss_and_a_block_backward():
+    # A one-token loss chunk makes the loss's backward small: the block's backward is the peak, and
+    # the logits are not added to it (the traced step frees them before any block's backward).
+    tokens = 64 * 32
+    m = tiny_memory(micro_batch=64, loss_chunk_tokens=1)
+    assert m["logits and loss"] == 0
+    assert m["activations (backward working set)"] == pytest.approx(4 * 128 * tokens)
+    assert m["unsharded layers in flight"] == pytest.approx(2 * TINY_PPL * 2)  # this block and the next
 
 
 def test_tensor_and_context_parallel_divide_activations():
@@ -135,11 +166,12 @@ def test_tensor_and_context_parallel_divide_activations():
 
 
 def test_logits_use_one_chunk_of_the_chunked_loss():
-    # 12 bytes per token per vocabulary entry for one chunk, plus the final hidden states in BF16
+    # 12 bytes per token per vocabulary entry for one chunk, plus per token the final norm's saved
+    # input and output and the final hidden states' gradient, 3 x 2h (BF16)
     whole = tiny_memory(micro_batch=4)["logits and loss"]  # chunk 8192 > 128 tokens: one chunk of 128
-    assert whole == pytest.approx(12 * 128 * 1000 + 128 * 64 * 2)
+    assert whole == pytest.approx(12 * 128 * 1000 + 128 * 64 * 6)
     chunked = tiny_memory(micro_batch=4, loss_chunk_tokens=16)["logits and loss"]
-    assert chunked == pytest.approx(12 * 16 * 1000 + 128 * 64 * 2)
+    assert chunked == pytest.approx(12 * 16 * 1000 + 128 * 64 * 6)
 
 
 def test_overheads_fragmentation_context_and_nccl():
@@ -460,7 +492,7 @@ def test_64b_on_one_node_without_checkpointing_does_not_fit_and_names_the_fix():
     assert not p.fits
     assert p.memory.breaking_component == "activations (saved)"
     # the fix is the recommendation on the recipe's own node, as pasteable flags
-    assert p.memory.fix.startswith("--set activation_checkpointing.mode=full")
+    assert "--set activation_checkpointing.mode=full" in p.memory.fix
     assert "compute.instance_count" not in p.memory.fix
 
 

@@ -100,6 +100,8 @@ def recipe_memory(recipe: Recipe, **changes: Any) -> dict[str, float]:
         cp=recipe.parallelism.cp,
         policy=ActivationPolicy.from_recipe(recipe.activation_checkpointing, recipe.model.layers),
         loss_chunk_tokens=recipe.training.loss_chunk_tokens,
+        grad_accum=recipe.training.global_batch
+        // max(1, recipe.training.micro_batch * recipe.world_size // recipe.parallelism.cp),
     )
     knobs.update(changes)
     return memory_breakdown(recipe.model, recipe.instance.gpu, **knobs)

@@ -13,10 +13,14 @@ from dataclasses import dataclass
 
 from trainstack.planner import trainer_memory
 from trainstack.planner.trainer_memory import (
+    FINAL_HIDDEN_BYTES,
     LOSS_BYTES,
+    block_gradient_working_bytes,
+    bottom_block_backward_in_flight_bytes,
     context_parallel_block_saved_bytes,
     context_parallel_mask_bytes,
-    fsdp_units_in_flight_bytes,
+    loss_backward_in_flight_bytes,
+    top_block_backward_in_flight_bytes,
 )
 from trainstack.recipes.hardware import GPU
 from trainstack.recipes.schema import ActivationCheckpointing, ModelShape
@@ -57,6 +61,9 @@ class ActivationPolicy:
     checkpointed_fraction: float = 0.0
     op_level: bool = False
     torchtitan: bool = False
+    # Whether the last block recomputes (its backward, the step's first, then holds a rebuilt block);
+    # None: as the fraction says (any checkpointed block: yes).
+    last_block_checkpointed: bool | None = None
 
     @classmethod
     def from_recipe(cls, ac: ActivationCheckpointing, layers: int | None = None) -> ActivationPolicy:
@@ -68,7 +75,11 @@ class ActivationPolicy:
                 f"selective (1 in {ac.every})" if ac.mode == "selective" else ac.mode,
                 ac.checkpointed_fraction(),
             )
-        return cls(f"selective (1 in {ac.every})", math.ceil(layers / ac.every) / layers)
+        return cls(
+            f"selective (1 in {ac.every})",
+            math.ceil(layers / ac.every) / layers,
+            last_block_checkpointed=(layers - 1) % ac.every == 0,  # blocks 0, every, 2 every, ...
+        )
 
     @classmethod
     def op_selective(cls) -> ActivationPolicy:
@@ -141,8 +152,13 @@ def memory_breakdown(
     cp: int = 1,
     policy: ActivationPolicy,
     loss_chunk_tokens: int,
+    grad_accum: int = 2,
 ) -> dict[str, float]:
-    """Per-GPU memory components in GiB at the step's peak (start of backward)."""
+    """Per-GPU memory components in GiB at the step's peak, which falls at one of three moments (the
+    traced step's, trainer_memory): the chunked loss's backward, the last block's backward, or block
+    0's backward. Each moment's transient terms are its own; the largest moment is the peak.
+    `grad_accum` 1: no gradient exists at the peak (the previous step's were freed, this step's are
+    not reduced yet); more: the earlier micro-steps' FP32 gradient shards are held."""
     n = m.total_params
     # FSDP shards over shard_group x cp ranks: the CP ranks of a sequence hold the same weights
     # (training_image/trainer/distributed/context_parallel.py, as torchtitan's dp_shard_cp).
@@ -156,34 +172,48 @@ def memory_breakdown(
     full_block = context_parallel_block_saved_bytes(m, "none", cp)
     if policy.op_level:
         saved_block = op_selective_bytes(m, torchtitan=policy.torchtitan)
+        recompute_block = max(0, full_block - saved_block)  # the cheap ops, replayed in backward
+        bottom_block = saved_block
     else:
         f = policy.checkpointed_fraction
         saved_block = (1 - f) * full_block + f * m.hidden * BF16
-    # Recompute (or plain backward) rebuilds one block's activations and their gradients at a time.
-    working_block = full_block
-
-    # The trainer's FSDP units at the step's peak (trainer_memory: the last two blocks with BF16
-    # parameters, BF16 gradients and FP32 reduce-scatter copies, and the head unit: [norm, output], or
-    # [embedding, norm, output] when tied); the untied embedding is resharded until the end of backward.
-    in_flight = fsdp_units_in_flight_bytes(m) / tp
-    if fsdp_ranks == 1:  # unsharded: the BF16 copies are still made for compute, but nothing is gathered
-        in_flight = (m.params_per_layer * m.layers + m.embedding_params) * BF16 / tp
+        last = policy.last_block_checkpointed if policy.last_block_checkpointed is not None else f > 0
+        recompute_block = full_block if last else 0  # a checkpointed block rebuilds it all
+        bottom_block = m.hidden * BF16 if f > 0 else full_block  # block 0 is checkpointed first
+    working = (recompute_block + block_gradient_working_bytes(m)) * act_tokens
+    saved = m.layers * saved_block * act_tokens
 
     chunk = min(loss_chunk_tokens, tokens)
-    # Logits: one chunk at a time (vocabulary split across TP ranks) plus the final hidden states.
-    logits = LOSS_BYTES * chunk * m.vocab / tp + tokens * m.hidden * BF16
-
-    # The loss chunk's backward and the last block's backward run one after the other, so the step's
-    # peak holds the larger of the two; the working set is listed only for what it adds beyond the loss.
-    working = max(0.0, working_block * act_tokens - logits)
+    # One chunk's logits at a time (vocabulary split across TP ranks) plus the final hidden states.
+    logits = LOSS_BYTES * chunk * m.vocab / tp + FINAL_HIDDEN_BYTES * tokens * m.hidden
+    if fsdp_ranks == 1:  # unsharded: the BF16 copies are still made for compute, but nothing is gathered
+        unsharded = (m.params_per_layer * m.layers + m.embedding_params) * BF16 / tp
+        flight = {"loss": unsharded, "top": unsharded, "bottom": unsharded}
+    else:
+        flight = {
+            "loss": loss_backward_in_flight_bytes(m) / tp,
+            "top": top_block_backward_in_flight_bytes(m) / tp,
+            "bottom": bottom_block_backward_in_flight_bytes(m) / tp,
+        }
+    moments = {
+        "loss": {"in flight": flight["loss"], "saved": saved, "working": 0.0, "logits": logits},
+        "top": {"in flight": flight["top"], "saved": saved, "working": working, "logits": 0.0},
+        "bottom": {
+            "in flight": flight["bottom"],
+            "saved": bottom_block * act_tokens,
+            "working": working,
+            "logits": 0.0,
+        },
+    }
+    at = moments[max(moments, key=lambda k: sum(moments[k].values()))]
     parts = {
         "parameters (sharded FP32)": n * BYTES_PARAM / shard,
-        "gradients (sharded FP32)": n * BYTES_GRAD / shard,
+        "gradients (sharded FP32)": n * BYTES_GRAD / shard if grad_accum > 1 else 0.0,
         "optimizer states (AdamW FP32)": n * BYTES_ADAM / shard,
-        "unsharded layers in flight": in_flight,
-        "activations (saved)": m.layers * saved_block * act_tokens,
-        "activations (backward working set)": working,
-        "logits and loss": logits,
+        "unsharded layers in flight": at["in flight"],
+        "activations (saved)": at["saved"],
+        "activations (backward working set)": at["working"],
+        "logits and loss": at["logits"],
     }
     if cp > 1 and policy.op_level:
         # The pure-PyTorch CP attention's causal mask (one, shared by every block). The op policy runs

@@ -177,3 +177,47 @@ def torchtitan_op_selective_recompute_share(m: ModelShape) -> float:
     recomputed = m.hidden * kv + m.hidden * m.hidden + m.hidden * m.ffn
     total = m.hidden * (2 * m.hidden + 2 * kv) + 3 * m.hidden * m.ffn
     return recomputed / total
+
+
+# --- the step's peak: the moment it falls at (checked against the traced step, bench/trace_vs_plan.py) ---
+# The trace of the trainer's own step (training_image/trainer/trace) shows the peak at one of two
+# moments, never at both: the chunked loss's backward (the head's gradient being built, every block's
+# activations still saved), or a block's backward (its recompute and gradients, the FSDP units around
+# it). The planner used to add both moments' transient terms together and over-counted by 4.5 GiB on
+# an 8B model (bench/trace_vs_plan.py --layers 4: +23% to +47% before, issue 39).
+#
+# At the loss's backward: the head matrix gathered in BF16 and its BF16 gradient being accumulated
+# chunk by chunk (4 bytes per head parameter, tied or not), the last block's BF16 parameters (kept
+# gathered after forward), one chunk's logits (LOSS_BYTES), and per token the final RMSNorm's saved
+# input and output (2 x 2h) and the BF16 gradient of the final hidden states (2h).
+FINAL_HIDDEN_BYTES = 3 * BF16
+
+
+# In a block's backward, beyond what it recomputes: the BF16 gradient of fc1's output [gate, up] (4f),
+# alive while SwiGLU's backward runs (the trace of blocks of six shapes: within 0.5% of a block's
+# working set; the rest is the block's own unsharded weight gradients).
+def block_gradient_working_bytes(m: ModelShape) -> int:
+    return BF16 * 2 * m.ffn
+
+
+def loss_backward_in_flight_bytes(m: ModelShape) -> int:
+    """Unsharded bytes at the loss's backward: head matrix BF16 parameters + BF16 gradient, and the last
+    block's BF16 parameters."""
+    return m.vocab * m.hidden * (BF16 + BF16) + m.params_per_layer * BF16
+
+
+def top_block_backward_in_flight_bytes(m: ModelShape) -> int:
+    """Unsharded bytes while the last block runs backward: its BF16 parameters and the next one's
+    (prefetched); tied, also the shared matrix's BF16 gradient, which the [embedding, norm, output]
+    unit reduces only after the embedding's backward at the very end (its parameters are resharded
+    after the head's backward and gathered again for the embedding's)."""
+    tied_gradient = m.vocab * m.hidden * BF16 if m.tied_embeddings else 0
+    return BLOCKS_IN_FLIGHT * m.params_per_layer * BF16 + tied_gradient
+
+
+def bottom_block_backward_in_flight_bytes(m: ModelShape) -> int:
+    """Unsharded bytes while block 0 runs backward: its BF16 parameters, block 1's FP32 reduce-scatter
+    input (FSDP2 frees it at the next unit's reduce-scatter), and the embedding's BF16 all-gather,
+    prefetched for the last backward (tied: with the shared matrix's BF16 gradient still held)."""
+    embedding = m.vocab * m.hidden * (BF16 + BF16 if m.tied_embeddings else BF16)
+    return m.params_per_layer * (BF16 + FP32) + embedding

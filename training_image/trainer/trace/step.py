@@ -194,7 +194,11 @@ def run_tracked_steps(
                 tracker.place = {"step": step, "micro_step": micro}
                 inputs, targets = tokens(layout, recipe, cp)
                 last_of_step = micro == micro_steps
-                last = layout.grad_accum == 1 or last_of_step
+                # HSDP defers the all-reduce across replicas to the last micro-step (set_gradient_sync);
+                # under the tracker FSDP2's deferred buffer (partial_reduce_output) meets another
+                # group's and the step fails, so the trace all-reduces on every micro-step. Same bytes:
+                # the deferred buffer is the FP32 gradient shard the all-reduce would have filled.
+                last = layout.grad_accum == 1 or last_of_step or mesh.ndim == 2
                 counting = flops is not None and step == steps and last_of_step
                 with flops if counting else nullcontext():
                     micro_step(model, mesh, inputs, targets, _no_autocast, layout.grad_accum, last)

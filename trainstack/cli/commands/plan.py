@@ -63,7 +63,7 @@ def plan(
             min=1,
             max=8,
             help="--local: the CPU processes per job measured (default: as many as an emulator job "
-            "of the recipe runs, as `tune --local` measures them).",
+            "of the recipe runs, as `tune --local` measures them there, else 1).",
         ),
     ] = None,
     trace: Annotated[
@@ -223,13 +223,21 @@ def _measured(recipe, local: bool, ranks: int) -> dict | None:
     the recipe's instance type and GPU, or with --local the emulator's CPU jobs; None when nothing was."""
     from trainstack.tuning.store import Store, recipe_hardware, refit
 
+    store = Store()
     if local:
         from trainstack.tuning.local import local_hardware
 
-        hardware = local_hardware(ranks if ranks is not None else _emulator_ranks(recipe))
+        # Without --ranks: the ranks an emulator job of the recipe runs (what `tune --local` measures
+        # on the emulator), else 1 (`tune --local` without an emulator, its --ranks default).
+        counts = [ranks] if ranks is not None else list(dict.fromkeys((_emulator_ranks(recipe), 1)))
+        for count in counts:
+            hardware = local_hardware(count)
+            found = refit(recipe, hardware, store)
+            if found is not None:
+                break
     else:
         hardware = recipe_hardware(recipe)
-    found = refit(recipe, hardware, Store())
+        found = refit(recipe, hardware, store)
     if found is None:
         return None
     return {
