@@ -103,14 +103,14 @@ def traced_memory(
     modelled = sum(terms.values())
     total = traced + modelled
     return TracedMemory(
-        traced_gib=round(traced, 3),
-        by_category_gib={k: round(report["by_category_bytes"].get(k, 0) / GIB, 3) for k in CATEGORIES},
-        modelled_gib=round(modelled, 3),
-        modelled={k: round(v, 3) for k, v in terms.items()},
-        total_gib=round(total, 3),
+        traced_gib=round(traced, 6),  # 6 places: a CPU test's tiny model is a few MiB
+        by_category_gib={k: round(report["by_category_bytes"].get(k, 0) / GIB, 6) for k in CATEGORIES},
+        modelled_gib=round(modelled, 6),
+        modelled={k: round(v, 6) for k, v in terms.items()},
+        total_gib=round(total, 6),
         usable_gib=usable_gib,
         fits=total <= usable_gib,
-        planned_same_scope_gib=round(same_scope_gib(breakdown), 3),
+        planned_same_scope_gib=round(same_scope_gib(breakdown), 6),
         seconds=report["seconds"],
         peak_at=report.get("peak_at", {}),
         flops=report.get("flops", {}),

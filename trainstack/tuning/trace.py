@@ -60,11 +60,18 @@ def layout_of(recipe: Recipe) -> dict:
 
 
 def trainer_directory() -> Path | None:
-    """Where the `trainer` package is (found, not imported), or None when it is not installed."""
-    spec = importlib.util.find_spec("trainer")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    return Path(next(iter(spec.submodule_search_locations)))
+    """Where the `trainer` package is (found, not imported), or None when it is not installed. A
+    directory named trainer elsewhere on the path (tests/trainer under pytest) is not it: the package
+    is the one with train.py, as the checkout's training_image/trainer beside trainstack/."""
+    try:
+        spec = importlib.util.find_spec("trainer")
+    except (ImportError, ValueError):
+        spec = None
+    found = list(spec.submodule_search_locations or []) if spec is not None else []
+    for place in [*found, Path(__file__).resolve().parents[2] / "training_image" / "trainer"]:
+        if (Path(place) / "train.py").is_file() and (Path(place) / "trace").is_dir():
+            return Path(place)
+    return None
 
 
 def trainer_code_hash(directory: Path) -> str:

@@ -152,6 +152,11 @@ def launch(
     job = naming.job_of_run(run, 1)
     overrides = request.hyperparameter_overrides(deployed_recipe, run_recipe)
     hint = deploy_hint(_context_recipe(recipe, deployed_recipe.name, recipes_dir), team, local)
+    from trainstack.tuning.trace import trace_refusal
+
+    refusal = trace_refusal(run_recipe)  # its cached trace (plan --trace, tune) did not fit: as the planner's
+    if refusal is not None:
+        raise TrainstackError(refusal)
 
     if dry_run:
         _dry_run(deployed_recipe, run_recipe, team, run, run_id, job, keep, local, hint, as_json)

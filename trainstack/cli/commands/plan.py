@@ -183,8 +183,11 @@ def _traced(recipe, result, as_json: bool) -> tuple[dict | None, tuple[str, ...]
         if not as_json:
             typer.echo(line, err=True)
         return {"fallback": "planner", "knob": knob, "reason": reason}, ()
+    from trainstack.planner import recipe_memory
+
+    # The unrounded breakdown (the plan's is rounded to MiB: a CPU test's tiny model would plan 0).
     memory = traced_memory(
-        recipe, result.memory.breakdown, result.memory.usable_gib, outcome.report, cached=outcome.cached
+        recipe, recipe_memory(recipe), result.memory.usable_gib, outcome.report, cached=outcome.cached
     )
     flops = counted_flops(outcome.report, result.throughput)
     document = {**memory.to_json(), "counted_flops": flops}
