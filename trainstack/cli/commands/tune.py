@@ -92,6 +92,14 @@ def tune(
         ),
     ] = None,
     recipes_dir: RecipesDirOpt = None,
+    trace: Annotated[
+        bool,
+        typer.Option(
+            "--trace/--no-trace",
+            help="Trace each candidate's step at the recipe's full size on fake tensors before any job "
+            "starts (as `plan --trace`; cached) and never run one that does not fit by its trace.",
+        ),
+    ] = True,
 ) -> None:
     """Measure the planner's best layouts of RECIPE on short jobs and choose the one that finishes the run
     for the least money, beyond the measured noise.
@@ -151,6 +159,12 @@ def tune(
     chosen_candidates = cands.candidates(
         base, n_candidates, world=hardware.ranks, compile_choices=not hardware.is_cpu
     )
+    traced: dict[str, Any] = {}
+    if trace:  # before any job starts: a candidate too large for the GPU by its trace is never run
+        chosen_candidates, traced = _traced_candidates(base, chosen_candidates, say)
+        if not chosen_candidates:
+            say("no candidate fits by its trace: nothing is run (trainstack plan --trace shows where)")
+            raise typer.Exit(1)
     planned_usd = engine.tuning_cost_usd(base, chosen_candidates)
     say(
         f"tuning {base.name}: {len(chosen_candidates)} candidates on {hardware.describe()}; the plan prices "
@@ -191,8 +205,8 @@ def tune(
         if m.ok:
             say(
                 f"     {m.tokens_per_s:,.0f} +- {m.tokens_per_s_spread:,.0f} tokens/s, "
-                f"step {m.step_time_s:.4f} s +- {m.step_time_spread:.4f}, peak {m.peak_mem_gib:.2f} GiB "
-                f"({result.seconds:.0f} s)"
+                f"step {m.step_time_s:.4f} s +- {m.step_time_spread:.4f}, "
+                f"{_peak_words(m, traced.get(candidate.name), hardware.is_cpu)} ({result.seconds:.0f} s)"
             )
         else:
             say(f"     {m.status}: {m.reason}")
@@ -218,7 +232,12 @@ def tune(
             "layout": _layout_key(base, o.candidate.overrides),
             "status": o.status,
             "planned": o.candidate.planned.to_dict(),
-            "measured": o.measurement.to_dict() if o.measurement.ok else {},
+            "measured": _measured_memory(
+                o.measurement.to_dict() if o.measurement.ok else {},
+                traced.get(o.candidate.name),
+                hardware.is_cpu,
+            ),
+            **({"traced": traced[o.candidate.name].to_json()} if o.candidate.name in traced else {}),
         }
         for o in outcome.choice.outcomes
     ]
@@ -238,6 +257,61 @@ def tune(
     _print(choice, as_json, say)
     say(f"recorded in {store.path} as tuning run {run_id}")
     raise typer.Exit(0 if chosen else 1)
+
+
+def _traced_candidates(base: Any, candidates: list, say: Any) -> tuple[list, dict[str, Any]]:
+    """(the candidates that fit by their trace, or that the trace could not follow; each traced
+    candidate's TracedMemory). The trace is the trainer's own step at the recipe's GPU layout
+    (trainstack.tuning.trace), so it guards the GPU run whatever machine the jobs run on."""
+    from trainstack.planner import recipe_memory
+    from trainstack.planner.traced import traced_memory
+    from trainstack.tuning.candidates import apply
+    from trainstack.tuning.trace import run_trace
+
+    kept, traced = [], {}
+    for candidate in candidates:
+        recipe = apply(base, candidate.overrides)
+        outcome = run_trace(recipe, quiet=True)
+        if outcome.error is not None:
+            raise TrainstackError(outcome.error)
+        if outcome.report is None:
+            knob, reason = outcome.unsupported["knob"], outcome.unsupported["reason"]
+            say(f"  {candidate.name}: trace could not follow {knob} ({reason}); the planner's verdict stands")
+            kept.append(candidate)
+            continue
+        memory = traced_memory(
+            recipe,
+            recipe_memory(recipe),
+            recipe.instance.gpu.usable_gib,
+            outcome.report,
+            cached=outcome.cached,
+        )
+        traced[candidate.name] = memory
+        say(f"  {candidate.name}: {memory.verdict}" + (" (cached)" if memory.cached else ""))
+        if memory.fits:
+            kept.append(candidate)
+        else:
+            say(f"  {candidate.name}: not run (does not fit by its trace)")
+    return kept, traced
+
+
+def _peak_words(m: Any, traced: Any, is_cpu: bool) -> str:
+    """A job's peak memory as the progress line says it: on CPU the trace's per-GPU figure, labelled
+    (a CPU process's RSS says nothing of a GPU's memory), else the GPU's measured peak."""
+    if not is_cpu:
+        return f"peak {m.peak_mem_gib:.2f} GiB"
+    if traced is None:
+        return "peak per GPU: not traced"
+    return f"peak per GPU {traced.total_gib:.2f} GiB by trace"
+
+
+def _measured_memory(measured: dict, traced: Any, is_cpu: bool) -> dict:
+    """On CPU the measured peak is replaced by the trace's (labelled `peak_mem_source: trace`), never
+    the CPU job's RSS; None where the candidate was not traced."""
+    if not is_cpu or not measured:
+        return measured
+    peak = round(traced.total_gib, 4) if traced is not None else None
+    return {**measured, "peak_mem_gib": peak, "peak_mem_source": "trace" if traced is not None else None}
 
 
 def _tuning_id() -> str:
