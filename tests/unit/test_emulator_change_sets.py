@@ -73,6 +73,14 @@ SCRIPT = textwrap.dedent(
         except cfn.exceptions.ChangeSetNotFoundException:
             seen["missing_change_set"] = "ChangeSetNotFound"
         cfn.delete_change_set(StackName="Data", ChangeSetName="not-there")  # the CLI's cleanup: no error
+        # each stack's change set of one name is its own: deleting the Launcher's leaves Data's (made first)
+        cfn.delete_change_set(StackName="Launcher", ChangeSetName="cdk-deploy-change-set")
+        try:
+            cfn.describe_change_set(StackName="Launcher", ChangeSetName="cdk-deploy-change-set")
+        except cfn.exceptions.ChangeSetNotFoundException:
+            seen["launcher_change_set_gone"] = True
+        kept = cfn.describe_change_set(StackName="Data", ChangeSetName="cdk-deploy-change-set")
+        seen["data_change_set"] = kept["StackName"]
     print(json.dumps(seen))
     """
 )
@@ -90,3 +98,4 @@ def test_change_sets_keep_exports_and_a_failed_creation_rolls_back_for_the_retry
     assert seen["exports"] == {"ts-BucketName": "ts-data"}
     assert seen["launcher"] == ["CREATE_COMPLETE", ["arn:aws:sns:us-east-1:123456789012:ts-data-t"]]
     assert seen["missing_change_set"] == "ChangeSetNotFound"
+    assert seen["launcher_change_set_gone"] and seen["data_change_set"] == "Data"

@@ -16,9 +16,11 @@ ways that made the documented command fail on the emulator, or leave a stack tha
   second stack of the same name). Here, as on AWS, the stack rolls back to ROLLBACK_COMPLETE with the
   cause in its events and StackStatusReason; the CLI prints it, and on the next `npx cdk deploy` deletes
   the stack and creates it again (its own handling of a failed creation).
-- DeleteChangeSet of a change set that is not there crashed the server (the CLI deletes its change set
-  of the same name before each update), and DescribeChangeSet of one answered ValidationError where the
-  CLI waits for ChangeSetNotFound. Here the first does nothing and the second answers as AWS does.
+- Change sets were found by name across the region, not on the stack named: the CLI, which names each
+  stack's "cdk-deploy-change-set", deleted another stack's and then waited forever for its own to go.
+  DeleteChangeSet of one that is not there crashed the server (the CLI deletes that name before each
+  update), DescribeChangeSet of one answered ValidationError where the CLI waits for ChangeSetNotFound.
+  Here they are the named stack's, the first does nothing and the second answers as AWS does.
 - A CREATE change set for a name whose stack waits in REVIEW_IN_PROGRESS (a deploy interrupted after its
   change set was made) made a second stack of that name. Here it reuses that stack, as AWS does.
 
@@ -59,21 +61,6 @@ def install() -> None:
         return change_set_id, waiting.stack_id
 
     backend_class.create_change_set = create_change_set
-    inherited_delete_change_set = backend_class.delete_change_set
-    inherited_describe_change_set = backend_class.describe_change_set
-
-    def delete_change_set(self: Any, change_set_name: str) -> None:
-        if _known_change_set(self, change_set_name):
-            inherited_delete_change_set(self, change_set_name)
-
-    def describe_change_set(self: Any, change_set_name: str) -> Any:
-        if not _known_change_set(self, change_set_name):
-            raise _change_set_not_found(change_set_name)
-        return inherited_describe_change_set(self, change_set_name)
-
-    backend_class.delete_change_set = delete_change_set
-    backend_class.describe_change_set = describe_change_set
-
     inherited_create_resources = models.Stack.create_resources
 
     def create_resources(self: Any) -> None:
@@ -84,12 +71,8 @@ def install() -> None:
 
     models.Stack.create_resources = create_resources
     responses.CloudFormationResponse.update_termination_protection = _update_termination_protection
-
-
-def _known_change_set(backend: Any, change_set_name: str) -> bool:
-    return change_set_name in backend.change_sets or any(
-        c.change_set_name == change_set_name for c in backend.change_sets.values()
-    )
+    responses.CloudFormationResponse.delete_change_set = _delete_change_set
+    responses.CloudFormationResponse.describe_change_set = _describe_change_set
 
 
 def _change_set_not_found(change_set_name: str) -> Exception:
@@ -114,8 +97,9 @@ def _waiting_for_review(backend: Any, stack_name: str) -> Any:
 
 
 def _find_change_set(backend: Any, change_set_name: str, stack_name: str | None) -> Any:
-    from moto.cloudformation.exceptions import ValidationError
-
+    """The change set an API call names: by its ARN, or by its name on the stack it names (names are
+    unique per stack, not per region: moto took the first of any stack's, and the CLI waited forever for
+    its Launcher's change set to be deleted after deleting its Data stack's). None when there is none."""
     if change_set_name in backend.change_sets:  # an ARN
         return backend.change_sets[change_set_name]
     for change_set in reversed(backend.change_sets.values()):  # the newest, of a stack that is there
@@ -125,14 +109,17 @@ def _find_change_set(backend: Any, change_set_name: str, stack_name: str | None)
             and stack_name in (None, change_set.stack_name, change_set.stack_id)
         ):
             return change_set
-    raise ValidationError(stack_name or change_set_name)
+    return None
 
 
 def _execute_change_set(self: Any, change_set_name: str, stack_name: str | None = None) -> None:
     """CloudFormationBackend.execute_change_set: as CreateStack / UpdateStack do it (see the docstring)."""
+    from moto.cloudformation.exceptions import ValidationError
     from moto.cloudformation.models import Stack
 
     change_set = _find_change_set(self, change_set_name, stack_name)
+    if change_set is None:
+        raise ValidationError(stack_name or change_set_name)
     current = self.stacks[change_set.stack_id]
     if change_set.change_set_type == "CREATE":
         stack = current
@@ -215,6 +202,30 @@ def _withdraw_exports(backend: Any, stack: Any) -> None:
     for name, export in list(backend.exports.items()):
         if export.exporting_stack_id == stack.stack_id:
             backend.exports.pop(name)
+
+
+def _delete_change_set(self: Any) -> Any:
+    """CloudFormationResponse.delete_change_set: the named stack's; one that is not there is no error (the
+    CLI deletes its change set's name before each deploy)."""
+    from moto.core.responses import EmptyResult
+
+    backend = self.cloudformation_backend
+    found = _find_change_set(backend, self._get_param("ChangeSetName"), self._get_param("StackName"))
+    if found is not None:
+        backend.delete_change_set(change_set_name=found.change_set_id)
+    return EmptyResult()
+
+
+def _describe_change_set(self: Any) -> Any:
+    """CloudFormationResponse.describe_change_set: the named stack's, or ChangeSetNotFound as on AWS (what
+    the CLI waits for after deleting one)."""
+    from moto.core.responses import ActionResult
+
+    name = self._get_param("ChangeSetName")
+    found = _find_change_set(self.cloudformation_backend, name, self._get_param("StackName"))
+    if found is None:
+        raise _change_set_not_found(name)
+    return ActionResult(found)
 
 
 def _update_termination_protection(self: Any) -> Any:
