@@ -19,6 +19,7 @@ from trainstack.planner.trainer_memory import (
     bottom_block_backward_in_flight_bytes,
     context_parallel_block_saved_bytes,
     context_parallel_mask_bytes,
+    ffn_weight_gradient_bytes,
     loss_backward_in_flight_bytes,
     top_block_backward_in_flight_bytes,
 )
@@ -180,7 +181,9 @@ def memory_breakdown(
         last = policy.last_block_checkpointed if policy.last_block_checkpointed is not None else f > 0
         recompute_block = full_block if last else 0  # a checkpointed block rebuilds it all
         bottom_block = m.hidden * BF16 if f > 0 else full_block  # block 0 is checkpointed first
-    working = (recompute_block + block_gradient_working_bytes(m)) * act_tokens
+    working = (recompute_block + block_gradient_working_bytes(m)) * act_tokens + ffn_weight_gradient_bytes(
+        m
+    ) / tp
     saved = m.layers * saved_block * act_tokens
 
     chunk = min(loss_chunk_tokens, tokens)

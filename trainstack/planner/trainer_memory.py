@@ -200,6 +200,12 @@ def block_gradient_working_bytes(m: ModelShape) -> int:
     return BF16 * 2 * m.ffn
 
 
+def ffn_weight_gradient_bytes(m: ModelShape) -> int:
+    """The MLP's unsharded BF16 weight gradients (fc1 2f x h, fc2 f x h), made during the MLP's backward,
+    where a block's backward peaks; reduced after the block's backward."""
+    return BF16 * 3 * m.ffn * m.hidden
+
+
 def loss_backward_in_flight_bytes(m: ModelShape) -> int:
     """Unsharded bytes at the loss's backward: head matrix BF16 parameters + BF16 gradient, and the last
     block's BF16 parameters."""
@@ -207,12 +213,14 @@ def loss_backward_in_flight_bytes(m: ModelShape) -> int:
 
 
 def top_block_backward_in_flight_bytes(m: ModelShape) -> int:
-    """Unsharded bytes while the last block runs backward: its BF16 parameters and the next one's
-    (prefetched); tied, also the shared matrix's BF16 gradient, which the [embedding, norm, output]
-    unit reduces only after the embedding's backward at the very end (its parameters are resharded
-    after the head's backward and gathered again for the embedding's)."""
+    """Unsharded bytes while an upper block runs backward (the last but one, with every other block's
+    activations still saved): its BF16 parameters, the next one's (prefetched), and the FP32
+    reduce-scatter input of the block above, which FSDP2 frees only at this block's reduce-scatter:
+    2 + 2 + 4 bytes per block parameter (traced: 64B blocks at FSDP 64). Tied, also the shared
+    matrix's BF16 gradient, which the [embedding, norm, output] unit reduces only after the
+    embedding's backward at the very end (its parameters are resharded after the head's backward)."""
     tied_gradient = m.vocab * m.hidden * BF16 if m.tied_embeddings else 0
-    return BLOCKS_IN_FLIGHT * m.params_per_layer * BF16 + tied_gradient
+    return BLOCKS_IN_FLIGHT * m.params_per_layer * BF16 + m.params_per_layer * FP32 + tied_gradient
 
 
 def bottom_block_backward_in_flight_bytes(m: ModelShape) -> int:
