@@ -227,8 +227,13 @@ def peak_categories(tracker: FSDPMemTracker) -> tuple[int, dict[str, int], dict[
     return peak, grouped, raw
 
 
-def notes_for(recipe: Recipe) -> list[str]:
+def notes_for(recipe: Recipe, layout: Layout | None = None) -> list[str]:
     notes = ["traced on fake CPU tensors with the GPU run's dtypes, pure-PyTorch block, eager"]
+    if layout is not None and layout.replicas > 1:
+        notes.append(
+            "HSDP: all-reduced on every traced micro-step (FSDP2's deferred all-reduce fails under the "
+            "tracker); FSDP2 holds each unit's FP32 all-reduce input until backward ends (AllReduceState)"
+        )
     if recipe.precision.dtype == "fp8":
         notes.append(
             "FP8 recipe: the BF16 path is traced; Transformer Engine's FP8 caches are modelled, not traced"
@@ -294,5 +299,5 @@ def trace(
             "recompute": flops.recompute if flops else None,
             "tokens": local_tokens,
         },
-        notes=notes_for(recipe),
+        notes=notes_for(recipe, layout),
     )
