@@ -56,7 +56,8 @@ def main() -> int:
             print(f"{name}: the trace exited with status {done.returncode}")
             failed = True
             continue
-        planned = same_scope_gib(recipe_memory(resolve(name).recipe))
+        recipe = resolve(name).recipe
+        planned = same_scope_gib(recipe_memory(recipe), recipe)
         traced = report["peak_bytes"] / GIB
         goal = GOALS_S.get(name)
         verdict = "" if goal is None else (" (goal met)" if wall <= goal else f" (goal {goal} s NOT met)")

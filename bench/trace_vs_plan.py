@@ -73,7 +73,7 @@ def row(name: str, label: str, changes: tuple[str, ...], layers: int | None) -> 
     depth = (f"model.layers={layers}",) if layers else ()
     try:
         recipe, source = load_recipe(path, (*depth, *overrides(base, changes)))
-        planned = same_scope_gib(recipe_memory(recipe))
+        planned = same_scope_gib(recipe_memory(recipe), recipe)
         started = time.monotonic()
         report = trace(recipe, source, progress=lambda line: None, count_flops=False)
     except TrainstackError as error:

@@ -65,6 +65,6 @@ def traced() -> dict[str, dict]:
 @pytest.mark.parametrize("layout", list(GRID))
 def test_the_planners_same_scope_memory_is_within_5_percent_of_the_trace(traced, layout):
     recipe = resolve(str(RECIPE), overrides=[*SMALL, *GRID[layout]]).recipe
-    planned = same_scope_gib(recipe_memory(recipe))
+    planned = same_scope_gib(recipe_memory(recipe), recipe)
     measured = traced[layout]["peak_bytes"] / GIB
     assert abs(planned / measured - 1) <= TOLERANCE, (layout, planned, measured, traced[layout]["peak_at"])

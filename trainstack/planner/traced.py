@@ -26,6 +26,7 @@ import math
 from dataclasses import asdict, dataclass, field
 
 from trainstack.planner.memory import CUDA_CONTEXT_GIB, FRAGMENTATION, GIB, NCCL_GIB
+from trainstack.planner.trainer_memory import context_parallel_mask_bytes
 from trainstack.recipes.schema import Recipe
 
 # The planner's components a trace cannot see (memory_breakdown's names): left out of its same-scope figure.
@@ -37,9 +38,22 @@ AMAX_TENSORS_PER_BLOCK = 12  # 4 GEMMs x (input, weight, output gradient)
 COUNTED_FLOPS_TOLERANCE = 0.02  # the issue's: use the counted FLOPs where they differ by more
 
 
-def same_scope_gib(breakdown: dict[str, float]) -> float:
-    """The planner's peak over exactly what a trace can see."""
-    return sum(v for k, v in breakdown.items() if k not in OUTSIDE_TRACE)
+def trace_only_gib(recipe: Recipe) -> dict[str, float]:
+    """What the traced step holds and the GPU run does not: under context parallelism the trace runs
+    the pure-PyTorch CP attention, whose additive causal mask ((seq / cp) x seq in BF16, 16 GiB at 128K
+    and cp 2) Transformer Engine's CP attention does not need; the GPU runs TE's unless the op-level
+    policy asks for the pure-PyTorch block (the planner counts the mask then)."""
+    ac, cp = recipe.activation_checkpointing, recipe.parallelism.cp
+    if cp == 1 or (ac.mode == "selective" and ac.policy == "op"):
+        return {}
+    return {"context-parallel mask": context_parallel_mask_bytes(recipe.training.seq_len, cp) / GIB}
+
+
+def same_scope_gib(breakdown: dict[str, float], recipe: Recipe | None = None) -> float:
+    """The planner's peak over exactly what a trace can see (with `recipe`: and what the trace holds
+    that the GPU run does not, `trace_only_gib`, so the two compare like with like)."""
+    extra = sum(trace_only_gib(recipe).values()) if recipe is not None else 0.0
+    return sum(v for k, v in breakdown.items() if k not in OUTSIDE_TRACE) + extra
 
 
 def modelled_terms(recipe: Recipe, traced_gib: float) -> dict[str, float]:
@@ -49,6 +63,8 @@ def modelled_terms(recipe: Recipe, traced_gib: float) -> dict[str, float]:
         "CUDA context": CUDA_CONTEXT_GIB,
         "NCCL buffers": NCCL_GIB,
     }
+    for name, gib in trace_only_gib(recipe).items():  # traced, but not on the GPU: taken back out
+        terms[f"{name} (traced path only)"] = -gib
     if recipe.precision.dtype == "fp8":
         m, ac = recipe.model, recipe.activation_checkpointing
         if ac.mode == "full":
@@ -110,7 +126,7 @@ def traced_memory(
         total_gib=round(total, 6),
         usable_gib=usable_gib,
         fits=total <= usable_gib,
-        planned_same_scope_gib=round(same_scope_gib(breakdown), 6),
+        planned_same_scope_gib=round(same_scope_gib(breakdown, recipe), 6),
         seconds=report["seconds"],
         peak_at=report.get("peak_at", {}),
         flops=report.get("flops", {}),
