@@ -156,7 +156,7 @@ def test_launching_an_undeployed_recipe_is_one_line(cloud: Cloud) -> None:
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
         "error: stack Trainstack-platform-64b-fp8-Launcher is not deployed in the local emulator "
-        f"({cloud.env['AWS_ENDPOINT_URL']}): run `npx cdk deploy --all -c recipe=64b-fp8 --method=direct` "
+        f"({cloud.env['AWS_ENDPOINT_URL']}): run `npx cdk deploy --all -c recipe=64b-fp8` "
         "with the emulator's AWS_* variables exported"
     ]
 

@@ -95,7 +95,7 @@ def _memory_line(before: dict | None) -> str:
     )
     return (
         f"note: {gone}the emulator keeps its state in memory only: buckets, deployed stacks, runs and jobs "
-        "last until it stops (redeploy after a restart: `npx cdk deploy --all -c recipe=... --method=direct`)"
+        "last until it stops (redeploy after a restart: `npx cdk deploy --all -c recipe=...`)"
     )
 
 

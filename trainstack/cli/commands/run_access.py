@@ -32,8 +32,8 @@ def team_option(team: str, recipes_dir: str | None = None) -> str | None:
 
 def deploy_hint(recipe: str, team: str | None, local: bool) -> str:
     hint = f"`npx cdk deploy --all -c recipe={recipe}" + (f" -c team={team}" if team else "")
-    # EMULATOR: the emulator loses exports on the change-set path (docs/cdk.md)
-    return hint + (" --method=direct` with the emulator's AWS_* variables exported" if local else "`")
+    # The emulator deploys as AWS does (trainstack.emulator.cloudformation): only its endpoint differs.
+    return hint + ("` with the emulator's AWS_* variables exported" if local else "`")
 
 
 @dataclass(frozen=True)
