@@ -36,7 +36,7 @@ import numpy as np
 from trainer.data.chat_shards import MASK_DTYPE, MASK_FORMAT, mask_name, sequence_lengths
 from trainer.data.manifest import DATASET_FORMAT
 from trainer.data.packing import pack_best_fit_decreasing, packing_efficiency
-from trainer.data.shard_index import FORMAT, INDEX_FILE, MANIFEST_FILE
+from trainer.data.shard_index import FORMAT, MANIFEST_FILE
 from trainer.prepare.chat import ChatCounts, ChatTokenizer, Example, read_examples
 from trainer.prepare.inputs import in_validation
 from trainer.prepare.pipeline import (
@@ -50,6 +50,7 @@ from trainer.prepare.pipeline import (
     check_output,
     done_markers,
     list_units,
+    write_split,
     writer_lock,
 )
 from trainer.prepare.shard_writer import ShardWriter
@@ -351,18 +352,7 @@ def write_chat_indexes(store, chat: ChatTokenizer, settings: dict, uris: list[st
                 },
             },
         }
-        if split == "train" and VALIDATION in manifests:
-            held = manifests[VALIDATION]
-            manifest["validation"] = {
-                "fraction": settings["validation_fraction"],
-                "path": VALIDATION,
-                "documents": held["documents"],
-                "tokens": held["tokens"],
-                "index_sha256": held["index_sha256"],
-            }
-        store.write(f"{base}{INDEX_FILE}", index_data)
-        store.write(f"{base}{MANIFEST_FILE}", (json.dumps(manifest, indent=1) + "\n").encode())
-        manifests[split] = manifest
+        write_split(store, base, split, index_data, manifest, manifests, settings["validation_fraction"])
     return manifests["train"]
 
 

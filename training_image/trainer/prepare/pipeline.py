@@ -646,19 +646,27 @@ def write_indexes(store, info: TokenizerInfo, config: dict, uris: list[str]) -> 
             "text_field": config["text_field"],
             "shard_tokens": config["shard_tokens"],
         }
-        if split == "train" and VALIDATION in manifests:
-            held = manifests[VALIDATION]
-            manifest["validation"] = {
-                "fraction": config["validation_fraction"],
-                "path": VALIDATION,
-                "documents": held["documents"],
-                "tokens": held["tokens"],
-                "index_sha256": held["index_sha256"],
-            }
-        store.write(f"{base}{INDEX_FILE}", index_data)
-        store.write(f"{base}{MANIFEST_FILE}", (json.dumps(manifest, indent=1) + "\n").encode())
-        manifests[split] = manifest
+        write_split(store, base, split, index_data, manifest, manifests, config["validation_fraction"])
     return manifests["train"]
+
+
+def write_split(
+    store, base: str, split: str, index_data: bytes, manifest: dict, manifests: dict, fraction: float
+) -> None:
+    """Write one split's index and manifest (the train split's names the held-out split written before
+    it), and keep the manifest in `manifests` by split. Text and chat datasets alike."""
+    if split == "train" and VALIDATION in manifests:
+        held = manifests[VALIDATION]
+        manifest["validation"] = {
+            "fraction": fraction,
+            "path": VALIDATION,
+            "documents": held["documents"],
+            "tokens": held["tokens"],
+            "index_sha256": held["index_sha256"],
+        }
+    store.write(f"{base}{INDEX_FILE}", index_data)
+    store.write(f"{base}{MANIFEST_FILE}", (json.dumps(manifest, indent=1) + "\n").encode())
+    manifests[split] = manifest
 
 
 # --- command line -----------------------------------------------------------------------------------
