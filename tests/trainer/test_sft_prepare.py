@@ -224,3 +224,39 @@ def test_a_preparation_stopped_by_a_damaged_file_resumes_to_the_same_dataset(bas
     fresh = prepare_chat([str(tmp_path / "in")], str(base), str(tmp_path / "fresh"), **settings)
     assert resumed["chat"]["examples"] == fresh["chat"]["examples"] == 20
     assert (out / "index.json").read_bytes() == (tmp_path / "fresh" / "index.json").read_bytes()
+
+
+def test_overwrite_replaces_a_local_dataset_of_other_conversations_through_the_command(base, tmp_path):
+    """`trainstack data prepare --format chat --overwrite`: as for text, the dataset of other files in a
+    local --out is deleted and this one written (without it, refused in one line)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    first = write_jsonl(tmp_path / "a" / "chats.jsonl", many_conversations(5))
+    second = write_jsonl(tmp_path / "b" / "chats.jsonl", many_conversations(7))
+    out = tmp_path / "out"
+    trainstack = Path(sys.executable).with_name("trainstack")
+
+    def prepare(source, *extra):
+        command = [
+            str(trainstack),
+            "data",
+            "prepare",
+            str(source),
+            "--format",
+            "chat",
+            "--tokenizer",
+            str(base),
+        ]
+        return subprocess.run(
+            [*command, "--out", str(out), "--seq-len", "512", *extra], capture_output=True, text=True
+        )
+
+    assert prepare(first).returncode == 0
+    refused = prepare(second)
+    assert refused.returncode == 2 and "holds a dataset prepared from other files" in refused.stderr
+    replaced = prepare(second, "--overwrite")
+    assert replaced.returncode == 0, replaced.stderr
+    assert "--overwrite: deleted the dataset of other files" in replaced.stderr
+    assert ChatShards(read_chat_dataset(out)).count == 7

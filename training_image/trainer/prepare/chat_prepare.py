@@ -46,10 +46,10 @@ from trainer.prepare.pipeline import (
     TOOL,
     VALIDATION,
     Unit,
-    _other_corpus,
     check_output,
     done_markers,
     list_units,
+    other_corpus,
     write_split,
     writer_lock,
 )
@@ -214,8 +214,10 @@ def prepare_chat(
     seq_len: int,
     validation_fraction: float = DEFAULT_VALIDATION_FRACTION,
     shard_tokens: int = DEFAULT_SHARD_TOKENS,
+    overwrite: bool = False,
 ) -> dict:
-    """Prepare the conversations of `sources` into `out`; returns the root manifest."""
+    """Prepare the conversations of `sources` into `out` (`overwrite`: replace a local dataset of other
+    files there, as for text); returns the root manifest."""
     if seq_len < 2:
         raise TrainstackError(f"--seq-len {seq_len}: expected at least 2 tokens")
     if not 0 <= validation_fraction < 1:
@@ -247,7 +249,7 @@ def prepare_chat(
         }
         check_output(store, settings)
         # Files finished earlier that are not among these inputs: another corpus, refused as for text.
-        done = _other_corpus(store, done_markers(store), units, overwrite=False)
+        done = other_corpus(store, done_markers(store), units, overwrite)
         pending = [u for u in units if done.get(u.uri, {}).get("size") != u.size]
         if pending:
             store.discard(MANIFEST_FILE)  # unfinished until the indexes are rewritten (as pipeline.prepare)
@@ -422,6 +424,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--shard-tokens", type=int, default=DEFAULT_SHARD_TOKENS, help="tokens per shard file"
     )
+    parser.add_argument(
+        "--overwrite", action="store_true", help="replace a local dataset of other files in --out"
+    )
     return parser
 
 
@@ -435,6 +440,7 @@ def main(argv: list[str] | None = None) -> int:
             seq_len=args.seq_len,
             validation_fraction=args.validation_fraction,
             shard_tokens=args.shard_tokens,
+            overwrite=args.overwrite,
         )
     except TrainstackError as exc:  # one line, also the job's ExitMessage (trainer.runtime.failure)
         from trainer.runtime.failure import report_failure

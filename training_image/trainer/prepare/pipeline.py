@@ -360,7 +360,7 @@ def writer_lock(out: str) -> Iterator[None]:
 DATASET_PARTS = ("_prepare/", "shards/", f"{VALIDATION}/", INDEX_FILE, MANIFEST_FILE)
 
 
-def _other_corpus(store, done: dict[str, dict], units: list[Unit], overwrite: bool) -> dict[str, dict]:
+def other_corpus(store, done: dict[str, dict], units: list[Unit], overwrite: bool) -> dict[str, dict]:
     """The markers to resume from. Files finished earlier that are not among this run's inputs mean the
     output holds another corpus (prepared with the same settings): resuming would drop it from the index
     without a word, so it is refused in one line, or with `overwrite` deleted first (local outputs)."""
@@ -495,7 +495,7 @@ def prepare(
             raise TrainstackError(f"{' '.join(sources)}: no JSONL, Parquet or text files found")
         done = done_markers(store)
         if finalize:  # an instance of a Processing job sees only its share of the files
-            done = _other_corpus(store, done, units, overwrite)
+            done = other_corpus(store, done, units, overwrite)
         pending = [u for u in units if done.get(u.uri, {}).get("size") != u.size]
         workers = max(1, min(workers or os.cpu_count() or 1, len(pending) or 1))
         settings = Settings(

@@ -186,7 +186,7 @@ def entrypoint_args(sources: list[str], tokenizer: str, out: str, **options: Any
         args += ["--validation-fraction", repr(options["validation_fraction"])]
         if options.get("shard_tokens") is not None:
             args += ["--shard-tokens", str(options["shard_tokens"])]
-        return args
+        return args + (["--overwrite"] if options.get("overwrite") else [])
     args = [*sources, "--tokenizer", tokenizer, "--out", out, "--text-field", options["text_field"]]
     args += ["--validation-fraction", repr(options["validation_fraction"])]
     args += ["--max-bad-records", str(options["max_bad_records"])]
