@@ -199,7 +199,7 @@ def prepare_data(emulator: Emulator, env: dict[str, str], trainstack: str) -> No
     # A demo kept from an earlier run already holds the dataset: the rerun finds every file done.
     run(
         [trainstack, "data", "prepare", "docs", "--tokenizer", "bytes"]
-        + ["--out", f"s3://{DEMO_DATA_BUCKET}/tokens/", "--local", "--validation-fraction", "0.1"]
+        + ["--out", f"s3://{DEMO_DATA_BUCKET}/tokens/", "--local", "--validation-fraction", "0.25"]
         + ["--workers", "1"],
         env,
     )

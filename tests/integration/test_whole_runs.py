@@ -46,7 +46,7 @@ def cloud(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cloud]:
         emulator.client("s3").create_bucket(Bucket=DATA_BUCKET)
         prepared = cloud.cli(
             *("data", "prepare", str(ROOT / "docs"), "--tokenizer", "bytes"),
-            *("--out", f"s3://{DATA_BUCKET}/tokens/", "--local", "--validation-fraction", "0.1"),
+            *("--out", f"s3://{DATA_BUCKET}/tokens/", "--local", "--validation-fraction", "0.25"),
             *("--workers", "1"),
         )
         assert prepared.returncode == 0, prepared.stdout + prepared.stderr
