@@ -35,7 +35,6 @@ setup: $(VENV)/.stamp node_modules/.stamp ## create .venv, install Python deps a
 # the run. `make test` is the fast tier, for waiting on while working; `make test-all` is what CI runs.
 test: setup ## the fast tier, about 10 min: unit, contract, CDK gates, trainer at 1-2 ranks, one whole run
 	$(BIN)/pytest -n 2 --dist loadgroup -m "not slow" tests
-	@echo "make test: the slow tier was deselected (the count above); make test-all runs every test"
 
 test-all: setup ## every test, about 40 min: the fast tier, the docs walkthrough, all whole runs and fault suites
 	$(BIN)/pytest -n 2 --dist loadgroup tests

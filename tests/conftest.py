@@ -36,3 +36,36 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             "tests that belong to no tier (add `pytestmark = pytest.mark.fast` or `pytest.mark.slow`, "
             "tests/conftest.py): " + ", ".join(untiered)
         )
+
+
+# How many tests each tier holds, said at the end of a run that left the slow tier out (`make test`).
+# Under xdist the workers collect and deselect, and the controller prints only "N items": each worker
+# hands its count back through `workeroutput`, the channel xdist gives for it.
+def pytest_collection_finish(session: pytest.Session) -> None:
+    deselected = getattr(session.config, "_tier_deselected", 0)
+    session.config._tier_counts = {"ran": len(session.items), "deselected": deselected}
+    if hasattr(session.config, "workeroutput"):
+        session.config.workeroutput["tier_counts"] = session.config._tier_counts
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_deselected(items: list[pytest.Item]) -> None:
+    if items:
+        config = items[0].config
+        config._tier_deselected = getattr(config, "_tier_deselected", 0) + len(items)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error) -> None:
+    counts = getattr(node, "workeroutput", {}).get("tier_counts")
+    if counts:
+        node.config._tier_counts = counts
+
+
+def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
+    counts = getattr(config, "_tier_counts", None)
+    if counts and "not slow" in (config.option.markexpr or ""):
+        terminalreporter.write_line(
+            f"the fast tier: {counts['ran']} tests selected, {counts['deselected']} of the slow tier "
+            "deselected (make test-all runs every test)"
+        )

@@ -90,6 +90,11 @@ def test_the_fast_tier_deselects_slow_tests_and_says_how_many(tmp_path: Path) ->
     fast = _run_pytest(tmp_path, "-m", "not slow")
     assert fast.returncode == 0, fast.stdout[-3000:]
     assert "2 passed, 4 deselected" in fast.stdout, fast.stdout[-3000:]
+    said = "the fast tier: 2 tests selected, 4 of the slow tier deselected"
+    assert said in fast.stdout, fast.stdout[-3000:]
+    # as `make test` runs it: xdist's controller prints no deselected count of its own
+    spread = _run_pytest(tmp_path, "-m", "not slow", "-n", "2")
+    assert spread.returncode == 0 and said in spread.stdout, spread.stdout[-3000:]
     every = _run_pytest(tmp_path)
     assert every.returncode == 0 and "6 passed" in every.stdout, every.stdout[-3000:]
 
