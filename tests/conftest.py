@@ -38,7 +38,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         )
 
 
-# How many tests each tier holds, said at the end of a run that left the slow tier out (`make test`).
+# How many tests ran and how many `-m "not slow"` left out, said at the end of `make test`.
 # Under xdist the workers collect and deselect, and the controller prints only "N items": each worker
 # hands its count back through `workeroutput`, the channel xdist gives for it.
 def pytest_collection_finish(session: pytest.Session) -> None:
