@@ -25,7 +25,9 @@ ALLOWED = {
     "gitops": {"planner", "recipes"},
     "aws": {"planner", "recipes", "protocol", "emulator"},
     "tuning": {"planner", "recipes", "protocol"},
-    "cli": {"aws", "gitops", "emulator", "tuning", "planner", "recipes", "protocol"},
+    "api": {"aws", "gitops", "emulator", "tuning", "planner", "recipes", "protocol"},
+    # The command line is a shell over the API: it parses options, calls trainstack.api and prints.
+    "cli": {"api", "aws", "gitops", "emulator", "tuning", "planner", "recipes", "protocol"},
 }
 OPEN_TO_ALL = {"trainstack", "trainstack.errors", "trainstack.units"}
 # What the training image may import: its build context holds only these (see .dockerignore).

@@ -2,7 +2,8 @@
 
 Packages, by concern; each may import only the ones below it (tests/test_architecture.py enforces it):
 
-    cli/        the `trainstack` command line, its completion and its commands
+    cli/        the `trainstack` command line, its completion and its commands: a shell over api/
+    api/        the Python API: one function per thing a user does, each returning a frozen result
     aws/        recipe -> CreateTrainingJob request and its checks, boto3 access, the run registry,
                 the runs view, the supervisor's decision, the CDK app's deployment configuration
     gitops/     what a merge deploys: the plan diff against a git ref, the template diff, their report
