@@ -221,12 +221,22 @@ class ModelShape(Section):
 
 
 class Training(Section):
+    # pretrain: every token of the data's windows is a target (docs/trainer.md). sft: supervised
+    # fine-tuning on a chat dataset (`trainstack data prepare --format chat`): packed conversations that
+    # never see each other, the loss the mean over the global batch's target (assistant) tokens
+    # (docs/sft.md); needs model.init_from and data.train_s3_uri, cp 1 (Recipe._objective).
+    objective: Literal["pretrain", "sft"] = "pretrain"
     seq_len: Annotated[PosInt, Max(1_048_576, "8x this project's 128K recipe")]
     # sequences per optimizer step, across all data-parallel ranks
     global_batch: Annotated[PosInt, GLOBAL_BATCH]
     # sequences per GPU per forward/backward: never more than global_batch (the layout check); the
     # planner's search tries every divisor of the per-rank batch, so the bound is global_batch's
     micro_batch: Annotated[PosInt, GLOBAL_BATCH]
+    # The run's length in optimizer steps, for sft too: the schedule, checkpoints, the supervisor and the
+    # registry count steps, and a recipe is validated and planned without reading its data. Under sft a
+    # step takes global_batch packed rows and the rows repeat in a new order each epoch, so E epochs of
+    # a set packed into S rows is ceil(E x S / global_batch) steps (S: the trainer logs it at start;
+    # `data prepare --format chat` reports it at the prepared seq_len; docs/sft.md).
     steps: Annotated[PosInt, STEPS]
     # AdamW moves each weight by about lr per step; published LLM peaks are 1e-4 to 1e-2.
     lr: Annotated[PosFloat, Max(1.0, "100x the highest published LLM peak (1e-2)")] = 3.0e-4
@@ -696,6 +706,7 @@ class Recipe(Section):
                 f"precision.fp8_recipe: mxfp8 needs Blackwell; {self.compute.instance_type} has "
                 f"{self.instance.gpu.name} (use current or delayed)"
             )
+        self._objective()
         if self.activation_checkpointing.policy == "op" and self.precision.dtype == "fp8":
             # Refused here, not at job start: the trainer runs FP8 only in Transformer Engine's fused
             # modules, and the op policy needs every op visible to PyTorch's dispatcher
@@ -706,6 +717,33 @@ class Recipe(Section):
                 "selective with policy block, or precision.dtype bf16"
             )
         return self
+
+    def _objective(self) -> None:
+        """What training.objective sft needs of the other sections (one line naming the field)."""
+        if self.training.objective != "sft":
+            return
+        if self.model.init_from is None:
+            raise ValueError(
+                "model.init_from: required with training.objective sft (fine-tuning starts from a base "
+                "model's weights: a Hugging Face folder, an S3 prefix or a local directory)"
+            )
+        if self.parallelism.cp > 1:
+            # The CP split cuts each row into 2 x cp chunks regardless of where its examples end, and the
+            # CP attention has no block-diagonal mask: examples would see each other.
+            raise ValueError(
+                f"parallelism.cp: {self.parallelism.cp}: context parallelism is not supported with "
+                "training.objective sft yet (its split does not respect example boundaries); use cp 1"
+            )
+        if self.data.sources:
+            raise ValueError(
+                "data.sources: a blend is not supported with training.objective sft; prepare the "
+                "conversations as one chat dataset and set data.train_s3_uri"
+            )
+        if self.data.train_s3_uri is None:
+            raise ValueError(
+                "data.train_s3_uri: required with training.objective sft (a chat dataset from "
+                "`trainstack data prepare --format chat`; there is no synthetic chat data)"
+            )
 
     @property
     def instance(self) -> Instance:
