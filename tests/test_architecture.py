@@ -156,7 +156,7 @@ TRAINER_LAYERS = {
         "optim",
         "storage",
     },
-    "export": {"checkpoint", "hf", "config", "storage", "runtime"},
+    "export": {"checkpoint", "hf", "config", "storage", "runtime", "prepare"},  # prepare: the chat template
     "trace": {"train", "config", "distributed", "models", "optim"},  # the train step on fake tensors
     "prepare": {"data", "runtime"},
     "validation": {"data", "config"},

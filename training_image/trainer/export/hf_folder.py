@@ -29,6 +29,7 @@ import io
 import json
 import logging
 import mmap
+import shutil
 import struct
 import sys
 import tempfile
@@ -45,11 +46,12 @@ from torch.distributed.checkpoint.metadata import MetadataIndex
 
 from trainer.checkpoint.manager import complete_steps, storage_completeness_problem
 from trainer.config import load_recipe
+from trainer.export.chat_model import chat_end_of_turn, export_generation_config
 from trainer.hf.conversion import Piece, parameter_shapes, pieces
 from trainer.hf.files import Folder, open_folder, tokenizer_files
 from trainer.storage import open_storage, step_dir_name
 from trainstack.errors import TrainstackError
-from trainstack.recipes.hf_config import generation_config, hf_config_from_shape
+from trainstack.recipes.hf_config import hf_config_from_shape
 from trainstack.recipes.schema import Recipe
 
 log = logging.getLogger("trainer.export")
@@ -540,8 +542,19 @@ def _export(recipe, checkpoint, out, step, dtype, tokenizer, max_shard_gb, bos_t
         dtype=dtype_name,
     )
     target.write("config.json", _json(config))
-    target.write("generation_config.json", _json(generation_config(config)))
-    shipped = _copy_tokenizer(tokenizer or recipe.export.tokenizer, base_folder, target, staging)
+    tokenizer_dir = Path(tempfile.mkdtemp(prefix="trainstack-tokenizer-"))
+    try:
+        shipped = _copy_tokenizer(tokenizer or recipe.export.tokenizer, base_folder, target, tokenizer_dir)
+        # A fine-tune stops at the end of its turn (trainer.export.chat_model): the end-of-turn token of
+        # the shipped chat template joins generation_config.json's eos_token_id.
+        turn_end = None
+        if recipe.training.objective == "sft":
+            found = chat_end_of_turn(tokenizer_dir if shipped else None, recipe.model.vocab)
+            turn_end = found[0] if found else None
+    finally:
+        shutil.rmtree(tokenizer_dir, ignore_errors=True)
+    generation = export_generation_config(config, _base_generation(base_folder), turn_end)
+    target.write("generation_config.json", _json(generation))
     result = ExportResult(
         checkpoint=storage.location,
         step=step,
@@ -565,8 +578,26 @@ def _upload_and_remove(target: Folder, local: Path, name: str) -> None:
     local.unlink()
 
 
-def _copy_tokenizer(location: str | None, base: Folder | None, target: Folder, staging: Path) -> str | None:
-    """Copy the tokenizer files from `location`, else from the base model's folder; their source."""
+def _base_generation(base: Folder | None) -> dict | None:
+    """The base folder's generation_config.json (its sampling defaults and token ids), if it has one."""
+    if base is None:
+        return None
+    try:
+        raw = base.read("generation_config.json")
+        found = json.loads(raw) if raw else None
+    except Exception as exc:  # the export writes token ids of its own; say so
+        log.warning(
+            "base generation_config.json unreadable (%s: %s): written from the config",
+            type(exc).__name__,
+            exc,
+        )
+        return None
+    return found if isinstance(found, dict) else None
+
+
+def _copy_tokenizer(location: str | None, base: Folder | None, target: Folder, keep: Path) -> str | None:
+    """Copy the tokenizer files from `location`, else from the base model's folder, a copy of each
+    left in `keep` (the chat template is read from it); their source."""
     candidates = [open_folder(location, "--tokenizer")] if location else []
     if base is not None:
         candidates.append(base)
@@ -579,10 +610,8 @@ def _copy_tokenizer(location: str | None, base: Folder | None, target: Folder, s
                 )
             continue
         for name in names:
-            local = staging / f".tokenizer-{name}"
-            folder.download(name, local)
-            target.upload(local, name)
-            local.unlink()
+            folder.download(name, keep / name)
+            target.upload(keep / name, name)
         return folder.location
     log.warning(
         "no tokenizer files shipped: pass --tokenizer (or set export.tokenizer) so the folder loads with "
