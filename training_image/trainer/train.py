@@ -37,6 +37,7 @@ from trainer.checkpoint.resume import apply_changes, recipe_record, resume_check
 from trainer.config import Layout, load_recipe, resolve_layout
 from trainer.data import blend
 from trainer.data.loader import (
+    Batch,
     Prefetcher,
     TokenSource,
     micro_batch_indices,
@@ -44,6 +45,7 @@ from trainer.data.loader import (
     open_source,
     same_data,
 )
+from trainer.data.packing import IGNORE_INDEX, PackedChat, open_chat
 from trainer.distributed.comms import check_efa
 from trainer.distributed.context_parallel import ContextParallel, apply_context_parallel, build_meshes
 from trainer.distributed.parallel import (
@@ -68,7 +70,14 @@ from trainer.models.activation_checkpointing import (
     apply_activation_checkpointing,
     is_op_level,
 )
-from trainer.models.model import Transformer, build_model, compile_blocks, compile_decision, select_backend
+from trainer.models.model import (
+    Packed,
+    Transformer,
+    build_model,
+    compile_blocks,
+    compile_decision,
+    select_backend,
+)
 from trainer.models.precision import autocast_factory, check_precision
 from trainer.optim import build_optimizer, build_scheduler
 from trainer.runtime import faults
@@ -229,6 +238,20 @@ def _train(
         checkpoints, recipe, model, optimizer, scheduler, state, token_source
     )
     max_steps = options.max_steps if options.max_steps is not None else recipe.training.steps
+    if isinstance(token_source, PackedChat):
+        rows = len(token_source)
+        log.info(
+            "fine-tuning on %d conversations packed into %d rows of %d (%.1f%% not padding): "
+            "%.3g steps per epoch at global_batch %d; training.steps %d is %.2f epochs",
+            token_source.shards.count,
+            rows,
+            recipe.training.seq_len,
+            100 * token_source.efficiency,
+            rows / layout.global_batch,
+            layout.global_batch,
+            recipe.training.steps,
+            recipe.training.steps * layout.global_batch / rows,
+        )
     ctx = LoopContext(
         recipe=recipe,
         layout=layout,
@@ -262,7 +285,21 @@ def _train(
 
 
 def _open_dataset(recipe: Recipe, directory: Path | None, uri: str | None = None) -> TokenSource:
-    """One prepared dataset (or, without a directory, the synthetic set) as this recipe reads it."""
+    """One prepared dataset (or, without a directory, the synthetic set) as this recipe reads it:
+    under training.objective sft a chat dataset's packed rows (trainer.data.packing.open_chat)."""
+    if recipe.training.objective == "sft":
+        if directory is None:  # the schema requires data.train_s3_uri; --synthetic is refused earlier
+            raise TrainstackError(
+                "training.objective: sft needs a chat dataset (--data-dir or the train channel)"
+            )
+        return open_chat(
+            directory,
+            recipe.training.seq_len,
+            recipe.model.vocab,
+            recipe.training.seed,
+            tokenizer=recipe.data.tokenizer,
+            uri=uri,
+        )
     return open_source(
         directory,
         recipe.training.seq_len,
@@ -277,6 +314,11 @@ def _open_training_data(
     recipe: Recipe, options: RunOptions, open_dataset: Callable[..., TokenSource]
 ) -> TokenSource:
     """The training samples: a blend, one dataset, or the synthetic set; never synthetic by accident."""
+    if options.synthetic and recipe.training.objective == "sft":
+        raise TrainstackError(
+            "--synthetic: training.objective is sft, which trains on a chat dataset's targets; there is no "
+            "synthetic chat data (pass --data-dir)"
+        )
     if options.synthetic:
         return open_dataset(None, recipe.data.train_s3_uri)
     if options.data_dir is None and recipe.data.train_s3_uri:
@@ -399,11 +441,15 @@ class LoopContext:
 
 @dataclass(frozen=True)
 class MicroSteps:
-    loss_sum: torch.Tensor  # sum of the micro-steps' mean losses (device; not read here)
+    loss_sum: torch.Tensor  # pretrain: sum of the micro-steps' mean losses; sft: see step_loss
     samples: list[int]
     stop: bool  # every rank saw a stop request
     done: int  # micro-steps computed; < grad_accum: the step is dropped
     save_due: bool  # rank 0's checkpoint clock says save after this step
+    # This rank's share of the step's loss, averaged over ranks by the metric line (device; not read
+    # here). pretrain: the mean of its micro-steps' means; sft: its targets' summed loss x data ranks /
+    # the global batch's target count, so the mean over ranks is the global batch's mean over targets.
+    step_loss: torch.Tensor | None = None
 
 
 def _forward_backward(
@@ -414,16 +460,36 @@ def _forward_backward(
     Each micro-step's mean loss is divided by the accumulation count, and FSDP2 averages gradients
     over the ranks, so the accumulated gradient is that of the mean loss over the global batch. The
     stop vote posted after micro-step m is read after micro-step m + 1 is queued (and the last one
-    before returning): no rank waits on the vote while it has compute to queue."""
+    before returning): no rank waits on the vote while it has compute to queue.
+
+    Fine-tuning (packed rows): the step's micro-batches are read first and their target tokens
+    counted and all-reduced, so every micro-step's summed loss is divided by the whole global batch's
+    target count before its backward (`target_scale`; docs/trainer.md)."""
     layout = ctx.layout
     loss_sum = torch.zeros((), device=ctx.device)
     used: list[int] = []
+    plan = [
+        micro_batch_indices(position, index, ctx.data_rank, layout.data_ranks, layout.micro_batch)
+        for index in range(layout.grad_accum)
+    ]
+    fine_tuning = ctx.recipe.training.objective == "sft"
+    read: list[Batch] = [batches.next(indices) for indices in plan] if fine_tuning else []
+    scale = target_scale(read, layout.data_ranks, ctx.cp.size) if fine_tuning else None
     for index in range(layout.grad_accum):  # not `micro_step`: that name is the function called below
         last = index == layout.grad_accum - 1
-        indices = micro_batch_indices(position, index, ctx.data_rank, layout.data_ranks, layout.micro_batch)
-        batch = batches.next(indices)
+        batch = read[index] if fine_tuning else batches.next(plan[index])
         used.extend(batch.sample_indices)
-        loss = micro_step(ctx.model, ctx.mesh, batch.inputs, batch.targets, autocast, layout.grad_accum, last)
+        loss = micro_step(
+            ctx.model,
+            ctx.mesh,
+            batch.inputs,
+            batch.targets,
+            autocast,
+            layout.grad_accum,
+            last,
+            packed=batch.packed,
+            scale=scale,
+        )
         loss_sum += loss.detach()
         stopped, _ = vote.result()  # the previous micro-step's vote
         vote.post(save_due=save_due and last)
@@ -431,7 +497,21 @@ def _forward_backward(
             vote.result()  # every rank reads the vote it posted: the group stays in step
             return MicroSteps(loss_sum, used, True, index + 1, False)
     stopped, due = vote.result()
-    return MicroSteps(loss_sum, used, stopped, layout.grad_accum, due)
+    step_loss = loss_sum if fine_tuning else loss_sum / layout.grad_accum
+    return MicroSteps(loss_sum, used, stopped, layout.grad_accum, due, step_loss)
+
+
+def target_scale(batches: list[Batch], data_ranks: int, cp: int = 1) -> torch.Tensor:
+    """data_ranks / (target tokens of the whole global batch): what each micro-step's summed loss is
+    multiplied by before its backward. The count is this rank's micro-batches' labels that are not -100,
+    all-reduced over every rank (the CP ranks of a group hold the same rows: divided by cp). FSDP
+    averages gradients over the data-parallel ranks, hence the factor data_ranks: the accumulated
+    gradient is that of (sum of every target's loss) / (global target count). A batch without any
+    target (impossible from `data prepare`, which drops such examples) gives a zero loss, not NaN."""
+    count = sum((b.targets != IGNORE_INDEX).sum() for b in batches)
+    count = count.to(torch.float32)
+    dist.all_reduce(count)
+    return data_ranks / (count / cp).clamp_min(1.0)
 
 
 def micro_step(
@@ -442,11 +522,22 @@ def micro_step(
     autocast: Callable,
     grad_accum: int,
     last: bool,
+    packed: Packed | None = None,
+    scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One micro-step's forward and backward (the training loop's, and the memory trace's): gradient
     sync as the micro-step's place in the step says, the loss scaled by the accumulation count.
-    Returns the micro-step's mean loss (not divided)."""
+    Returns the micro-step's mean loss (not divided).
+
+    Packed rows (fine-tuning): the model gives the summed loss of the micro-batch's targets, multiplied
+    by `scale` (`target_scale`) before the backward; returns that scaled sum."""
     set_gradient_sync(model, mesh, last_micro_step=last)
+    if packed is not None:
+        with autocast():
+            summed = model(inputs, targets, packed=packed)
+        loss = summed * scale
+        loss.backward()
+        return loss
     with autocast():  # forward only: TE's autocast must not wrap backward
         loss = model(inputs, targets)
     (loss / grad_accum).backward()
@@ -574,7 +665,7 @@ def _loop(ctx: LoopContext, state: TrainerState, max_steps: int, stop: StopReque
             grad_norm, lr = _optimizer_step(ctx, step + 1)
             step += 1
             position += layout.global_batch
-            step_loss = done.loss_sum / layout.grad_accum  # this rank's mean over its micro-steps
+            step_loss = done.step_loss  # this rank's share (MicroSteps.step_loss)
             watch.add(step, step_loss, grad_norm)
             interval_loss += step_loss
             interval_steps += 1

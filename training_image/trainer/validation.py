@@ -22,6 +22,11 @@ its mean over micro_batch x seq_len tokens; all micro-batches hold the same numb
 mean of the micro-batch means, all-reduced, is the mean over every validation token. Under context
 parallelism every rank evaluates its chunks of its group's samples (S / cp tokens each, the same
 count on every rank), so the same all-reduced mean over all ranks is still the mean over every token.
+
+Fine-tuning (`training.objective: sft`): the validation split is held-out conversations, packed as
+training packs them (trainer.data.packing.open_chat), and the loss is the training loss: every
+micro-batch's summed loss over its target tokens, summed over the batches and all-reduced, divided by
+their target tokens, all-reduced too (the mean over every held-out target, whatever the packing).
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ import torch.distributed as dist
 from trainer.config import Layout
 from trainer.data.blend import source_directories
 from trainer.data.loader import Prefetcher, TokenSource, micro_batch_indices
+from trainer.data.packing import IGNORE_INDEX
 from trainstack.errors import TrainstackError
 from trainstack.protocol.metrics import SOURCE_VAL_LOSS
 from trainstack.recipes.schema import VALIDATION_DIR, Recipe, Validation
@@ -121,11 +127,13 @@ class Validator:
             for m in range(layout.grad_accum)
         ]
         samples = settings.batches * layout.global_batch
+        self.packed = any(hasattr(vs.source, "row") for vs in self.sets)  # chat rows: a masked loss
         for vs in self.sets:
             windows = getattr(vs.source, "total_windows", None)
             if windows is not None and windows < samples:
                 log.warning(
-                    "validation split %s holds %d windows, fewer than batches x global_batch = %d: "
+                    "validation split %s holds %d windows (packed rows), fewer than batches x "
+                    "global_batch = %d: "
                     "some are evaluated twice (fewer validation.batches avoids that)",
                     vs.source.name,
                     windows,
@@ -139,6 +147,7 @@ class Validator:
     def evaluate(self, model: torch.nn.Module, autocast: Callable) -> dict[str, float]:
         """Metric-line values: `val_loss`, and `val_loss_<source>` per blend source. Every rank calls it."""
         sums = torch.zeros(len(self.sets), dtype=torch.float32, device=self.device)
+        targets = torch.zeros(len(self.sets), dtype=torch.float32, device=self.device)  # packed rows only
         was_training = model.training
         model.eval()
         try:
@@ -148,14 +157,25 @@ class Validator:
                     try:
                         for indices in self.plan:
                             batch = batches.next(indices)
+                            if batch.packed is not None:  # the summed loss over its targets
+                                with autocast():
+                                    sums[k] += model(batch.inputs, batch.targets, packed=batch.packed).float()
+                                targets[k] += (batch.targets != IGNORE_INDEX).sum()
+                                continue
                             with autocast():
                                 sums[k] += model(batch.inputs, batch.targets).float()
                     finally:
                         batches.close()
         finally:
             model.train(was_training)
-        dist.all_reduce(sums)
-        losses = (sums / (len(self.plan) * self.layout.world)).tolist()
+        if self.packed:
+            both = torch.cat((sums, targets))
+            dist.all_reduce(both)
+            sums, targets = both.split(len(self.sets))
+            losses = (sums / targets.clamp_min(1.0)).tolist()
+        else:
+            dist.all_reduce(sums)
+            losses = (sums / (len(self.plan) * self.layout.world)).tolist()
         values = {"val_loss": sum(losses) / len(losses)}
         for vs, loss in zip(self.sets, losses, strict=True):
             if vs.label is not None:

@@ -23,6 +23,12 @@ group read the same samples), and keeps only its chunks of each (trainer.distrib
 
 `Prefetcher` reads those micro-batches ahead on a background thread (into pinned host memory on CUDA)
 so the step loop never waits on a read; the loop copies each to the GPU without blocking.
+
+Fine-tuning (`training.objective: sft`) reads a chat dataset through `trainer.data.packing.PackedChat`
+instead: sample s is packed row s (a permutation of the packed sequences, new each epoch, exactly as
+windows above), so the same position arithmetic, checkpointed position and resume apply; its
+micro-batches carry the rows' labels (-100 outside the targets), position ids, segment ids and
+cu_seqlens (`Batch.packed`).
 """
 
 from __future__ import annotations
@@ -45,6 +51,7 @@ import torch
 
 from trainer.data.manifest import check_tokenizer, read_manifest
 from trainer.data.shard_index import FORMAT, INDEX_FILE, DatasetIndex, read_dataset  # noqa: F401 (re-exported)
+from trainer.models.model import Packed
 from trainstack.errors import TrainstackError
 
 log = logging.getLogger("trainer.data")
@@ -62,8 +69,9 @@ class TokenSource(Protocol):
 @dataclass(frozen=True)
 class Batch:
     inputs: torch.Tensor  # (micro_batch, seq_len) int64
-    targets: torch.Tensor
+    targets: torch.Tensor  # packed rows: their labels, -100 where nothing is learnt
     sample_indices: tuple[int, ...]
+    packed: Packed | None = None  # packed chat rows (training.objective sft); None: token windows
 
 
 _MASK64 = (1 << 64) - 1
@@ -220,13 +228,13 @@ def open_source(
 
 def _refuse_chat(dataset: DatasetIndex) -> None:
     """A chat (fine-tuning) dataset read as token windows would make every token a target and run
-    examples into each other: refused until the trainer has `training.objective: sft` (docs/sft.md)."""
+    examples into each other: refused under `training.objective: pretrain` (docs/sft.md)."""
     index = dataset.directory / INDEX_FILE
     if dataset.kind == "trainstack" and json.loads(index.read_bytes()).get("loss_mask") is not None:
         raise TrainstackError(
-            f"{index}: loss_mask: a chat dataset (`data prepare --format chat`); the trainer cannot "
-            "fine-tune on it yet (training.objective: sft, docs/sft.md), and as pretraining data its loss "
-            "mask and example boundaries would be ignored"
+            f"{index}: loss_mask: a chat dataset (`data prepare --format chat`) under training.objective "
+            "pretrain, which would ignore its loss mask and example boundaries; set training.objective: "
+            "sft to fine-tune on it (docs/sft.md)"
         )
 
 
@@ -278,15 +286,23 @@ class Prefetcher:
         self.waited_s = 0.0  # time `next` blocked on an empty queue: the loop waiting for data (metric line)
 
     def _run(self, source: TokenSource, plan: Iterator[range]) -> None:
+        packed_rows = hasattr(source, "row")  # trainer.data.packing.PackedChat
+        if packed_rows and self._split is not None:
+            self._put(ValueError("packed rows cannot be split for context parallelism"))
+            return
         try:
             for indices in plan:
+                if packed_rows:
+                    if not self._put((indices, *_packed_tensors(source, indices, self._pin))):
+                        return
+                    continue
                 windows = torch.from_numpy(np.stack([source.sample(i) for i in indices]))
                 pair = (windows[:, :-1], windows[:, 1:])
                 if self._split is not None:
                     pair = tuple(self._split(t) for t in pair)
                 if self._pin:
                     pair = tuple(t.pin_memory() for t in pair)
-                if not self._put((indices, pair)):
+                if not self._put((indices, pair, None)):
                     return
         except BaseException as exc:  # handed to the training thread
             self._put(exc)
@@ -309,17 +325,38 @@ class Prefetcher:
             self.waited_s += time.perf_counter() - started
         if isinstance(item, BaseException):
             raise item
-        indices, (inputs, targets) = item
+        indices, (inputs, targets), packed = item
         if indices != expected:  # the plan and the loop disagree: a bug, never silently wrong data
             raise RuntimeError(f"prefetched samples {indices}, the step needs {expected}")
         if self._pin:
             inputs = inputs.to(self.device, non_blocking=True)
             targets = targets.to(self.device, non_blocking=True)
-        return Batch(inputs, targets, tuple(indices))
+            if packed is not None:
+                positions, segments, cu_seqlens, max_seqlen = packed
+                packed = (
+                    positions.to(self.device, non_blocking=True),
+                    segments.to(self.device, non_blocking=True),
+                    cu_seqlens.to(self.device, non_blocking=True),
+                    max_seqlen,
+                )
+        return Batch(inputs, targets, tuple(indices), None if packed is None else Packed(*packed))
 
     def close(self) -> None:
         self._closed.set()
         self._thread.join(timeout=5)
+
+
+def _packed_tensors(source, indices: range, pin: bool) -> tuple[tuple, tuple]:
+    """((input_ids, labels), (position_ids, segment_ids, cu_seqlens, max_seqlen)) of packed rows."""
+    from trainer.data.packing import collate  # packing imports this module (WindowOrder)
+
+    batch = collate([source.row(i) for i in indices])
+    pair = (batch.input_ids, batch.labels)
+    layout = (batch.position_ids, batch.segment_ids, batch.cu_seqlens)
+    if pin:
+        pair = tuple(t.pin_memory() for t in pair)
+        layout = tuple(t.pin_memory() for t in layout)
+    return pair, (*layout, batch.max_seqlen)
 
 
 def same_data(recorded: str, current: str) -> bool:

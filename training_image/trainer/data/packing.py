@@ -34,12 +34,16 @@ import bisect
 import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
 
-from trainer.data.chat_shards import ChatShards
+from trainer.data.chat_shards import ChatShards, read_chat_dataset
 from trainer.data.loader import WindowOrder
+from trainer.data.manifest import check_tokenizer, read_manifest
+from trainer.data.shard_index import INDEX_FILE
+from trainer.models.model import block_causal_mask  # noqa: F401 (the model builds it; re-exported here)
 from trainstack.errors import TrainstackError
 
 IGNORE_INDEX = -100  # what torch.nn.functional.cross_entropy skips by default (transformers' labels)
@@ -148,22 +152,13 @@ def collate(rows: Sequence[PackedRow]) -> PackedBatch:
     )
 
 
-def block_causal_mask(segment_ids: torch.Tensor) -> torch.Tensor:
-    """(batch, 1, seq, seq) bool, True where query i may attend to key j: the same segment, j <= i
-    (scaled_dot_product_attention's `attn_mask` convention)."""
-    seq = segment_ids.shape[-1]
-    same = segment_ids[:, :, None] == segment_ids[:, None, :]
-    causal = torch.ones(seq, seq, dtype=torch.bool, device=segment_ids.device).tril()
-    return (same & causal)[:, None]
-
-
 class PackedChat:
     """A chat dataset's examples packed into rows of seq_len (best-fit decreasing, computed once from
     the .idx lengths), row `index` of the run being packed sequence WindowOrder(index mod S, epoch) of
     the S sequences: the order is new each epoch, the packing the same (it depends on the lengths
     alone), and the data position stays one integer, as for token windows (trainer.data.loader)."""
 
-    def __init__(self, shards: ChatShards, seq_len: int, seed: int = 0, pad_id: int = 0):
+    def __init__(self, shards: ChatShards, seq_len: int, seed: int = 0, pad_id: int = 0, name: str = ""):
         lengths = shards.dataset.lengths
         if lengths.size == 0:
             raise TrainstackError(f"{shards.dataset.index.directory}: the chat dataset holds no example")
@@ -178,6 +173,15 @@ class PackedChat:
         self.tokens = int(lengths.sum())
         self.efficiency = packing_efficiency(self.tokens, len(self.bins), seq_len)
         self.order = WindowOrder(len(self.bins), seed)
+        # What a checkpoint records and a resume compares (trainer.data.loader.same_data): the dataset's
+        # content hash, never its mount path. The packing follows from the data and seq_len, both fixed
+        # within a run (a seq_len change is refused on resume).
+        self.name = name or f"chat:sha256={shards.dataset.index.content_sha256[:16]}"
+
+    @property
+    def total_windows(self) -> int:
+        """Packed rows per epoch (the name validation reads for any source's epoch size)."""
+        return len(self.bins)
 
     def __len__(self) -> int:
         return len(self.bins)
@@ -186,3 +190,30 @@ class PackedChat:
         epoch, sequence = divmod(index, len(self.bins))
         examples = [self.shards.example(i) for i in self.bins[self.order(sequence, epoch)]]
         return pack_row(examples, self.seq_len, self.pad_id)
+
+
+def open_chat(
+    directory: Path,
+    seq_len: int,
+    vocab: int,
+    seed: int,
+    *,
+    tokenizer: str | None = None,
+    uri: str | None = None,
+) -> PackedChat:
+    """A chat dataset (`data prepare --format chat`) as `training.objective: sft` reads it: its examples
+    packed into rows of seq_len, row s of the run being packed sequence WindowOrder(s mod S, epoch) of
+    the S sequences, so the data position is one integer (rows consumed), resumed exactly as token
+    windows are. Every id is checked against model.vocab as it is read. `tokenizer` and `uri` as in
+    trainer.data.loader.open_source."""
+    dataset = read_chat_dataset(Path(directory))  # one line naming the file and field for a non-chat set
+    index = dataset.index
+    where = index.directory / INDEX_FILE
+    if index.vocab_size is not None and index.vocab_size > vocab:
+        raise TrainstackError(
+            f"{where}: vocab_size: the shards use {index.vocab_size} token ids but model.vocab is {vocab}"
+        )
+    if tokenizer is not None:
+        check_tokenizer(read_manifest(index.directory), index.directory, tokenizer, "data.tokenizer")
+    name = f"chat:sha256={index.content_sha256[:16]}" + (f"@{uri}" if uri else "")
+    return PackedChat(ChatShards(dataset, vocab), seq_len, seed, name=name)

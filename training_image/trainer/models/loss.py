@@ -19,10 +19,12 @@ def _chunk_loss_sum(hidden: torch.Tensor, targets: torch.Tensor, head: nn.Module
     return F.cross_entropy(logits, targets, reduction="sum")
 
 
-def chunked_cross_entropy(
+def chunked_cross_entropy_sum(
     hidden: torch.Tensor, targets: torch.Tensor, head: nn.Module, chunk_tokens: int
 ) -> torch.Tensor:
-    """Mean cross-entropy of head(hidden) against targets; hidden is (..., dim), targets (...)."""
+    """Summed cross-entropy of head(hidden) against targets; hidden is (..., dim), targets (...).
+    Targets of -100 (transformers' ignore index, F.cross_entropy's default) add nothing: the sum over
+    a fine-tuning batch's target tokens, which the trainer divides by the whole global batch's count."""
     flat_hidden = hidden.reshape(-1, hidden.shape[-1])
     flat_targets = targets.reshape(-1)
     total = flat_hidden.new_zeros((), dtype=torch.float32)
@@ -31,4 +33,11 @@ def chunked_cross_entropy(
         total = total + checkpoint(
             _chunk_loss_sum, flat_hidden[start:end], flat_targets[start:end], head, use_reentrant=False
         )
-    return total / flat_targets.numel()
+    return total
+
+
+def chunked_cross_entropy(
+    hidden: torch.Tensor, targets: torch.Tensor, head: nn.Module, chunk_tokens: int
+) -> torch.Tensor:
+    """Mean cross-entropy of head(hidden) against targets (pretraining: every position is a target)."""
+    return chunked_cross_entropy_sum(hidden, targets, head, chunk_tokens) / targets.numel()

@@ -27,6 +27,19 @@ frequency of an 8K table has only 877 distinct (cos, sin) pairs.
 
 Models are built on the meta device and materialised after sharding (`init_weights`), so a 64B model
 never has to fit unsharded in one process.
+
+**Packed rows** (fine-tuning, `training.objective: sft`; trainer.data.packing): `forward(tokens, labels,
+packed=Packed(...))` takes rows holding several examples. Each row's rotary positions are its
+`position_ids` (restarting at 0 per example) and attention never crosses an example: on the pure-PyTorch
+backend SDPA gets the block-diagonal causal mask (`block_causal_mask`, built once per forward; SDPA's
+flash kernel takes no mask, so cuDNN, memory-efficient or math runs); on Transformer Engine the batch is
+flattened to TE's `thd` layout and both the fused RoPE and `DotProductAttention` (`padding_causal`) take
+the varlen `cu_seqlens`, whose segments restart positions exactly where `position_ids` do (the padding
+run is a segment of its own). The TE path cannot run on CPU: it is written from TE's documented API
+(`apply_rotary_pos_emb(tensor_format="thd", cu_seqlens=...)`, `DotProductAttention.forward(...,
+qkv_format="thd", cu_seqlens_q/kv, max_seqlen_q/kv, attn_mask_type)`) and checked on a GPU only. With
+`packed`, forward returns the SUM of the target tokens' cross-entropy (labels -100 skipped): the trainer
+divides by the global batch's target count (docs/trainer.md).
 """
 
 from __future__ import annotations
@@ -42,7 +55,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor, distribute_tensor
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from trainer.models.loss import chunked_cross_entropy
+from trainer.models.loss import chunked_cross_entropy, chunked_cross_entropy_sum
 from trainstack.recipes.schema import ModelShape, RopeScaling
 
 log = logging.getLogger("trainer.model")  # its log lines' name before the package move
@@ -52,6 +65,8 @@ INIT_STD = 0.02
 # flash next, math (which repeats K/V for GQA and keeps the score matrix) only as the last resort.
 # On CPU the flash backend is the CPU flash kernel. bench/trainer_gpu.py times cuDNN against flash.
 SDPA_PRIORITY = (SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.MATH)
+# With an explicit mask (packed rows) the flash kernel is not eligible; the memory-efficient one is.
+MASKED_SDPA_PRIORITY = [SDPBackend.CUDNN_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 # --- pure-PyTorch modules, parameter-compatible with Transformer Engine's -------------------------
@@ -184,9 +199,14 @@ def rotary_angles(
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate pairs (first half, second half) of each head, in FP32; x is (batch, seq, heads, dim).
-    The same non-interleaved convention as TE's `apply_rotary_pos_emb(interleaved=False)`."""
+    The same non-interleaved convention as TE's `apply_rotary_pos_emb(interleaved=False)`. cos and sin
+    are (seq, dim/2), one position per token of every row, or (batch, seq, dim/2), each row's own
+    positions (packed rows)."""
     first, second = x.float().chunk(2, dim=-1)
-    cos, sin = cos[: x.shape[1], None, :], sin[: x.shape[1], None, :]  # (seq, 1, dim/2)
+    if cos.dim() == 3:  # per row: (batch, seq, 1, dim/2)
+        cos, sin = cos[:, :, None, :], sin[:, :, None, :]
+    else:
+        cos, sin = cos[: x.shape[1], None, :], sin[: x.shape[1], None, :]  # (seq, 1, dim/2)
     rotated = torch.cat((first * cos - second * sin, first * sin + second * cos), dim=-1)
     return rotated.type_as(x)
 
@@ -209,6 +229,40 @@ class SDPAttention(nn.Module):
             )
         return out.transpose(1, 2).reshape(batch, seq, -1)
 
+    def forward_masked(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
+    ) -> torch.Tensor:
+        """Attention under an explicit boolean mask (batch, 1, seq, seq), True where allowed: packed
+        rows' block-diagonal causal mask. The flash kernel takes no mask, so cuDNN, memory-efficient
+        and math are tried in that order."""
+        batch, seq = q.shape[:2]
+        with sdpa_kernel(MASKED_SDPA_PRIORITY, set_priority=True):
+            out = F.scaled_dot_product_attention(
+                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask, enable_gqa=self.gqa
+            )
+        return out.transpose(1, 2).reshape(batch, seq, -1)
+
+
+@dataclass(frozen=True)
+class Packed:
+    """What a batch of packed rows (trainer.data.packing.collate) tells the model besides its tokens:
+    each token's position within its example, which example it belongs to, and the same boundaries as
+    the varlen kernels' cumulative lengths over the batch flattened row after row."""
+
+    position_ids: torch.Tensor  # (batch, seq) int64, restarting at 0 per example
+    segment_ids: torch.Tensor  # (batch, seq) int64
+    cu_seqlens: torch.Tensor  # (segments + 1,) int32
+    max_seqlen: int
+    mask: torch.Tensor | None = None  # the block-causal mask, built once per forward where SDPA needs it
+
+
+def block_causal_mask(segment_ids: torch.Tensor) -> torch.Tensor:
+    """(batch, 1, seq, seq) bool, True where query i may attend to key j: the same segment, j <= i."""
+    seq = segment_ids.shape[-1]
+    same = segment_ids[:, :, None] == segment_ids[:, None, :]
+    causal = torch.ones(seq, seq, dtype=torch.bool, device=segment_ids.device).tril()
+    return (same & causal)[:, None]
+
 
 # --- backends -------------------------------------------------------------------------------------
 @dataclass(frozen=True)
@@ -226,6 +280,11 @@ class Backend:
     rotate: Callable[..., tuple[torch.Tensor, torch.Tensor]]
     # (shape, seq_len, device) -> {buffer name: FP32 table}
     rope_tables: Callable[[ModelShape, int, torch.device], dict[str, torch.Tensor]]
+    # Packed rows: (q, k, packed, tables...) -> (q, k) rotated at each row's position_ids, and
+    # (core, q, k, v, packed) -> (batch, seq, heads x dim) attention that never crosses an example.
+    packed_rotate: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None = None
+    packed_attention: Callable[..., torch.Tensor] | None = None
+    needs_mask: bool = False  # packed attention reads Packed.mask (built by the model per forward)
 
 
 def _pytorch_rotate(
@@ -239,6 +298,20 @@ def _pytorch_rope_tables(shape: ModelShape, seq_len: int, device: torch.device) 
     return {"rope_cos": cos, "rope_sin": sin}
 
 
+def _pytorch_packed_rotate(
+    q: torch.Tensor, k: torch.Tensor, packed: Packed, cos: torch.Tensor, sin: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    # The tables read at each token's own position: (batch, seq, dim/2).
+    cos, sin = cos[packed.position_ids], sin[packed.position_ids]
+    return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+
+
+def _pytorch_packed_attention(
+    core: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, packed: Packed
+) -> torch.Tensor:
+    return core.forward_masked(q, k, v, packed.mask)
+
+
 def pytorch_backend() -> Backend:
     return Backend(
         "pytorch",
@@ -249,6 +322,9 @@ def pytorch_backend() -> Backend:
         core_attention=lambda shape: SDPAttention(shape.heads, shape.kv_heads),
         rotate=_pytorch_rotate,
         rope_tables=_pytorch_rope_tables,
+        packed_rotate=_pytorch_packed_rotate,
+        packed_attention=_pytorch_packed_attention,
+        needs_mask=True,
     )
 
 
@@ -278,6 +354,38 @@ def _te_backend(te, apply_rotary_pos_emb) -> Backend:
         angles = rotary_angles(shape.head_dim, seq_len, shape.rope_theta, device, shape.rope_scaling)
         return {"rope_freqs": torch.cat((angles, angles), dim=-1)[:, None, None, :].contiguous()}
 
+    # Packed rows in TE's `thd` layout (tokens of the batch flattened): the fused RoPE restarts the
+    # positions at every cu_seqlens boundary (= the rows' position_ids), and the fused attention's
+    # `padding_causal` keeps each segment to itself, with no score computed across segments.
+    def packed_rotate(q, k, packed, freqs):
+        batch, seq = q.shape[:2]
+
+        def thd(x):
+            out = apply_rotary_pos_emb(
+                x.reshape(batch * seq, *x.shape[2:]),
+                freqs,
+                tensor_format="thd",
+                fused=True,
+                cu_seqlens=packed.cu_seqlens,
+            )
+            return out.view(batch, seq, *x.shape[2:])
+
+        return thd(q), thd(k)
+
+    def packed_attention(core, q, k, v, packed):
+        batch, seq = q.shape[:2]
+        flat = [x.reshape(batch * seq, *x.shape[2:]) for x in (q, k, v)]
+        out = core(
+            *flat,
+            qkv_format="thd",
+            attn_mask_type="padding_causal",
+            cu_seqlens_q=packed.cu_seqlens,
+            cu_seqlens_kv=packed.cu_seqlens,
+            max_seqlen_q=packed.max_seqlen,
+            max_seqlen_kv=packed.max_seqlen,
+        )
+        return out.view(batch, seq, -1)
+
     return Backend(
         "transformer_engine",
         # bias=True gives LayerNormLinear a `bias` parameter (out,) added after the GEMM (TE docs,
@@ -300,6 +408,8 @@ def _te_backend(te, apply_rotary_pos_emb) -> Backend:
         ),
         rotate=rotate,
         rope_tables=rope_tables,
+        packed_rotate=packed_rotate,
+        packed_attention=packed_attention,
     )
 
 
@@ -324,11 +434,17 @@ class Attention(nn.Module):
         self.core = backend.core_attention(shape)
         self.proj = backend.linear(shape.q_dim, shape.hidden)
         self._rotate = backend.rotate
+        self._packed_rotate, self._packed_attention = backend.packed_rotate, backend.packed_attention
 
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, rope: tuple[torch.Tensor, ...], packed: Packed | None = None
+    ) -> torch.Tensor:
         batch, seq, _ = x.shape
         qkv = self.qkv(x).view(batch, seq, self.heads + 2 * self.kv_heads, self.head_dim)
         q, k, v = qkv.split([self.heads, self.kv_heads, self.kv_heads], dim=2)
+        if packed is not None:
+            q, k = self._packed_rotate(q, k, packed, *rope)
+            return self.proj(self._packed_attention(self.core, q, k, v.contiguous(), packed))
         q, k = self._rotate(q, k, *rope)
         # A copy of v (kv_heads wide) lets the fused Q/K/V output be freed after RoPE; as a view, v
         # would keep the whole (heads + 2 kv_heads) output alive until backward.
@@ -345,14 +461,20 @@ class Block(nn.Module):
         # depend on the checkpointing mode.
         self.recompute: Callable[..., torch.Tensor] | None = None
 
-    def _forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, ...]) -> torch.Tensor:
-        x = x + self.attention(x, rope)
+    def _forward(
+        self, x: torch.Tensor, rope: tuple[torch.Tensor, ...], packed: Packed | None = None
+    ) -> torch.Tensor:
+        x = x + self.attention(x, rope, packed)
         return x + self.feed_forward(x)
 
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, rope: tuple[torch.Tensor, ...], packed: Packed | None = None
+    ) -> torch.Tensor:
+        # Packed rows pass one more argument; without them the call is the pretraining one, unchanged.
+        args = (x, rope) if packed is None else (x, rope, packed)
         if self.recompute is not None:
-            return self.recompute(self._forward, x, rope)
-        return self._forward(x, rope)
+            return self.recompute(self._forward, *args)
+        return self._forward(*args)
 
 
 # Parameters initialised to one (norm gains), to zero (the Q/K/V bias) and those scaled by
@@ -369,6 +491,7 @@ class Transformer(nn.Module):
         self.shape, self.seq_len, self.backend_name = shape, seq_len, backend.name
         self.loss_chunk_tokens = loss_chunk_tokens
         self._rope_tables = backend.rope_tables
+        self._needs_mask = backend.needs_mask
         self.tok_embeddings = nn.Embedding(shape.vocab, shape.hidden)
         self.layers = nn.ModuleList(Block(shape, backend) for _ in range(shape.layers))
         self.norm = backend.norm(shape.hidden, shape.norm_eps)
@@ -413,17 +536,39 @@ class Transformer(nn.Module):
         for name, table in tables.items():
             getattr(self, name).copy_(table)
 
-    def forward(self, tokens: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self, tokens: torch.Tensor, targets: torch.Tensor | None = None, packed: Packed | None = None
+    ) -> torch.Tensor:
         """Mean next-token cross-entropy of `targets` given `tokens`, both (batch, seq); without
         `targets`, the full logits (batch, seq, vocab) (comparisons with a reference model: small
-        inputs only, the logits are not chunked)."""
+        inputs only, the logits are not chunked).
+
+        With `packed` (rows of several examples, `targets` the rows' labels, -100 where nothing is
+        learnt): the SUM of the target tokens' cross-entropy, not a mean, since the mean that training
+        needs is over the target tokens of the whole global batch, which one forward cannot see."""
+        if packed is not None and self.rope_positions is not None:
+            raise ValueError("packed rows under context parallelism are not supported")
         x = self.tok_embeddings(tokens)
         rope = self.rope()
+        if packed is None:
+            for block in self.layers:
+                x = block(x, rope)
+            if targets is None:
+                return self.output(self.norm(x))
+            return chunked_cross_entropy(self.norm(x), targets, self.output, self.loss_chunk_tokens)
+        if self._needs_mask and packed.mask is None:
+            packed = Packed(
+                packed.position_ids,
+                packed.segment_ids,
+                packed.cu_seqlens,
+                packed.max_seqlen,
+                block_causal_mask(packed.segment_ids),
+            )
         for block in self.layers:
-            x = block(x, rope)
+            x = block(x, rope, packed)
         if targets is None:
             return self.output(self.norm(x))
-        return chunked_cross_entropy(self.norm(x), targets, self.output, self.loss_chunk_tokens)
+        return chunked_cross_entropy_sum(self.norm(x), targets, self.output, self.loss_chunk_tokens)
 
 
 def _init_sharded(param: torch.Tensor, init: Callable[[torch.Tensor], object]) -> None:
