@@ -19,4 +19,16 @@ docs/architecture.md draws the data flow. `stacks/` (the CDK constructs) and `tr
 sit outside this package and import from it, never the other way round.
 """
 
-__version__ = "0.1.0"
+
+def _version() -> str:
+    """The installed package's version (pyproject.toml, through its metadata): one source for
+    `trainstack --version`, this attribute and CHANGELOG.md's newest section."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("trainstack")
+    except PackageNotFoundError:  # a checkout run without `pip install -e .`
+        return "0+unknown"
+
+
+__version__ = _version()

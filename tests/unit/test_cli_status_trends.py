@@ -121,7 +121,7 @@ def test_every_status_panel_fits_120_columns_when_piped(run, monkeypatch):
         where = "the local emulator (http://localhost:55555)"
 
     monkeypatch.setattr("trainstack.aws.runs.aws_clients", lambda local: Clients())
-    monkeypatch.setattr(status, "_collect", lambda *a: snapshot)
+    monkeypatch.setattr("trainstack.aws.run_status.collect_status", lambda *a: snapshot)
     result = CliRunner().invoke(app, ["status", "30b-fp8"], env={"COLUMNS": None})
     assert result.exit_code == 0, result.output
     widths = [len(line) for line in result.stdout.splitlines()]

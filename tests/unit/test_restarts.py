@@ -170,7 +170,7 @@ def test_status_shows_each_jobs_measured_restart_beside_the_plan(monkeypatch):
 
     snapshot = status.Snapshot([report], {}, [], True, trends, restarts)
     monkeypatch.setattr("trainstack.aws.runs.aws_clients", lambda local: Clients())
-    monkeypatch.setattr(status, "_collect", lambda *a: snapshot)
+    monkeypatch.setattr("trainstack.aws.run_status.collect_status", lambda *a: snapshot)
     (shown,) = json.loads(CliRunner().invoke(app, ["status", "30b-fp8", "--json"]).stdout)["runs"]
     assert shown["restart"]["parts"] == {
         "decision": 120.0,

@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 import pytest
 from test_resume_after_a_failure import run as failed_run
 
+from trainstack.aws import run_status
 from trainstack.aws.export_job import export_job_request
 from trainstack.aws.registry import view
 from trainstack.aws.request import checkpoint_uri, create_training_job_request
@@ -118,9 +119,9 @@ def test_runs_mlflow_reads_the_runs_recorded_recipe_not_a_recipe_by_name(monkeyp
         seen.append(resolved)
         return "http://mlflow.local"
 
-    monkeypatch.setattr("trainstack.cli.commands.mlflow_access.tracking_uri", tracking_uri)
+    monkeypatch.setattr("trainstack.aws.mlflow_access.tracking_uri", tracking_uri)
     monkeypatch.setattr(
-        "trainstack.cli.commands.mlflow_access.describe",
+        "trainstack.aws.mlflow_access.describe",
         lambda v, uri, r, team, s3=None: (f"mlflow: {uri}", None),
     )
 
@@ -130,6 +131,6 @@ def test_runs_mlflow_reads_the_runs_recorded_recipe_not_a_recipe_by_name(monkeyp
         def client(self, name):
             return None
 
-    lines = runs_command._mlflow_lines(Aws(), [view(run, {}, None, datetime.now(UTC))], None)
+    lines = run_status.mlflow_lines(Aws(), [view(run, {}, None, datetime.now(UTC))], None)
     assert lines[name] == ("mlflow: http://mlflow.local", None), lines
     assert [r.name for r in seen] == ["demo-tiny"] and seen[0] == recipe

@@ -23,13 +23,80 @@ never trainstack.cli.
 
 from __future__ import annotations
 
+from trainstack.api.data import DataPrepareResult, data_prepare
+from trainstack.api.monitoring import (
+    CheckpointsResult,
+    LogsResult,
+    RunsResult,
+    StatusResult,
+    checkpoints,
+    logs,
+    runs,
+    status,
+)
+from trainstack.api.planning import CompareResult, PlanResult, compare, plan, trace
 from trainstack.api.results import DocumentResult, OnProgress, Result
+from trainstack.api.runs_api import (
+    ExportResult,
+    LaunchResult,
+    NotConfirmed,
+    NothingFits,
+    ResumeResult,
+    RunAction,
+    RunState,
+    StillCreating,
+    StillRunning,
+    StopResult,
+    TuneResult,
+    export,
+    launch,
+    resume,
+    stop,
+    tune,
+    wait_for_run,
+)
+from trainstack.api.validation import Invalid, ValidateResult, validate
 from trainstack.errors import RecipeError, TrainstackError
 
 __all__ = [
+    "CheckpointsResult",
+    "CompareResult",
+    "DataPrepareResult",
     "DocumentResult",
+    "ExportResult",
+    "Invalid",
+    "LaunchResult",
+    "LogsResult",
+    "NotConfirmed",
+    "NothingFits",
     "OnProgress",
+    "PlanResult",
     "RecipeError",
     "Result",
+    "ResumeResult",
+    "RunAction",
+    "RunState",
+    "RunsResult",
+    "StatusResult",
+    "StillCreating",
+    "StillRunning",
+    "StopResult",
     "TrainstackError",
+    "TuneResult",
+    "ValidateResult",
+    "checkpoints",
+    "compare",
+    "data_prepare",
+    "export",
+    "launch",
+    "logs",
+    "plan",
+    "resume",
+    "runs",
+    "status",
+    "stop",
+    "trace",
+    "tune",
+    "validate",
+    "wait_for_run",
 ]

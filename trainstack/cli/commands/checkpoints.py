@@ -7,22 +7,17 @@ trainstack.aws.checkpoints; the states are the trainer's own checks before it lo
 
 from __future__ import annotations
 
-import json
 import sys
-import time
-from datetime import UTC, datetime
-from pathlib import Path
+from datetime import datetime
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from trainstack.cli.commands.status import LocalOpt
-from trainstack.errors import TrainstackError
 
 if TYPE_CHECKING:
-    from trainstack.aws.checkpoints import CheckpointView, Location
+    from trainstack.aws.checkpoints import CheckpointView
 
-PROGRESS_EVERY_S = 2.0
 STATE_STYLE = {"complete": "green", "incomplete": "yellow", "damaged": "bold red"}
 
 
@@ -68,88 +63,18 @@ def checkpoints(
 
       trainstack checkpoints ./checkpoints
     """
-    from botocore.exceptions import BotoCoreError, ClientError
+    from trainstack import api
 
-    from trainstack.aws.checkpoints import list_checkpoints
-    from trainstack.aws.session import explain
+    def stderr(line: str) -> None:
+        typer.echo(line, err=True)
 
-    location = open_location(run, local)
-    try:
-        views = list_checkpoints(location)
-        if verify and views:
-            views = verify_all(location, views)
-    except (ClientError, BotoCoreError) as error:
-        raise TrainstackError(f"could not read checkpoints in {location.where}: {explain(error)}") from None
-    now = datetime.now(UTC)
-    if as_json:
-        typer.echo(json.dumps([v.as_dict(now) for v in views], indent=2))
-    else:
-        render(views, location.where, run, now, verify)
-    if verify and any(v.state == "damaged" for v in views):
-        raise typer.Exit(1)
-
-
-def open_location(run: str, local: bool) -> Location:
-    """RUN as a place to list: a local directory, an s3:// prefix, or a run's own checkpoint prefix."""
-    from trainstack.aws.checkpoints import LocalLocation, S3Location
-
-    if not run.startswith("s3://") and ("/" in run or Path(run).is_dir()):
-        if not Path(run).is_dir():
-            raise TrainstackError(f"{run}: no such checkpoint directory")
-        return LocalLocation(Path(run))
-    from trainstack.aws.session import Aws
-
-    aws = Aws(local=local)
-    if run.startswith("s3://"):
-        return S3Location(aws.client("s3"), run)
-    from trainstack.cli.commands.run_access import find_run
-
-    record, _ = find_run(aws, run)
-    return S3Location(aws.client("s3"), record.checkpoint_uri)
-
-
-def verify_all(location: Location, views: list[CheckpointView]) -> list[CheckpointView]:
-    from trainstack.aws.checkpoints import verify
-
-    todo = [v for v in views if v.state == "complete"]
-    total = sum(v.inspection.size for v in todo if v.inspection is not None)
-    done, last = 0, 0.0
-    typer.echo(f"verifying {len(todo)} checkpoint(s), {_size(total)}: reading every byte", err=True)
-
-    def progress(name: str, count: int) -> None:
-        nonlocal done, last
-        done += count
-        if time.monotonic() - last >= PROGRESS_EVERY_S or done == total:
-            last = time.monotonic()
-            typer.echo(f"  {_size(done)} of {_size(total)} read ({name})", err=True)
-
-    checked = []
-    for item in views:
-        result = verify(location, item, progress) if item.state == "complete" else item
-        if item.state == "complete":
-            typer.echo(f"  {_folder(item.step)}: {_state(result)}", err=True)
-        checked.append(result)
+    found = api.checkpoints(run, verify=verify, local=local, on_progress=stderr)
     sys.stderr.flush()
-    return checked
-
-
-def _folder(step: int) -> str:
-    from trainstack.protocol.checkpoint_format import step_dir_name
-
-    return step_dir_name(step)
-
-
-def _state(item: CheckpointView) -> str:
-    if item.state == "complete":
-        return "complete, verified" if item.verified else "complete"
-    return f"{item.state}: {item.problem}"
-
-
-def _size(count: int) -> str:
-    for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if count >= scale:
-            return f"{count / scale:.1f} {unit}"
-    return f"{count} B"
+    if as_json:
+        typer.echo(found.to_json())
+    else:
+        render(list(found.views), found.where, run, found.now, verify)
+    raise typer.Exit(found.exit_code)
 
 
 def _age(seconds: float | None) -> str:
@@ -165,6 +90,7 @@ def render(views: list[CheckpointView], where: str, run: str, now: datetime, ver
     from rich.table import Table
     from rich.text import Text
 
+    from trainstack.api.monitoring import size_text, state_text
     from trainstack.aws.checkpoints import resumable
     from trainstack.cli.commands.plan_options import console as make_console
 
@@ -181,8 +107,8 @@ def render(views: list[CheckpointView], where: str, run: str, now: datetime, ver
     for column in ("step", "size", "age", "files", "state"):
         table.add_column(column, justify="right" if column in ("step", "size", "age", "files") else "left")
     for item in views:
-        state = Text(_state(item), style=STATE_STYLE.get(item.state, ""))
-        table.add_row(str(item.step), _size(item.size), _age(item.age_s(now)), str(item.files), state)
+        state = Text(state_text(item), style=STATE_STYLE.get(item.state, ""))
+        table.add_row(str(item.step), size_text(item.size), _age(item.age_s(now)), str(item.files), state)
     console.print(table)
     newest = resumable(views)
     if newest is None:

@@ -7,17 +7,13 @@ cluster price) and CloudWatch for the newest step.
 
 from __future__ import annotations
 
-import json
-from dataclasses import replace
-from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from trainstack.aws.supervisor import CAPACITY_BLOCK_END
 from trainstack.cli.commands.plan_options import RecipesDirOpt, TeamOpt
 from trainstack.cli.commands.status import LocalOpt
-from trainstack.errors import TrainstackError
 
 if TYPE_CHECKING:
     from trainstack.aws.registry import RunView
@@ -64,132 +60,15 @@ def runs(
 
       trainstack runs 30b-fp8 --team nlp --json
     """
-    from botocore.exceptions import BotoCoreError, ClientError
+    from trainstack import api
 
-    from trainstack.aws.runs import aws_clients
-    from trainstack.aws.session import explain
-
-    stack_prefix = None
-    if recipe is not None:
-        from trainstack.recipes.loader import resolve
-        from trainstack.recipes.naming import stack_prefix as make_prefix
-
-        stack_prefix = make_prefix(resolve(recipe, team=team, recipes_dir=recipes_dir).recipe, team)
-    elif team is not None:
-        from trainstack.recipes.schema import team_name_problem
-
-        if (problem := team_name_problem(team)) is not None:
-            raise TrainstackError(f"--team: {problem}")
-    clients = aws_clients(local)
-    try:
-        views = collect(clients, stack_prefix, team if recipe is None else None)
-    except (BotoCoreError, ClientError) as error:
-        raise TrainstackError(f"reading runs from {clients.where} failed: {explain(error)}") from None
-    tracked = _mlflow_lines(clients.aws, views, recipes_dir) if mlflow else {}
+    found = api.runs(recipe, team=team, local=local, recipes_dir=recipes_dir, mlflow=mlflow)
     if as_json:
-        rows = [v.as_dict() for v in views]
-        for row in rows if mlflow else ():
-            line, found = tracked[row["run"]]
-            row["mlflow"] = {"url": found.url, "run_id": found.run_id} if found is not None else line
-        typer.echo(json.dumps(rows, indent=2))
+        typer.echo(found.to_json())
         return
-    render(views, clients.where, recipe, team)
-    for run_name, (line, _) in tracked.items():
+    render(list(found.views), found.where, recipe, team)
+    for run_name, (line, _) in found.mlflow.items():
         typer.echo(f"{run_name}: {line}")
-
-
-def _mlflow_lines(aws: Any, views: list[RunView], recipes_dir: str | None) -> dict[str, tuple[str, Any]]:
-    """run -> (where its MLflow run is, the MLflow run or None) (trainstack.cli.commands.mlflow_access)."""
-    from trainstack.aws.run_request import recipe_of
-    from trainstack.cli.commands import mlflow_access
-    from trainstack.cli.commands.run_access import deploy_hint, team_option
-    from trainstack.recipes.loader import resolve
-
-    out = {}
-    for v in views:
-        # The registry names the deployment's team; the default team's recipes deploy without `--team`.
-        team = team_option(v.run.team, recipes_dir)
-        try:
-            # The run's own recorded recipe: what it trained and tracked, whatever is deployed or on disk
-            # now; a recipe deployed from a file (the demo's scripts/demo-tiny.yaml) has no name that
-            # `resolve` finds ("unknown recipe 'demo-tiny'", issue 40). By name only for a run recorded
-            # before runs recorded their request.
-            resolved = (
-                recipe_of(v.run.request)
-                if v.run.request
-                else resolve(v.run.recipe, team=team, recipes_dir=recipes_dir).recipe
-            )
-            uri = mlflow_access.tracking_uri(aws, resolved, team, deploy_hint(v.run.recipe, team, aws.local))
-        except TrainstackError as error:
-            out[v.run.run] = (f"mlflow: {error}", None)
-            continue
-        out[v.run.run] = mlflow_access.describe(v, uri, resolved, team, s3=aws.client("s3"))
-    return out
-
-
-def collect(clients: Any, stack_prefix: str | None, team: str | None) -> list[RunView]:
-    """Every run of the registries found, with SageMaker's job states and the newest step, newest first."""
-    from botocore.exceptions import ClientError
-
-    from trainstack.aws.registry import deployed_recipe_hash, registries, scan_runs, view
-    from trainstack.aws.runs import job_from_description, latest_metrics
-
-    now = datetime.now(UTC)
-    dynamodb = clients.aws.client("dynamodb")
-    cloudformation = clients.aws.client("cloudformation")
-    found, deployed = [], {}
-    for registry in registries(cloudformation, stack_prefix):
-        if team is not None and not registry.stack.startswith(f"Trainstack-{team}-"):
-            continue
-        runs_here = scan_runs(dynamodb, registry.table)
-        found.extend(runs_here)
-        deployed_hash = deployed_recipe_hash(cloudformation, registry)
-        deployed.update({r.run: deployed_hash for r in runs_here})
-    views = []
-    for run in sorted(found, key=lambda r: r.created, reverse=True):
-        described = {}
-        for record in run.jobs:
-            try:
-                described[record.name] = job_from_description(
-                    clients.sagemaker.describe_training_job(TrainingJobName=record.name)
-                )
-            except ClientError as error:
-                if error.response.get("Error", {}).get("Code") not in (
-                    "ValidationException",
-                    "ResourceNotFound",
-                ):
-                    raise  # a job not created yet (or never) is simply not described
-        step = None
-        for record in sorted(run.jobs, key=lambda j: j.index, reverse=True):
-            if record.name in described:
-                metrics = latest_metrics(clients.cloudwatch, described[record.name], now)
-                if "step" in metrics:
-                    step = int(metrics["step"].value)
-                    break
-        if run.exports:  # the folder each export wrote (or will): its step, asked or reported
-            run = replace(run, exports=tuple(_with_folder(clients.sagemaker, e) for e in run.exports))
-        found_view = view(run, described, step, now, deployed.get(run.run))
-        stand_ins = sorted({j.stand_in for j in described.values() if j.stand_in})
-        if stand_ins:  # the local emulator trained a scaled-down stand-in (trainstack.emulator.stand_in)
-            found_view = replace(found_view, notes=(*found_view.notes, *(f"emulator {s}" for s in stand_ins)))
-        views.append(found_view)
-    return views
-
-
-def _with_folder(sagemaker: Any, export: dict[str, Any]) -> dict[str, Any]:
-    from botocore.exceptions import ClientError
-
-    from trainstack.aws.runs import export_folder
-
-    try:
-        described = (
-            sagemaker.describe_training_job(TrainingJobName=export["job"]) if export.get("job") else None
-        )
-    except ClientError as error:
-        if error.response.get("Error", {}).get("Code") not in ("ValidationException", "ResourceNotFound"):
-            raise
-        described = None  # not created (yet)
-    return {**export, "folder": export_folder(export, described)}
 
 
 def _tokens(n: int | None) -> str:

@@ -142,14 +142,6 @@ def _run_panel(
 
 
 def _eta(report: RunReport, plan: Any, now: datetime) -> Any:
-    from trainstack.aws.trends import eta
+    from trainstack.aws.run_status import run_eta
 
-    if plan is None or not report.job.running:
-        return None
-    return eta(
-        report.job.started,
-        report.steps_target,
-        report.hours_remaining,
-        float(plan.throughput.step_time_s),
-        now,
-    )
+    return run_eta(report, plan, now)
