@@ -30,6 +30,9 @@ LR_HIGH_FACTOR = 10.0  # above 10 x eta_opt: almost surely diverges
 LR_LOW_FACTOR = 0.01  # below eta_opt / 100: the model barely moves
 BATCH_FACTOR = 10.0  # a global batch 10 x above or below B_opt for the run's token budget
 WARMUP_SHARE = 0.5  # warmup longer than half the run
+# Full-parameter supervised fine-tuning's learning rates: Tulu 3's 2e-6 (70B) and 5e-6 (8B)
+# (arXiv:2411.15124, SFT hyperparameters) to Alpaca's 2e-5 (7B, tatsu-lab/stanford_alpaca README).
+FT_LR_PUBLISHED = (2e-6, 2e-5)
 GB_PER_GIB = 2**30 / 1e9
 
 
@@ -67,6 +70,26 @@ def _local_storage_gb(recipe: Recipe) -> float:
     return float(recipe.instance.instance_store_gb)
 
 
+def _fine_tuning_lr(lr: float) -> list[Concern]:
+    """Full-parameter fine-tuning (training.objective sft) moves a trained model: published runs use
+    2e-6 to 2e-5 (FT_LR_PUBLISHED); 10 x above the top of that range undoes the base's training, 10 x below
+    the bottom barely moves it."""
+    low, high = FT_LR_PUBLISHED
+    if lr > LR_HIGH_FACTOR * high:
+        outcome = f"above {LR_HIGH_FACTOR:g} x the highest, the fine-tune overwrites what the base learned"
+    elif lr < low / LR_HIGH_FACTOR:
+        outcome = f"below 1/{LR_HIGH_FACTOR:g} of the lowest, the model barely moves from the base"
+    else:
+        return []
+    return [
+        Concern(
+            "training.lr",
+            f"{lr:g} for a full fine-tune (training.objective sft): published runs use {low:g} to {high:g} "
+            f"(Tulu 3, Alpaca); {outcome}",
+        )
+    ]
+
+
 def check(recipe: Recipe, plan: Any, local_storage_gb: float | None = None) -> list[Concern]:
     """Every concern about `recipe` given its plan (trainstack.planner.plan). Pure; never raises.
 
@@ -76,7 +99,9 @@ def check(recipe: Recipe, plan: Any, local_storage_gb: float | None = None) -> l
     training = recipe.training
 
     eta = optimal_lr(recipe)
-    if training.lr > LR_HIGH_FACTOR * eta or training.lr < LR_LOW_FACTOR * eta:
+    if training.objective == "sft":  # the fits below are pretraining's; a fine-tune has its own range
+        concerns += _fine_tuning_lr(training.lr)
+    elif training.lr > LR_HIGH_FACTOR * eta or training.lr < LR_LOW_FACTOR * eta:
         side = "above" if training.lr > eta else "below"
         limit = LR_HIGH_FACTOR if side == "above" else LR_LOW_FACTOR
         outcome = "training almost surely diverges" if side == "above" else "the model barely learns"
@@ -105,7 +130,7 @@ def check(recipe: Recipe, plan: Any, local_storage_gb: float | None = None) -> l
         )
 
     batch, best = recipe.tokens_per_step, optimal_batch_tokens(recipe)
-    if batch > BATCH_FACTOR * best or batch < best / BATCH_FACTOR:
+    if training.objective != "sft" and (batch > BATCH_FACTOR * best or batch < best / BATCH_FACTOR):
         side = "above" if batch > best else "below"
         effect = (
             f"the token budget buys only {training.steps:,} optimizer steps"

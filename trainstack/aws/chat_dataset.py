@@ -1,0 +1,108 @@
+"""A fine-tuning recipe's prepared chat set, read for the plan: its manifest.json, where the job reads it.
+
+`plan` of a `training.objective: sft` recipe prices the run in epochs over the set
+(trainstack.planner.fine_tuning), from `<data.train_s3_uri>/manifest.json` as `data prepare --format
+chat` wrote it: through the emulator's S3 with --local, AWS's otherwise (GetObject, capped at
+MAX_MANIFEST_BYTES). A plan needs no AWS and no data: a manifest it cannot read here (no access, not
+prepared yet) leaves the epochs unpriced in one line and the rest of the plan stands; a manifest that is
+not a chat set's refuses the plan in one line (the trainer would refuse it at step 0, after the nodes
+are paid for).
+
+    read_manifest(uri, s3)               -> (manifest, where), or TrainstackError / ManifestUnreadable
+    fine_tuning_for_plan(recipe, plan, local) -> (the `fine_tuning` JSON block, the lines to print)
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from trainstack.errors import TrainstackError
+from trainstack.planner.fine_tuning import ManifestProblem, plan_fine_tuning, summary_lines, unpriced_line
+from trainstack.recipes.schema import Recipe
+
+WHAT = "data.train_s3_uri"
+MANIFEST = "manifest.json"
+# A chat set's manifest is a few KB (its first 20 skipped lines are its longest part); a megabyte
+# bounds what a wrong URI can make the CLI read.
+MAX_MANIFEST_BYTES = 2**20
+
+
+class ManifestUnreadable(TrainstackError):
+    """The manifest could not be read here (no AWS access, not prepared yet, access denied)."""
+
+
+def manifest_key(uri: str) -> tuple[str, str]:
+    bucket, _, prefix = uri.removeprefix("s3://").partition("/")
+    return bucket, (prefix.rstrip("/") + "/" + MANIFEST).lstrip("/")
+
+
+def read_manifest(uri: str, s3: Any | None) -> tuple[dict[str, Any], str]:
+    """The set's manifest.json and where it was read. ManifestUnreadable when it cannot be read here;
+    TrainstackError (one line) when what is there is not JSON."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    from trainstack.aws.session import explain
+
+    bucket, key = manifest_key(uri)
+    where = f"s3://{bucket}/{key}"
+    if s3 is None:
+        raise ManifestUnreadable(f"{where}: cannot be read without AWS access")
+    try:
+        body = s3.get_object(Bucket=bucket, Key=key, Range=f"bytes=0-{MAX_MANIFEST_BYTES}")["Body"].read()
+    except ClientError as error:
+        code = error.response.get("Error", {}).get("Code", "")
+        if code in ("NoSuchKey", "404"):
+            raise ManifestUnreadable(f"{where}: no such object (not prepared yet?)") from None
+        if code == "NoSuchBucket":
+            raise ManifestUnreadable(f"{where}: bucket {bucket} does not exist") from None
+        raise ManifestUnreadable(f"{where}: cannot be read ({explain(error)})") from None
+    except BotoCoreError as error:  # no credentials, no region, no network
+        raise ManifestUnreadable(f"{where}: cannot be read ({explain(error)})") from None
+    if len(body) > MAX_MANIFEST_BYTES:
+        raise TrainstackError(f"{WHAT}: {where}: over {MAX_MANIFEST_BYTES:,} bytes; is this a manifest.json?")
+    try:
+        return json.loads(body), where
+    except (ValueError, RecursionError) as error:
+        raise TrainstackError(
+            f"{WHAT}: {where}: not valid JSON ({' '.join(str(error).split())[:160]})"
+        ) from None
+
+
+def _s3(local: bool) -> tuple[Any | None, str | None]:
+    """An S3 client (the emulator's with --local), or None and why there is none."""
+    from botocore.exceptions import BotoCoreError
+
+    from trainstack.aws.session import Aws
+
+    try:
+        return Aws(local=local).client("s3"), None
+    except (TrainstackError, BotoCoreError) as error:
+        return None, " ".join(str(error).split())
+
+
+def fine_tuning_for_plan(recipe: Recipe, plan: Any, local: bool) -> tuple[dict[str, Any] | None, list[str]]:
+    """`plan`'s fine-tuning block: (the JSON `fine_tuning` value, the lines printed after the plan), or
+    (None, []) for a pretraining recipe. Raises TrainstackError (exit 2, one line naming
+    data.train_s3_uri) when the manifest there is not a chat set's."""
+    uri = recipe.data.train_s3_uri
+    if recipe.training.objective != "sft" or uri is None:
+        return None, []
+    bucket, key = manifest_key(uri)
+    where = f"s3://{bucket}/{key}"
+    s3, why = _s3(local)
+    try:
+        if s3 is None:
+            raise ManifestUnreadable(f"{where}: not read ({why})")
+        manifest, where = read_manifest(uri, s3)
+    except ManifestUnreadable as error:
+        reason = str(error).removeprefix(f"{where}: ")
+        return {"manifest": where, "priced": False, "reason": reason}, [unpriced_line(recipe, where, reason)]
+    run = plan.run
+    try:
+        figures = plan_fine_tuning(
+            recipe, manifest, where, run.hours + run.validation_hours, plan.cost.total_usd
+        )
+    except ManifestProblem as problem:
+        raise TrainstackError(f"{WHAT}: {problem}") from None
+    return {**figures.to_dict(), "priced": True}, summary_lines(figures, recipe)
