@@ -11,6 +11,7 @@ trace runs here (tests/trace/test_plan_trace.py runs one).
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -186,3 +187,49 @@ def test_checkpoints_json_is_the_api_checkpoints_to_json(aws_stood_in, tmp_path)
         (20, "damaged"),
         (10, "incomplete"),
     ]
+
+
+SFT = [
+    "training.objective=sft",
+    "model.init_from=s3://chat-sets/base/",
+    "data.train_s3_uri=s3://chat-sets/support/v1/",
+]
+
+
+@pytest.fixture
+def s3(monkeypatch):
+    from moto import mock_aws
+
+    for key in [k for k in os.environ if k.startswith("AWS_")]:
+        monkeypatch.delenv(key)
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    with mock_aws():
+        import boto3
+
+        client = boto3.client("s3", region_name="us-east-1")
+        client.create_bucket(Bucket="chat-sets")
+        yield client
+
+
+def test_a_fine_tunes_plan_json_carries_its_fine_tuning_block_as_the_api_does(s3):
+    found = api.plan("8b-fp8", overrides=SFT, enforce=False)
+    assert found.fine_tuning is not None and not found.fine_tuning["priced"]
+    assert "no such object" in found.fine_tuning["reason"]
+    args = ["plan", "8b-fp8", "-q"] + [word for item in SFT for word in ("--set", item)]
+    assert cli_json(*args, exit_code=found.exit_code) == found.to_json() + "\n"
+    assert "fine_tuning" not in json.loads(api.plan("8b-fp8", enforce=False).to_json())  # pretraining
+
+
+def test_a_fine_tune_over_a_pretraining_set_is_refused_in_the_same_line_by_the_api_and_the_cli(s3):
+    manifest = {"format": "trainstack-dataset-v1", "tokens": 1000, "documents": 3}
+    s3.put_object(Bucket="chat-sets", Key="support/v1/manifest.json", Body=json.dumps(manifest).encode())
+    with pytest.raises(api.TrainstackError) as raised:
+        api.plan("8b-fp8", overrides=SFT, enforce=False)
+    line = " ".join(str(raised.value).split())
+    assert line.startswith("data.train_s3_uri: ") and "not a chat dataset" in line
+    args = ["plan", "8b-fp8", "-q"] + [word for item in SFT for word in ("--set", item)]
+    printed = CliRunner().invoke(app, [*args, "--json"])
+    assert printed.exit_code == 2 and printed.stdout == ""
+    assert f"error: {line}" in printed.output

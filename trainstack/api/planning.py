@@ -34,6 +34,10 @@ class PlanResult(Result):
     tuning_run: dict[str, Any]
     warnings: tuple[str, ...]  # legal values that are almost surely wrong (trainstack.planner.sanity)
     local: bool = False
+    # A fine-tuning recipe (training.objective sft): epochs over its chat set, priced from the set's
+    # manifest (trainstack.aws.chat_dataset), and the lines that say so; None for pretraining.
+    fine_tuning: dict[str, Any] | None = None
+    fine_tuning_lines: tuple[str, ...] = ()
     traced: dict[str, Any] | None = None  # trace(): memory.traced (or the planner fallback's reason)
     trace_lines: tuple[str, ...] = ()  # trace(): what the trace found, the verdict last
     trace_note: str | None = None  # trace(): why the planner's memory stands (a layout it cannot follow)
@@ -56,6 +60,8 @@ class PlanResult(Result):
 
     def to_document(self) -> dict[str, Any]:
         document = {**self.plan.to_dict(), "measured": self.measured, "tuning_run": self.tuning_run}
+        if self.fine_tuning is not None:  # only a fine-tune's plan has the block (pretraining's is unchanged)
+            document["fine_tuning"] = self.fine_tuning
         if self.trace_lines or self.traced is not None:
             document["memory"]["traced"] = copy.deepcopy(self.traced)
         return copy.deepcopy(document)
@@ -148,13 +154,20 @@ def plan(
     """Plan `recipe`: memory per GPU and its verdict, throughput, time and cost with their ranges, the
     run, one recommendation, and what tuning runs measured for its layout (`local`: the figures measured
     on the emulator's CPU jobs, `ranks` of them per job; a CPU measurement never changes a GPU plan).
+    A fine-tuning recipe's epochs are priced from its chat set's manifest.json (through the emulator's S3
+    with `local`); one it cannot read leaves them unpriced (`fine_tuning["reason"]`), one that is not a
+    chat set's raises.
 
     `enforce` (default): raise the one-line error `trainstack plan` prints after the plan when the
     recipe is over a team's budget cap, would be refused by AWS, or names a base model of another
     shape; without it, call `result.enforce()` yourself. A plan that does not fit is not an error:
     see `result.fits`. `on_warning` is called with each line of `result.warnings` (values that are
     legal but almost surely wrong) as soon as the plan is made."""
+    from trainstack.aws.chat_dataset import fine_tuning_for_plan
+
     resolved, planned, warnings = _resolve_and_plan(recipe, team, overrides, recipes_dir, on_warning)
+    # A fine-tune's chat set that is not one refuses the plan here, in one line naming data.train_s3_uri.
+    fine_tuning, fine_tuning_lines = fine_tuning_for_plan(resolved.recipe, planned, local)
     result = PlanResult(
         resolved=resolved,
         plan=planned,
@@ -162,6 +175,8 @@ def plan(
         tuning_run=_tuning_run(resolved.recipe),
         warnings=warnings,
         local=local,
+        fine_tuning=fine_tuning,
+        fine_tuning_lines=tuple(fine_tuning_lines),
     )
     if enforce:
         result.enforce()

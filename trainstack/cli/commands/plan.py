@@ -159,6 +159,7 @@ def _print_plan_text(planned, recipe: str, team: str | None, sets: list[str], pr
             + f", {measured['tokens_per_s']:,.0f} tokens/s per GPU on {measured['hardware']} "
             f"(planned {measured['planned_step_time_s']:.4g} s): {measured['source']}"
         )
+    lines += planned.fine_tuning_lines  # a fine-tune: its epochs over the chat set, or why not priced
     print_plan(planned.plan, title, planned.rerun_command(recipe, team, sets), tuple(lines))
 
 
