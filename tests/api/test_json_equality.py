@@ -233,3 +233,24 @@ def test_a_fine_tune_over_a_pretraining_set_is_refused_in_the_same_line_by_the_a
     printed = CliRunner().invoke(app, [*args, "--json"])
     assert printed.exit_code == 2 and printed.stdout == ""
     assert f"error: {line}" in printed.output
+
+
+def test_data_prepare_dry_run_prints_the_plan_then_the_api_request(s3, monkeypatch):
+    """`data prepare` has no --json; its --dry-run prints the plan's line, then the checked
+    CreateProcessingJob request, which is the API result's to_json()."""
+    from types import SimpleNamespace
+
+    monkeypatch.setattr("trainstack.api.data.datetime", SimpleNamespace(datetime=_Frozen, UTC=UTC))
+    s3.put_object(Bucket="chat-sets", Key="web/a.jsonl", Body=b'{"text": "hello"}\n')
+    ask = dict(tokenizer="bytes", out="s3://chat-sets/tokens/", recipe="8b-fp8", dry_run=True)
+    steps: list[str] = []
+    found = api.data_prepare(["s3://chat-sets/web/"], on_step=steps.append, **ask)
+    assert found.where == "aws" and not found.started and steps == [f"plan: {found.plan}"]
+    assert json.loads(found.to_json())["ProcessingJobName"] == found.job
+    printed = CliRunner().invoke(
+        app,
+        ["data", "prepare", "s3://chat-sets/web/", "--tokenizer", "bytes", "--out", "s3://chat-sets/tokens/"]
+        + ["--recipe", "8b-fp8", "--dry-run"],
+    )
+    assert printed.exit_code == 0, printed.output
+    assert printed.stdout == f"plan: {found.plan}\n{found.to_json()}\n"

@@ -112,24 +112,31 @@ def data_prepare(
             "--recipe: needed to run on AWS (its data stack's processing role and image run the job); "
             "or pass --here to run on this machine"
         )
-    return run_on_aws(
-        sources,
-        tokenizer,
-        out,
-        recipe=recipe,
-        team=team,
-        region=region,
-        instance_type=instance_type,
-        instance_count=instance_count,
-        usd_per_instance_hour=usd_per_instance_hour,
-        image_uri=image_uri,
-        dry_run=dry_run,
-        wait=wait,
-        timeout=timeout,
-        on_step=on_step,
-        on_progress=on_progress,
-        **options,
-    )
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    from trainstack.aws.session import explain
+
+    try:
+        return run_on_aws(
+            sources,
+            tokenizer,
+            out,
+            recipe=recipe,
+            team=team,
+            region=region,
+            instance_type=instance_type,
+            instance_count=instance_count,
+            usd_per_instance_hour=usd_per_instance_hour,
+            image_uri=image_uri,
+            dry_run=dry_run,
+            wait=wait,
+            timeout=timeout,
+            on_step=on_step,
+            on_progress=on_progress,
+            **options,
+        )
+    except (BotoCoreError, ClientError) as error:  # the line the command prints for an AWS refusal
+        raise TrainstackError(f"AWS request failed: {explain(error)}") from None
 
 
 def _chat_options(fmt: str, seq_len: int | None, on_aws: bool, workers, text_field, eos_token) -> dict:
