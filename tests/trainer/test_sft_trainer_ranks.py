@@ -61,7 +61,7 @@ def one_process(reference, data, recipe, rows: list[int]):
     loss = sum(sums) / sum(counts)
     loss.backward()
     per_micro_batch = sum(float(s.detach()) / n for s, n in zip(sums, counts, strict=True)) / len(rows)
-    return float(loss), {n: p.grad for n, p in model.named_parameters()}, counts, per_micro_batch
+    return float(loss.detach()), {n: p.grad for n, p in model.named_parameters()}, counts, per_micro_batch
 
 
 def test_two_ranks_four_micro_batches_equal_one_process_mean_over_targets(run):
