@@ -254,3 +254,30 @@ def test_data_prepare_dry_run_prints_the_plan_then_the_api_request(s3, monkeypat
     )
     assert printed.exit_code == 0, printed.output
     assert printed.stdout == f"plan: {found.plan}\n{found.to_json()}\n"
+
+
+def test_show_json_is_the_api_show_to_json():
+    found = api.show("8b-fp8", team="nlp", overrides=["training.steps=100"], warn=False)
+    args = ["show", "8b-fp8", "--team", "nlp", "--set", "training.steps=100", "-q"]
+    assert cli_json(*args) == found.to_json() + "\n"
+    assert json.loads(found.to_json())["sources"]["training.steps"] == "--set"
+
+
+def test_diff_json_is_the_api_diff_to_json(tmp_path):
+    import subprocess
+
+    root = tmp_path / "repo"
+    (root / "recipes").mkdir(parents=True)
+    shutil.copy(ROOT / "recipes" / "1b-bf16.yaml", root / "recipes" / "1b-bf16.yaml")
+
+    def git(*args: str) -> None:
+        subprocess.run(["git", "-C", str(root), *args], check=True, capture_output=True)
+
+    git("init", "--quiet")
+    git("add", ".")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "--quiet", "-m", "recipes")
+    recipe = root / "recipes" / "1b-bf16.yaml"
+    recipe.write_text(recipe.read_text().replace("steps: 24000,", "steps: 12000,", 1))
+    found = api.diff("HEAD", repo=root, synth=False)
+    assert cli_json("diff", "--base", "HEAD", "--repo", str(root), "--no-synth") == found.to_json() + "\n"
+    assert json.loads(found.to_json())["deploy_count"] == 1

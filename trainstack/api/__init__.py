@@ -35,6 +35,7 @@ from trainstack.api.monitoring import (
     status,
 )
 from trainstack.api.planning import CompareResult, PlanResult, compare, plan, trace
+from trainstack.api.recipes_view import DiffResult, ShowResult, diff, show
 from trainstack.api.results import DocumentResult, OnProgress, Result
 from trainstack.api.validation import Invalid, ValidateResult, validate
 from trainstack.errors import RecipeError, TrainstackError
@@ -43,6 +44,7 @@ __all__ = [
     "CheckpointsResult",
     "CompareResult",
     "DataPrepareResult",
+    "DiffResult",
     "DocumentResult",
     "Invalid",
     "LogsResult",
@@ -51,15 +53,18 @@ __all__ = [
     "RecipeError",
     "Result",
     "RunsResult",
+    "ShowResult",
     "StatusResult",
     "TrainstackError",
     "ValidateResult",
     "checkpoints",
     "compare",
     "data_prepare",
+    "diff",
     "logs",
     "plan",
     "runs",
+    "show",
     "status",
     "trace",
     "validate",

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated
 
@@ -54,22 +53,21 @@ def diff(
 
       trainstack diff --base HEAD~1 --json --summary "$GITHUB_STEP_SUMMARY" > diff.json
     """
+    from trainstack import api
     from trainstack.errors import TrainstackError
-    from trainstack.gitops import gitdiff
-    from trainstack.gitops import report as diff_report
 
     if as_json and markdown:
         raise TrainstackError("--json and --markdown are two formats of one output: choose one")
-    result = gitdiff.compute(base, repo, synth=synth, progress=lambda line: typer.echo(line, err=True))
+    found = api.diff(base, repo=repo, synth=synth, on_progress=lambda line: typer.echo(line, err=True))
     if summary is not None:
         with summary.open("a", encoding="utf-8") as out:
-            out.write(diff_report.to_markdown(result) + "\n")
+            out.write(found.to_markdown() + "\n")
     if as_json:
-        typer.echo(json.dumps(result.to_dict(), indent=2))
+        typer.echo(found.to_json())
     elif markdown:
-        typer.echo(diff_report.to_markdown(result))
+        typer.echo(found.to_markdown())
     else:
-        _print_table(result)
+        _print_table(found.diff)
 
 
 def _print_table(result) -> None:

@@ -34,28 +34,20 @@ def show(
 
     Example: trainstack show 8b-fp8 --team nlp --set training.steps=100
     """
-    from trainstack.recipes.loader import resolve
+    from trainstack import api
 
-    resolved = resolve(recipe, team=team, overrides=set_ or (), recipes_dir=recipes_dir)
-    if not quiet:
-        from trainstack.planner import plan, sanity
-
-        sanity.print_warnings(resolved, plan(resolved.recipe))
-    values = flatten(resolved.recipe.model_dump(mode="json"))
-    tuned = tuned_line(resolved.recipe.name, team)
+    shown = api.show(
+        recipe,
+        team=team,
+        overrides=set_ or (),
+        recipes_dir=recipes_dir,
+        warn=not quiet,
+        on_warning=lambda line: typer.echo(line, err=True),
+    )
     if as_json:
-        typer.echo(
-            json.dumps(
-                {
-                    "recipe": resolved.recipe.model_dump(mode="json"),
-                    "sources": {path: resolved.source_of(path) for path in values},
-                    "files": list(resolved.files),
-                    "tuned": tuned,
-                },
-                indent=2,
-            )
-        )
+        typer.echo(shown.to_json())
         return
+    resolved, values, tuned = shown.resolved, shown.values, shown.tuned
     from rich.table import Table
 
     table = Table(
@@ -73,36 +65,3 @@ def show(
     console().print(table)
     if tuned is not None:
         typer.echo(tuned)
-
-
-def tuned_line(recipe: str, team: str | None) -> str | None:
-    """Where the recipe's tuned layout comes from: "chosen by tuning run X on <date>: 1.18x tokens per
-    dollar over the recipe's layout (--set ...)", from the tuning store; None when it was never tuned."""
-    from trainstack.tuning.store import Store
-
-    result = Store().latest_result(recipe, team)
-    if result is None or result.get("overrides") is None:
-        return None
-    gain = result.get("gain")
-    versus = (
-        f"{gain:.2f}x tokens per dollar over the recipe's layout"
-        if gain
-        else "the recipe's layout did not complete"
-    )
-    flags = " ".join(f"--set {o}" for o in result["overrides"]) or "the recipe's own layout"
-    return (
-        f"chosen by tuning run {result['run']} on {result['date']} ({result['hardware']['instance_type']}, "
-        f"{result['hardware']['gpu']}): {versus} ({flags}); `trainstack launch --tuned` uses it"
-    )
-
-
-def flatten(tree: dict, prefix: str = "") -> dict[str, object]:
-    """Dotted leaf paths, as the loader records sources (tags.extra stays one value)."""
-    out: dict[str, object] = {}
-    for key, value in tree.items():
-        path = f"{prefix}{key}"
-        if isinstance(value, dict) and value and key != "extra":
-            out.update(flatten(value, f"{path}."))
-        else:
-            out[path] = value
-    return out
