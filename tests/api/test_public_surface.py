@@ -114,3 +114,44 @@ def test_the_version_is_the_package_metadata_and_the_changelog_has_it():
     assert re.search(rf"^## {re.escape(version)}\b", CHANGELOG.read_text(), re.MULTILINE), (
         f"CHANGELOG.md has no section for the package's version {version}"
     )
+
+
+def commands_with_json() -> list[str]:
+    """Every `trainstack` command that takes --json, as `group command` for subcommands."""
+    from typer.main import get_command
+
+    found = []
+
+    def walk(group, prefix: str) -> None:
+        for name, command in getattr(group, "commands", {}).items():
+            if hasattr(command, "commands"):
+                walk(command, f"{prefix}{name} ")
+            elif any("--json" in getattr(p, "opts", ()) for p in command.params):
+                found.append(prefix + name)
+
+    walk(get_command(app), "")
+    return sorted(found)
+
+
+# Commands whose API equality test is still being written (issue 37's second half: tune, launch, stop,
+# resume, export, in trainstack.api.runs_api); each leaves this set when its test lands.
+EQUALITY_TEST_PENDING = {"export", "launch", "resume", "stop", "tune"}
+
+
+def test_every_command_with_json_has_an_api_to_json_equality_test():
+    """Each command with --json is invoked by a test under tests/api (as `cli_json("NAME"` or a CLI
+    argument list starting ["NAME") in a file that compares with an API result's to_json()."""
+    sources = [
+        p.read_text() for p in (ROOT / "tests" / "api").glob("test_*.py") if p.name != Path(__file__).name
+    ]
+    tested = {
+        name
+        for name in commands_with_json()
+        for text in sources
+        if "to_json()" in text and re.search(rf"""(cli_json\(|\[)\s*["']{re.escape(name)}["']""", text)
+    }
+    assert len(commands_with_json()) >= 11, commands_with_json()
+    untested = sorted(set(commands_with_json()) - tested - EQUALITY_TEST_PENDING)
+    assert not untested, f"commands with --json that no tests/api test compares with to_json(): {untested}"
+    landed = sorted(EQUALITY_TEST_PENDING & tested)
+    assert not landed, f"tested now: take {landed} off EQUALITY_TEST_PENDING"
