@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
+from trainstack.cli.main import app
 from trainstack.planner import plan
 from trainstack.planner.fine_tuning import ManifestProblem, plan_fine_tuning
 from trainstack.recipes.loader import resolve
@@ -130,3 +133,61 @@ def test_a_fine_tunes_learning_rate_is_judged_against_fine_tuning_runs_not_pretr
         for c in sanity.check(resolve("8b-fp8").recipe, plan(resolve("8b-fp8").recipe))
         if c.field == "training.lr"
     ]
+
+
+@pytest.fixture
+def s3(monkeypatch):
+    from moto import mock_aws
+
+    for key in ("AWS_ENDPOINT_URL", "AWS_PROFILE", "TRAINSTACK_AWS_ENDPOINT"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.setenv("AWS_REGION", "us-east-1")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    with mock_aws():
+        import boto3
+
+        client = boto3.client("s3", region_name="us-east-1")
+        client.create_bucket(Bucket=BUCKET)
+        yield client
+
+
+def _plan_json(*overrides: str):
+    args = ["plan", "8b-sft", "--json", "-q", "--set", f"data.train_s3_uri={URI}"]
+    for item in (f"training.seq_len={SEQ_LEN}", *overrides):
+        args += ["--set", item]
+    return CliRunner().invoke(app, args, env={**os.environ})
+
+
+def test_plan_reads_the_manifest_from_the_data_channel_and_prices_epochs(s3, chat_set):
+    s3.put_object(Bucket=BUCKET, Key=PREFIX + "manifest.json", Body=(chat_set / "manifest.json").read_bytes())
+    result = _plan_json("training.global_batch=8", "training.micro_batch=1", "training.steps=11")
+    assert result.exit_code == 0, result.output
+    block = json.loads(result.stdout)["fine_tuning"]
+    assert block["priced"] and block["manifest"] == f"{URI}manifest.json"
+    assert block["rows"] == 43 and block["epochs"] == pytest.approx(11 * 8 / 43)
+    assert block["packing_efficiency"] == pytest.approx(0.796239)
+    text = CliRunner().invoke(
+        app,
+        ["plan", "8b-sft", "-q", "--set", f"data.train_s3_uri={URI}", "--set", f"training.seq_len={SEQ_LEN}"],
+    )
+    assert "fine-tuning data: " in text.stdout and "at 79.6% efficiency" in text.stdout
+
+
+def test_plan_without_the_manifest_says_so_in_one_line_and_stands(s3):
+    result = _plan_json()
+    assert result.exit_code == 0, result.output
+    block = json.loads(result.stdout)["fine_tuning"]
+    assert not block["priced"] and "no such object" in block["reason"]
+    text = CliRunner().invoke(app, ["plan", "8b-sft", "-q", "--set", f"data.train_s3_uri={URI}"])
+    lines = [line for line in text.stdout.splitlines() if line.startswith("fine-tuning")]
+    assert len(lines) == 1 and "need the prepared set's manifest" in lines[0]
+
+
+def test_plan_refuses_a_pretraining_set_in_one_line_naming_the_data_channel(s3):
+    manifest = {"format": "trainstack-dataset-v1", "tokens": 1000, "documents": 3}
+    s3.put_object(Bucket=BUCKET, Key=PREFIX + "manifest.json", Body=json.dumps(manifest).encode())
+    result = _plan_json()
+    assert result.exit_code == 2
+    assert "data.train_s3_uri: " in result.output and "not a chat dataset" in result.output
