@@ -114,3 +114,11 @@ def test_the_same_chat_dataset_under_objective_pretrain_is_refused_in_one_line(s
         result.stderr
     )
     shutil.rmtree(tmp_path / "ck", ignore_errors=True)
+
+
+def test_sft_on_synthetic_tokens_is_refused_in_one_line(setup, tmp_path):
+    _, recipe, _ = setup
+    args = ("--recipe", str(recipe), "--checkpoint-dir", str(tmp_path / "ck"), "--synthetic")
+    result = trainer_ranks(1, *args, "--max-steps", "1")
+    assert result.returncode == 2
+    assert "--synthetic: training.objective is sft, which trains on a chat dataset's targets" in result.stderr
