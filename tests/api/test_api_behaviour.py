@@ -1,0 +1,83 @@
+"""What the API does besides its JSON: mistakes raise trainstack.errors exceptions carrying the very line
+the command prints after `error:`, long operations report through their callbacks, and results are
+frozen."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from trainstack import api
+from trainstack.cli.main import app
+
+pytestmark = pytest.mark.fast
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def one_line(error: BaseException) -> str:
+    return " ".join(str(error).split())
+
+
+@pytest.mark.parametrize(
+    ("call", "args"),
+    [
+        (lambda: api.plan("no-such-recipe"), ["plan", "no-such-recipe"]),
+        (
+            lambda: api.plan("8b-fp8", overrides=["training.micro_batch=zero"]),
+            ["plan", "8b-fp8", "--set", "training.micro_batch=zero"],
+        ),
+        (lambda: api.status("8b-fp8", team="no-such-team"), ["status", "8b-fp8", "--team", "no-such-team"]),
+        (lambda: api.runs(team="Bad!"), ["runs", "--team", "Bad!"]),
+        (lambda: api.checkpoints("./no/such/dir"), ["checkpoints", "./no/such/dir"]),
+        (
+            lambda: api.data_prepare(["a.txt"], tokenizer="bytes", out="/tmp/x", workers=0),
+            ["data", "prepare", "a.txt", "--tokenizer", "bytes", "--out", "/tmp/x", "--workers", "0"],
+        ),
+    ],
+    ids=["unknown-recipe", "bad-set", "unknown-team", "bad-team-name", "no-checkpoint-dir", "workers-0"],
+)
+def test_a_mistake_raises_the_line_the_command_prints(call, args):
+    with pytest.raises(api.TrainstackError) as raised:
+        call()
+    printed = CliRunner().invoke(app, args)
+    assert printed.exit_code == raised.value.exit_code == 2
+    assert printed.stderr == f"error: {one_line(raised.value)}\n"
+
+
+def test_validate_returns_each_distinct_error_with_the_checks_that_hit_it(tmp_path):
+    recipe = (ROOT / "recipes" / "1b-bf16.yaml").read_text()
+    (tmp_path / "1b-bf16.yaml").write_text(recipe)
+    (tmp_path / "bad.yaml").write_text(recipe)  # its name says 1b-bf16
+    progress: list[str] = []
+    found = api.validate([tmp_path], on_progress=progress.append)
+    assert found.exit_code == 2 and not found.ok
+    (invalid,) = found.invalid
+    assert "does not match the file name 'bad'" in invalid.line and invalid.labels == (
+        str(tmp_path / "bad.yaml"),
+    )
+    assert progress == [f"ok      {label}" for label in found.valid]
+    printed = CliRunner().invoke(app, ["validate", str(tmp_path)])
+    assert printed.exit_code == 2
+    assert f"invalid {invalid.line} [{invalid.labels[0]}]" in printed.stderr
+    assert f"{len(found.valid)} valid, {found.invalid_count} invalid" in printed.stderr
+
+
+def test_results_are_frozen_and_hand_out_copies():
+    found = api.plan("8b-fp8", enforce=False)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        found.measured = {}  # type: ignore[misc]
+    document = found.to_document()
+    document["memory"]["peak_gib"] = -1
+    assert found.to_document()["memory"]["peak_gib"] == found.plan.memory.peak_gib
+
+
+def test_checkpoints_verify_reports_progress_and_exit_status(tmp_path):
+    (tmp_path / "step-000000010").mkdir()  # a save that never finished: nothing to verify
+    progress: list[str] = []
+    found = api.checkpoints(str(tmp_path), verify=True, on_progress=progress.append)
+    assert progress == ["verifying 0 checkpoint(s), 0 B: reading every byte"]
+    assert found.verified and not found.damaged and found.exit_code == 0
