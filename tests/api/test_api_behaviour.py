@@ -5,6 +5,7 @@ frozen."""
 from __future__ import annotations
 
 import dataclasses
+import time
 from pathlib import Path
 
 import pytest
@@ -81,3 +82,74 @@ def test_checkpoints_verify_reports_progress_and_exit_status(tmp_path):
     found = api.checkpoints(str(tmp_path), verify=True, on_progress=progress.append)
     assert progress == ["verifying 0 checkpoint(s), 0 B: reading every byte"]
     assert found.verified and not found.damaged and found.exit_code == 0
+
+
+@pytest.fixture
+def aws(monkeypatch):
+    """moto in this process, standing in for AWS at boto3's level (`local=False`: the usual chain)."""
+    import os
+
+    from moto import mock_aws
+
+    for key in [k for k in os.environ if k.startswith("AWS_")]:
+        monkeypatch.delenv(key)
+    monkeypatch.setenv("AWS_REGION", "us-east-1")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    with mock_aws():
+        yield
+
+
+IMAGE = {"TrainingImage": "123456789012.dkr.ecr.us-east-1.amazonaws.com/t:1", "TrainingInputMode": "File"}
+
+
+def _job(region: str) -> str:
+    """A training job of 30b-fp8 in `region`, with two log lines on one host."""
+    import boto3
+
+    from trainstack.aws.request import job_name
+    from trainstack.recipes.loader import resolve
+
+    recipe = resolve("30b-fp8").recipe
+    name = job_name(recipe, None, "api1")
+    boto3.client("sagemaker", region_name=region).create_training_job(
+        TrainingJobName=name,
+        AlgorithmSpecification={
+            "TrainingImage": "1.dkr.ecr.us-east-1.amazonaws.com/t:1",
+            "TrainingInputMode": "File",
+        },
+        RoleArn="arn:aws:iam::123456789012:role/t",
+        OutputDataConfig={"S3OutputPath": "s3://b/o/"},
+        ResourceConfig={"InstanceType": "ml.p5.48xlarge", "InstanceCount": 1, "VolumeSizeInGB": 100},
+        StoppingCondition={"MaxRuntimeInSeconds": 3600},
+    )
+    logs = boto3.client("logs", region_name=region)
+    now_ms = int(time.time() * 1000)  # CloudWatch refuses events over 14 days old
+    logs.create_log_group(logGroupName="/aws/sagemaker/TrainingJobs")
+    stream = f"{name}/algo-1-1700000000"
+    logs.create_log_stream(logGroupName="/aws/sagemaker/TrainingJobs", logStreamName=stream)
+    logs.put_log_events(
+        logGroupName="/aws/sagemaker/TrainingJobs",
+        logStreamName=stream,
+        logEvents=[{"timestamp": now_ms + i, "message": m} for i, m in enumerate(["hello", "step=1"])],
+    )
+    return name
+
+
+def test_logs_hands_each_line_to_on_line_and_returns_them(aws):
+    name = _job("us-east-1")
+    seen: list[str] = []
+    notes: list[str] = []
+    found = api.logs("30b-fp8", on_line=seen.append, on_progress=notes.append)
+    assert found.job == name and found.lines == ("hello", "step=1") and seen == list(found.lines)
+    assert notes and notes[0].startswith(f"# {name}: ")
+    printed = CliRunner().invoke(app, ["logs", "30b-fp8"])
+    assert printed.exit_code == 0 and printed.stdout == "hello\nstep=1\n"
+
+
+def test_region_reads_that_region_instead_of_aws_region(aws):
+    name = _job("eu-west-1")
+    assert api.logs("30b-fp8").job is None  # AWS_REGION (us-east-1) has no job of it
+    found = api.logs("30b-fp8", region="eu-west-1")
+    assert found.job == name and "eu-west-1" in found.where
+    assert [r["job"] for r in api.status("30b-fp8", region="eu-west-1").to_document()["runs"]] == [name]
