@@ -122,7 +122,8 @@ def _ranks(progress: str) -> int:
 
 def _fresh_job(recipe_path: str, overrides: list[str], env: dict):
     """One more short job of the chosen layout with the tuning run's own settings and runner."""
-    from trainstack.cli.commands.tune import LOCAL_WINDOW, _emulator, _SageMakerJobs
+    from trainstack.api.runs_api import LOCAL_WINDOW
+    from trainstack.aws.tuning_driver import SageMakerJobs, emulator_aws
     from trainstack.recipes.loader import resolve
     from trainstack.tuning.candidates import Candidate, apply, plan_layout
     from trainstack.tuning.engine import job_recipe, step_plan
@@ -130,9 +131,9 @@ def _fresh_job(recipe_path: str, overrides: list[str], env: dict):
     from trainstack.tuning.measure import measure
 
     recipe = resolve(recipe_path).recipe
-    aws = _emulator()
-    jobs = _SageMakerJobs(recipe, None, lambda line: None, aws) if aws is not None else None
-    ranks = jobs.hardware.ranks if jobs else 1
+    aws = emulator_aws()
+    jobs = SageMakerJobs(recipe, None, lambda line: None, aws) if aws is not None else None
+    ranks = jobs.ranks if jobs else 1
     planned, fits = plan_layout(apply(recipe, overrides), ranks)
     candidate = Candidate("fresh", tuple(overrides), "the chosen layout", planned, fits)
     steps = step_plan(recipe, candidate, compiled=False, window=LOCAL_WINDOW)

@@ -81,10 +81,10 @@ class _FakeClients:
 
 
 def test_launch_wait_shows_progress_then_the_job(monkeypatch, capsys) -> None:
-    from trainstack.cli.commands import launch
+    from trainstack.aws import launching
 
-    monkeypatch.setattr(launch.time, "sleep", lambda s: None)
-    launch._wait_for_job(_FakeClients(job_after=2), "arn:execution", "ts-x--abc-r1", timeout_s=60)
+    monkeypatch.setattr(launching.time, "sleep", lambda s: None)
+    launching.wait_for_job(_FakeClients(job_after=2), "arn:execution", "ts-x--abc-r1", timeout_s=60)
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("  ... supervisor execution RUNNING, no training job yet (")
     assert lines[-1] == "training job ts-x--abc-r1: InProgress"
@@ -93,14 +93,14 @@ def test_launch_wait_shows_progress_then_the_job(monkeypatch, capsys) -> None:
 def test_launch_wait_that_runs_out_says_the_run_started_and_exits_1(monkeypatch, capsys) -> None:
     import pytest
 
-    from trainstack.cli.commands import launch
+    from trainstack.aws import launching
     from trainstack.errors import TrainstackError
 
-    monkeypatch.setattr(launch.time, "sleep", lambda s: None)
+    monkeypatch.setattr(launching.time, "sleep", lambda s: None)
     with pytest.raises(
         TrainstackError, match="^the launch started but no training job ts-x--abc-r1"
     ) as caught:
-        launch._wait_for_job(_FakeClients(), "arn:execution", "ts-x--abc-r1", timeout_s=0.2)
+        launching.wait_for_job(_FakeClients(), "arn:execution", "ts-x--abc-r1", timeout_s=0.2)
     assert caught.value.exit_code == 1
     assert "no training job yet" in capsys.readouterr().out
 
@@ -110,12 +110,12 @@ def test_launch_wait_says_so_when_the_supervisor_started_no_job(monkeypatch) -> 
     two-minute wait."""
     import pytest
 
-    from trainstack.cli.commands import launch
+    from trainstack.aws import launching
     from trainstack.errors import TrainstackError
 
-    monkeypatch.setattr(launch.time, "sleep", lambda s: None)
+    monkeypatch.setattr(launching.time, "sleep", lambda s: None)
     with pytest.raises(TrainstackError, match="^the supervisor started no job ts-x--abc-r1-1") as caught:
-        launch._wait_for_job(
+        launching.wait_for_job(
             _FakeClients(status="SUCCEEDED"), "arn:execution", "ts-x--abc-r1-1", timeout_s=60
         )
     assert caught.value.exit_code == 2

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 from typer.testing import CliRunner
 
-from trainstack.cli.commands import export as export_command
+from trainstack.aws import run_control as export_command
 from trainstack.cli.commands.run_access import team_option
 from trainstack.cli.main import app
 
@@ -40,11 +40,11 @@ def _fake_deployment(monkeypatch, stepfunctions: _StepFunctions, request: dict |
     where = SimpleNamespace(launcher={"ExportStateMachineArn": "arn:aws:states:::stateMachine:export"})
     aws = SimpleNamespace(client=lambda service: stepfunctions, where="the emulator", local=True)
     monkeypatch.setattr("trainstack.aws.session.Aws", lambda local: aws)
-    monkeypatch.setattr(export_command, "find_run", lambda aws, run: (record, where))
+    monkeypatch.setattr("trainstack.aws.run_access.find_run", lambda aws, run: (record, where))
     # The run's checkpoints and earlier exports are read from S3 and SageMaker (the emulator tests,
     # tests/integration/test_export_refusals_emulator.py): here, one complete checkpoint, no export.
-    monkeypatch.setattr(export_command, "_refuse_a_running_export", lambda *args: None)
-    monkeypatch.setattr(export_command, "_exportable_step", lambda s3, run, uri, step: step or 7)
+    monkeypatch.setattr(export_command, "refuse_a_running_export", lambda *args: None)
+    monkeypatch.setattr(export_command, "exportable_step", lambda s3, run, uri, step: step or 7)
 
 
 @pytest.mark.parametrize("run", ["ts-platform-1b-bf16--r1", "ts-nlp-8b-fp8--r1"])

@@ -13,9 +13,9 @@ import pytest
 from pydantic import ValidationError
 from typer.testing import CliRunner
 
+from trainstack.api.runs_api import _suffix
 from trainstack.aws.request import job_name
 from trainstack.aws.runs import is_recipe_job
-from trainstack.cli.commands.launch import _suffix
 from trainstack.cli.main import app
 from trainstack.recipes import naming
 from trainstack.recipes.loader import resolve

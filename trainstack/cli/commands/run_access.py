@@ -1,10 +1,10 @@
-"""What `launch`, `runs`, `stop` and `resume` share: finding a run's deployment and registry, one-line
-errors for a run that does not exist, and the `{run, job, execution}` answer of --json."""
+"""What `launch`, `runs`, `stop`, `resume` and `export` share on the command line: the run argument, --json,
+and printing a run action's result. Finding a run's deployment and registry lives in
+trainstack.aws.run_access (re-exported here for the commands that import it from this module)."""
 
 from __future__ import annotations
 
-import json
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -36,10 +36,11 @@ RunArg = Annotated[
 ]
 
 
-def answer(as_json: bool, *, run: str, job: str | None, execution: str | None, lines: list[str]) -> None:
-    """Print the command's result: the lines for a person, or {run, job, execution} for a script."""
+def answer(result: Any, as_json: bool) -> None:
+    """Print a run action's result (trainstack.api.runs_api.RunAction): its lines for a person, or
+    `result.to_json()` ({run, job, execution}) for a script."""
     if as_json:
-        typer.echo(json.dumps({"run": run, "job": job, "execution": execution}))
+        typer.echo(result.to_json())
     else:
-        for line in lines:
+        for line in result.lines:
             typer.echo(line)
