@@ -23,6 +23,13 @@ if TYPE_CHECKING:
 TUNING_CANDIDATES = 3  # what `plan` prices a tuning run at (trainstack tune's default)
 
 
+def _environ(region: str | None) -> dict[str, str] | None:
+    """The environment AWS is read with: AWS_REGION set to `region` (None: the process's own)."""
+    import os
+
+    return None if region is None else {**os.environ, "AWS_REGION": region}
+
+
 @dataclass(frozen=True)
 class PlanResult(Result):
     """A recipe's plan, with what tuning runs measured for its layout and, from `trace`, the traced
@@ -34,6 +41,7 @@ class PlanResult(Result):
     tuning_run: dict[str, Any]
     warnings: tuple[str, ...]  # legal values that are almost surely wrong (trainstack.planner.sanity)
     local: bool = False
+    region: str | None = None
     # A fine-tuning recipe (training.objective sft): epochs over its chat set, priced from the set's
     # manifest (trainstack.aws.chat_dataset), and the lines that say so; None for pretraining.
     fine_tuning: dict[str, Any] | None = None
@@ -85,7 +93,7 @@ class PlanResult(Result):
 
         budget.enforce(self.resolved, self.plan)
         request_check.enforce(self.resolved)
-        check_for_plan(self.recipe, self.local)
+        check_for_plan(self.recipe, self.local, _environ(self.region))
 
 
 @dataclass(frozen=True)
@@ -97,6 +105,7 @@ class CompareResult(Result):
     rows: tuple[CompareRow, ...]
     warnings: tuple[str, ...]
     local: bool = False
+    region: str | None = None
 
     @property
     def fits(self) -> bool:
@@ -114,7 +123,7 @@ class CompareResult(Result):
 
         budget.enforce(self.resolved, self.plan)
         request_check.enforce(self.resolved)
-        check_for_plan(self.resolved.recipe, self.local)
+        check_for_plan(self.resolved.recipe, self.local, _environ(self.region))
 
 
 def _resolve_and_plan(
@@ -146,6 +155,7 @@ def plan(
     team: str | None = None,
     overrides: Sequence[str] = (),
     local: bool = False,
+    region: str | None = None,
     ranks: int | None = None,
     recipes_dir: str | Path | None = None,
     enforce: bool = True,
@@ -167,7 +177,7 @@ def plan(
 
     resolved, planned, warnings = _resolve_and_plan(recipe, team, overrides, recipes_dir, on_warning)
     # A fine-tune's chat set that is not one refuses the plan here, in one line naming data.train_s3_uri.
-    fine_tuning, fine_tuning_lines = fine_tuning_for_plan(resolved.recipe, planned, local)
+    fine_tuning, fine_tuning_lines = fine_tuning_for_plan(resolved.recipe, planned, local, _environ(region))
     result = PlanResult(
         resolved=resolved,
         plan=planned,
@@ -175,6 +185,7 @@ def plan(
         tuning_run=_tuning_run(resolved.recipe),
         warnings=warnings,
         local=local,
+        region=region,
         fine_tuning=fine_tuning,
         fine_tuning_lines=tuple(fine_tuning_lines),
     )
@@ -189,6 +200,7 @@ def trace(
     team: str | None = None,
     overrides: Sequence[str] = (),
     local: bool = False,
+    region: str | None = None,
     ranks: int | None = None,
     recipes_dir: str | Path | None = None,
     timeout: float | None = None,
@@ -206,6 +218,7 @@ def trace(
         team=team,
         overrides=overrides,
         local=local,
+        region=region,
         ranks=ranks,
         recipes_dir=recipes_dir,
         enforce=False,
@@ -224,8 +237,12 @@ def trace(
         traced: dict[str, Any] = {"fallback": "planner", "knob": knob, "reason": reason}
         found = _replace(result, traced=traced, trace_note=note)
     else:
+        from trainstack.planner.traced import counted_plan
+
         document, lines = _traced(result, outcome)
-        found = _replace(result, traced=document, trace_lines=lines)
+        # The plan's time, MFU and cost by the counted FLOPs where they differ from its own by over 2%.
+        counted = counted_plan(result.recipe, result.plan, document["counted_flops"])
+        found = _replace(result, plan=counted, traced=document, trace_lines=lines)
     if enforce:
         found.enforce()
     return found
@@ -241,7 +258,7 @@ def _traced(result: PlanResult, outcome: Any) -> tuple[dict[str, Any], tuple[str
     """The trace's memory with the modelled terms (trainstack.planner.traced) as `memory.traced`, and
     the lines `plan --trace` prints after the plan, the verdict on traced + modelled last."""
     from trainstack.planner import recipe_memory
-    from trainstack.planner.traced import counted_flops, traced_memory
+    from trainstack.planner.traced import counted_flops, counted_flops_lines, traced_memory
 
     recipe, planned = result.recipe, result.plan
     # The unrounded breakdown (the plan's is rounded to MiB: a CPU test's tiny model would plan 0).
@@ -263,19 +280,7 @@ def _traced(result: PlanResult, outcome: Any) -> tuple[dict[str, Any], tuple[str
         f"modelled (not traceable; docs/planner.md): {modelled} GiB",
         *(f"note: {note}" for note in memory.notes),
     ]
-    if flops:
-        line = (
-            f"FLOPs per token counted on the traced step: {flops['model_per_token'] / 1e9:.2f} G model + "
-            f"{flops['recompute_per_token'] / 1e9:.2f} G recompute; formula "
-            f"{flops['planned_model_per_token'] / 1e9:.2f}"
-            f" + {flops['planned_recompute_per_token'] / 1e9:.2f} ({flops['difference']:+.1%})"
-        )
-        if flops["used"] == "counted":
-            line += (
-                f"; with the counted FLOPs: step {flops['step_time_s']:.2f} s, "
-                f"{flops['tokens_per_sec_per_gpu']:,.0f} tokens/s per GPU, MFU {flops['mfu']:.1%}"
-            )
-        lines.append(line)
+    lines.extend(counted_flops_lines(flops))
     lines.append(memory.verdict)
     return document, tuple(lines)
 
@@ -286,6 +291,7 @@ def compare(
     team: str | None = None,
     overrides: Sequence[str] = (),
     local: bool = False,
+    region: str | None = None,
     recipes_dir: str | Path | None = None,
     enforce: bool = True,
     on_warning: OnProgress = None,
@@ -296,7 +302,7 @@ def compare(
 
     resolved, planned, warnings = _resolve_and_plan(recipe, team, overrides, recipes_dir, on_warning)
     rows = tuple(compare_rows(resolved.recipe, planned))
-    result = CompareResult(resolved, planned, rows, warnings, local)
+    result = CompareResult(resolved, planned, rows, warnings, local, region)
     if enforce:
         result.enforce()
     return result

@@ -17,6 +17,7 @@ naming the field, the recipe's value and the base's.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
 from trainstack.errors import TrainstackError
@@ -131,7 +132,7 @@ def check_for_launch(recipe: Recipe, s3: Any, local: bool) -> None:
     check_init_from(recipe, s3)
 
 
-def check_for_plan(recipe: Recipe, local: bool) -> None:
+def check_for_plan(recipe: Recipe, local: bool, environ: Mapping[str, str] | None = None) -> None:
     """`plan`'s check: a local folder always; an s3:// base through the emulator's S3 with --local, else
     through AWS when this machine has access. A plan needs no AWS: a base that cannot be read here (no
     access, another account's bucket, not uploaded yet) is noted on stderr and the plan stands (`launch`
@@ -148,7 +149,7 @@ def check_for_plan(recipe: Recipe, local: bool) -> None:
         from trainstack.aws.session import Aws
 
         try:
-            s3 = Aws(local=local).client("s3")
+            s3 = Aws(local=local, environ=environ).client("s3")  # environ: trainstack.api's region=
         except (TrainstackError, BotoCoreError) as error:  # no AWS configuration: nothing to read it with
             print(f"note: {WHAT}: {init_from}: not checked ({' '.join(str(error).split())})", file=sys.stderr)
             return

@@ -15,6 +15,7 @@ are paid for).
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
 from trainstack.errors import TrainstackError
@@ -69,19 +70,21 @@ def read_manifest(uri: str, s3: Any | None) -> tuple[dict[str, Any], str]:
         ) from None
 
 
-def _s3(local: bool) -> tuple[Any | None, str | None]:
+def _s3(local: bool, environ: Mapping[str, str] | None = None) -> tuple[Any | None, str | None]:
     """An S3 client (the emulator's with --local), or None and why there is none."""
     from botocore.exceptions import BotoCoreError
 
     from trainstack.aws.session import Aws
 
     try:
-        return Aws(local=local).client("s3"), None
+        return Aws(local=local, environ=environ).client("s3"), None
     except (TrainstackError, BotoCoreError) as error:
         return None, " ".join(str(error).split())
 
 
-def fine_tuning_for_plan(recipe: Recipe, plan: Any, local: bool) -> tuple[dict[str, Any] | None, list[str]]:
+def fine_tuning_for_plan(
+    recipe: Recipe, plan: Any, local: bool, environ: Mapping[str, str] | None = None
+) -> tuple[dict[str, Any] | None, list[str]]:
     """`plan`'s fine-tuning block: (the JSON `fine_tuning` value, the lines printed after the plan), or
     (None, []) for a pretraining recipe. Raises TrainstackError (exit 2, one line naming
     data.train_s3_uri) when the manifest there is not a chat set's."""
@@ -90,7 +93,7 @@ def fine_tuning_for_plan(recipe: Recipe, plan: Any, local: bool) -> tuple[dict[s
         return None, []
     bucket, key = manifest_key(uri)
     where = f"s3://{bucket}/{key}"
-    s3, why = _s3(local)
+    s3, why = _s3(local, environ)  # environ: trainstack.api's region=
     try:
         if s3 is None:
             raise ManifestUnreadable(f"{where}: not read ({why})")
