@@ -168,15 +168,14 @@ def summary_lines(plan: FineTuningPlan, recipe: Recipe) -> list[str]:
     rows = f"{'about ' if plan.rows_estimated else ''}{plan.rows:,} rows of {tr.seq_len:,}"
     whole = max(1, round(plan.epochs))
     lines = [
-        f"fine-tuning data: {plan.manifest}: {plan.examples:,} conversations, "
-        f"{plan.tokens / 1e6:,.3g}M tokens ({plan.target_tokens / 1e6:,.3g}M targets, "
-        f"{plan.target_tokens / plan.tokens:.0%}), packed into "
-        f"{rows} at {plan.packing_efficiency:.1%} efficiency",
+        f"fine-tuning data: {plan.manifest}: {plan.examples:,} conversations, {_count(plan.tokens)} tokens "
+        f"({_count(plan.target_tokens)} targets, {plan.target_tokens / plan.tokens:.0%}), packed into {rows} "
+        f"at {plan.packing_efficiency:.1%} efficiency",
         f"fine-tuning run: {tr.steps:,} steps x {tr.global_batch:,} rows = {plan.epochs:.2f} epochs: "
-        f"{plan.tokens_trained / 1e6:,.4g}M tokens trained ({plan.targets_trained / 1e6:,.3g}M targets), "
-        f"{plan.positions_computed / 1e6:,.4g}M positions computed ({plan.padding_share:.1%} padding, "
-        f"priced like tokens); {_hours(plan.hours_per_epoch)} and {plan.usd_per_epoch:,.0f} USD per epoch, "
-        f"{plan.usd_per_million_targets:,.2f} USD per million target tokens; {whole} epoch"
+        f"{_count(plan.tokens_trained)} tokens trained ({_count(plan.targets_trained)} targets), "
+        f"{_count(plan.positions_computed)} positions computed ({plan.padding_share:.1%} padding, priced "
+        f"like tokens); {_hours(plan.hours_per_epoch)} and {_usd(plan.usd_per_epoch)} USD per epoch, "
+        f"{_usd(plan.usd_per_million_targets)} USD per million target tokens; {whole} epoch"
         f"{'s' if whole != 1 else ''} = {plan.steps_for(whole, tr.global_batch):,} steps",
     ]
     lines += [f"fine-tuning note: {note}" for note in plan.notes]
@@ -193,4 +192,18 @@ def unpriced_line(recipe: Recipe, where: str, reason: str) -> str:
 
 
 def _hours(hours: float) -> str:
-    return f"{hours * 60:,.0f} min" if hours < 1 else f"{hours:,.1f} h"
+    if hours >= 1:
+        return f"{hours:,.1f} h"
+    return f"{hours * 60:.0f} min" if hours * 60 >= 10 else f"{hours * 3600:.0f} s"
+
+
+def _usd(usd: float) -> str:
+    return f"{usd:,.0f}" if usd >= 100 else f"{usd:.2f}"
+
+
+def _count(n: float) -> str:
+    """2,609 -> 2.6K, 260,900 -> 261K, 2.1e8 -> 210M: three significant figures at most."""
+    for unit, size in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= size:
+            return f"{n / size:.3g}{unit}"
+    return f"{n:.0f}"
