@@ -17,9 +17,9 @@ import torch
 import torch.nn.functional as F
 from sft_helpers import CONVERSATIONS, base_folder
 from torch import nn
-from trainer.data.packing import IGNORE_INDEX, block_causal_mask, pack_best_fit_decreasing, pack_row
+from trainer.data.packing import IGNORE_INDEX, pack_best_fit_decreasing, pack_row
 from trainer.hf.conversion import from_hf
-from trainer.models.model import build_model, pytorch_backend
+from trainer.models.model import block_causal_mask, build_model, pytorch_backend
 from trainer.prepare.chat import ChatTokenizer
 
 from trainstack.recipes.hf_config import shape_from_hf_config

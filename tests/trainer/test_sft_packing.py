@@ -9,12 +9,12 @@ import pytest
 import torch
 from trainer.data.packing import (
     IGNORE_INDEX,
-    block_causal_mask,
     collate,
     pack_best_fit_decreasing,
     pack_row,
     packing_efficiency,
 )
+from trainer.models.model import block_causal_mask
 
 pytestmark = pytest.mark.fast
 

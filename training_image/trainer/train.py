@@ -71,7 +71,7 @@ from trainer.models.activation_checkpointing import (
     is_op_level,
 )
 from trainer.models.model import (
-    Packed,
+    PackedRows,
     Transformer,
     build_model,
     compile_blocks,
@@ -522,7 +522,7 @@ def micro_step(
     autocast: Callable,
     grad_accum: int,
     last: bool,
-    packed: Packed | None = None,
+    packed: PackedRows | None = None,
     scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One micro-step's forward and backward (the training loop's, and the memory trace's): gradient

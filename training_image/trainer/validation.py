@@ -127,7 +127,7 @@ class Validator:
             for m in range(layout.grad_accum)
         ]
         samples = settings.batches * layout.global_batch
-        self.packed = any(hasattr(vs.source, "row") for vs in self.sets)  # chat rows: a masked loss
+        self.packed = any(hasattr(vs.source, "micro_batch") for vs in self.sets)  # chat rows: a masked loss
         for vs in self.sets:
             windows = getattr(vs.source, "total_windows", None)
             if windows is not None and windows < samples:

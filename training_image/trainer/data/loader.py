@@ -51,7 +51,6 @@ import torch
 
 from trainer.data.manifest import check_tokenizer, read_manifest
 from trainer.data.shard_index import FORMAT, INDEX_FILE, DatasetIndex, read_dataset  # noqa: F401 (re-exported)
-from trainer.models.model import Packed
 from trainstack.errors import TrainstackError
 
 log = logging.getLogger("trainer.data")
@@ -67,11 +66,22 @@ class TokenSource(Protocol):
 
 
 @dataclass(frozen=True)
+class PackedLayout:
+    """A packed micro-batch's layout beside its tokens and labels (trainer.data.packing.collate): what
+    the model's `packed` argument reads (trainer.models.model.PackedRows)."""
+
+    position_ids: torch.Tensor  # (micro_batch, seq_len) int64, restarting at 0 per example
+    segment_ids: torch.Tensor  # (micro_batch, seq_len) int64
+    cu_seqlens: torch.Tensor  # (segments + 1,) int32, the batch flattened row after row
+    max_seqlen: int
+
+
+@dataclass(frozen=True)
 class Batch:
     inputs: torch.Tensor  # (micro_batch, seq_len) int64
     targets: torch.Tensor  # packed rows: their labels, -100 where nothing is learnt
     sample_indices: tuple[int, ...]
-    packed: Packed | None = None  # packed chat rows (training.objective sft); None: token windows
+    packed: PackedLayout | None = None  # packed chat rows (training.objective sft); None: token windows
 
 
 _MASK64 = (1 << 64) - 1
@@ -286,7 +296,7 @@ class Prefetcher:
         self.waited_s = 0.0  # time `next` blocked on an empty queue: the loop waiting for data (metric line)
 
     def _run(self, source: TokenSource, plan: Iterator[range]) -> None:
-        packed_rows = hasattr(source, "row")  # trainer.data.packing.PackedChat
+        packed_rows = hasattr(source, "micro_batch")  # trainer.data.packing.PackedChat
         if packed_rows and self._split is not None:
             self._put(ValueError("packed rows cannot be split for context parallelism"))
             return
@@ -339,7 +349,7 @@ class Prefetcher:
                     cu_seqlens.to(self.device, non_blocking=True),
                     max_seqlen,
                 )
-        return Batch(inputs, targets, tuple(indices), None if packed is None else Packed(*packed))
+        return Batch(inputs, targets, tuple(indices), None if packed is None else PackedLayout(*packed))
 
     def close(self) -> None:
         self._closed.set()
@@ -348,9 +358,7 @@ class Prefetcher:
 
 def _packed_tensors(source, indices: range, pin: bool) -> tuple[tuple, tuple]:
     """((input_ids, labels), (position_ids, segment_ids, cu_seqlens, max_seqlen)) of packed rows."""
-    from trainer.data.packing import collate  # packing imports this module (WindowOrder)
-
-    batch = collate([source.row(i) for i in indices])
+    batch = source.micro_batch(indices)
     pair = (batch.input_ids, batch.labels)
     layout = (batch.position_ids, batch.segment_ids, batch.cu_seqlens)
     if pin:

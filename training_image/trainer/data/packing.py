@@ -19,13 +19,13 @@ rotary positions are the ones the example would have alone. `segment_ids` number
 and the padding run gets the next number.
 
 **Attention that never crosses an example**: on CPU (and any SDPA backend that takes a mask),
-`block_causal_mask` gives the boolean (batch, 1, seq, seq) mask, True where query i may attend to key j:
-same segment and j <= i. Memory is seq^2 bytes per row: fine on CPU and in tests, not at 128K tokens. On
-GPU, the variable-length kernels (flash attention's `flash_attn_varlen_func`, Transformer Engine's
-`thd` format) take `cu_seqlens` instead: the int32 cumulative boundaries of every segment of the batch
-flattened row after row (`cu_seqlens`), with `max_seqlen`. There the padding run is a segment of its
-own; dropping its compute altogether needs the unpadded `thd` layout, which the trainer's attention
-does not use yet.
+`trainer.models.model.block_causal_mask`, built by the model from `segment_ids`, gives the boolean
+(batch, 1, seq, seq) mask, True where query i may attend to key j: same segment and j <= i. Memory is
+seq^2 bytes per row: fine on CPU and in tests, not at 128K tokens. On GPU, the variable-length kernels
+(flash attention's `flash_attn_varlen_func`, Transformer Engine's `thd` format, which the model's TE
+path uses) take `cu_seqlens` instead: the int32 cumulative boundaries of every segment of the batch
+flattened row after row, with `max_seqlen`. There the padding run is a segment of its own and is still
+computed (dropping it needs cu_seqlens_padded, not used yet).
 """
 
 from __future__ import annotations
@@ -43,7 +43,6 @@ from trainer.data.chat_shards import ChatShards, read_chat_dataset
 from trainer.data.loader import WindowOrder
 from trainer.data.manifest import check_tokenizer, read_manifest
 from trainer.data.shard_index import INDEX_FILE
-from trainer.models.model import block_causal_mask  # noqa: F401 (the model builds it; re-exported here)
 from trainstack.errors import TrainstackError
 
 IGNORE_INDEX = -100  # what torch.nn.functional.cross_entropy skips by default (transformers' labels)
@@ -177,6 +176,10 @@ class PackedChat:
         # content hash, never its mount path. The packing follows from the data and seq_len, both fixed
         # within a run (a seq_len change is refused on resume).
         self.name = name or f"chat:sha256={shards.dataset.index.content_sha256[:16]}"
+
+    def micro_batch(self, indices: Sequence[int]) -> PackedBatch:
+        """Rows `indices` collated (what trainer.data.loader.Prefetcher reads for packed sources)."""
+        return collate([self.row(i) for i in indices])
 
     @property
     def total_windows(self) -> int:

@@ -48,6 +48,7 @@ import logging
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -243,11 +244,22 @@ class SDPAttention(nn.Module):
         return out.transpose(1, 2).reshape(batch, seq, -1)
 
 
+class PackedRows(Protocol):
+    """What `forward(..., packed=)` reads of a packed micro-batch (trainer.data.loader.PackedLayout,
+    or `Packed` itself): the model does not import the data package (tests/test_architecture.py)."""
+
+    position_ids: torch.Tensor
+    segment_ids: torch.Tensor
+    cu_seqlens: torch.Tensor
+    max_seqlen: int
+
+
 @dataclass(frozen=True)
 class Packed:
     """What a batch of packed rows (trainer.data.packing.collate) tells the model besides its tokens:
     each token's position within its example, which example it belongs to, and the same boundaries as
-    the varlen kernels' cumulative lengths over the batch flattened row after row."""
+    the varlen kernels' cumulative lengths over the batch flattened row after row. The blocks receive
+    it with the mask filled in where the backend needs one."""
 
     position_ids: torch.Tensor  # (batch, seq) int64, restarting at 0 per example
     segment_ids: torch.Tensor  # (batch, seq) int64
@@ -537,7 +549,7 @@ class Transformer(nn.Module):
             getattr(self, name).copy_(table)
 
     def forward(
-        self, tokens: torch.Tensor, targets: torch.Tensor | None = None, packed: Packed | None = None
+        self, tokens: torch.Tensor, targets: torch.Tensor | None = None, packed: PackedRows | None = None
     ) -> torch.Tensor:
         """Mean next-token cross-entropy of `targets` given `tokens`, both (batch, seq); without
         `targets`, the full logits (batch, seq, vocab) (comparisons with a reference model: small
@@ -556,14 +568,13 @@ class Transformer(nn.Module):
             if targets is None:
                 return self.output(self.norm(x))
             return chunked_cross_entropy(self.norm(x), targets, self.output, self.loss_chunk_tokens)
-        if self._needs_mask and packed.mask is None:
-            packed = Packed(
-                packed.position_ids,
-                packed.segment_ids,
-                packed.cu_seqlens,
-                packed.max_seqlen,
-                block_causal_mask(packed.segment_ids),
-            )
+        packed = Packed(
+            packed.position_ids,
+            packed.segment_ids,
+            packed.cu_seqlens,
+            packed.max_seqlen,
+            block_causal_mask(packed.segment_ids) if self._needs_mask else None,
+        )
         for block in self.layers:
             x = block(x, rope, packed)
         if targets is None:
