@@ -155,11 +155,6 @@ def _chat_options(fmt: str, seq_len: int | None, on_aws: bool, workers, text_fie
             f"{refused}: not taken with --format chat (one process; the conversation is `messages`, the end "
             "of turn is the base folder's)"
         )
-    if on_aws:
-        raise TrainstackError(
-            "--format chat: a SageMaker Processing job for conversations is not built yet; pass --here (or "
-            "--local for the emulator) to prepare them on this machine"
-        )
     return {"format": "chat", "seq_len": seq_len}
 
 
@@ -283,9 +278,11 @@ def run_on_aws(
     by_format: dict[str, int] = {}
     for uri, size in sizes.items():
         by_format[format_of(uri)] = by_format.get(format_of(uri), 0) + size
+    chat = opts.get("format") == "chat"
     planned = plan_prepare(
         by_format,
         len(sizes),
+        chat=chat,
         instance_type=opts["instance_type"],
         instance_count=opts["instance_count"],
         usd_per_instance_hour=opts["usd_per_instance_hour"],
@@ -315,12 +312,15 @@ def run_on_aws(
             f"stack {prefix}-Launcher has no ImageUri output: redeploy it ({hint}), or pass --image-uri"
         )
     name = job_name(team_name, resolved.name, datetime.datetime.now(datetime.UTC))
+    # --format chat: the base folder's tokenizer files go to the job (trainstack.aws.processing), not
+    # its weights; staged only once the deployment is known to be there
+    staged = _stage_chat_base(s3, tokenizer, out, opts["dry_run"]) if chat else ""
     request = create_processing_job_request(
         job_name=name,
         role_arn=role,
         image_uri=image,
         sources=sources,
-        tokenizer=tokenizer,
+        tokenizer=tokenizer if not chat else staged,
         out=out,
         plan=planned,
         region=aws.region,
@@ -330,6 +330,7 @@ def run_on_aws(
         validation_fraction=opts["validation_fraction"],
         shard_tokens=opts["shard_tokens"],
         eos_token=opts["eos_token"],
+        **({"fmt": "chat", "seq_len": opts["seq_len"]} if chat else {}),
     )
     findings = check_processing_request(request)
     if findings:
@@ -346,8 +347,36 @@ def run_on_aws(
         )
         return DataPrepareResult("aws", 0, name, described, request, started=True)
     wait_for_job(sagemaker, s3, name, out, len(sizes), on_progress, timeout)
-    code = run_here(sources, tokenizer, out, local=False, workers=1, **{k: opts[k] for k in _ENTRY})
+    if chat:  # the indexes of a chat set, from the markers, with the same base folder
+        finalize = {k: opts[k] for k in ("format", "seq_len", "validation_fraction", "shard_tokens")}
+        code = run_here(sources, tokenizer, out, local=False, **finalize)
+    else:
+        code = run_here(sources, tokenizer, out, local=False, workers=1, **{k: opts[k] for k in _ENTRY})
     return DataPrepareResult("aws", code, name, described, request, started=True)
+
+
+def _stage_chat_base(s3: Any, base: str, out: str, dry_run: bool) -> str:
+    """Copy the base folder's tokenizer files (trainstack.aws.processing.CHAT_BASE_FILES) to
+    `<out>/_prepare/base/`, where the job reads them; that prefix (a dry run copies nothing)."""
+    from pathlib import Path
+
+    from trainstack.aws.processing import CHAT_BASE_FILES, CHAT_BASE_STAGING
+
+    folder = Path(base)
+    if base.startswith("s3://") or not folder.is_dir():
+        raise TrainstackError(
+            f"--tokenizer {base}: --format chat takes the base model's folder on this machine (its "
+            "tokenizer.json and tokenizer_config.json or chat_template.jinja); it is staged for the job"
+        )
+    files = [folder / name for name in CHAT_BASE_FILES if (folder / name).is_file()]
+    if not any(f.name == "tokenizer.json" for f in files):
+        raise TrainstackError(f"--tokenizer {base}: no tokenizer.json in the base folder")
+    staged = out.rstrip("/") + "/" + CHAT_BASE_STAGING
+    bucket, _, prefix = staged.removeprefix("s3://").partition("/")
+    if not dry_run:
+        for path in files:
+            s3.upload_file(str(path), bucket, prefix + path.name)
+    return staged
 
 
 def wait_for_job(

@@ -8,6 +8,13 @@ per-file completion markers straight to the output prefix (no ProcessingOutput: 
 would lose a failed job's finished files, and Continuous upload does not order markers after shards),
 so a rerun resumes; `--no-finalize` leaves the index to the CLI, the one place that sees every marker.
 
+Conversations (`--format chat`, trainer.prepare.chat_prepare) run the same way, one process per
+instance: the container renders them with the base model's chat template, so it needs the base's
+tokenizer files (tokenizer.json, tokenizer_config.json, chat_template.jinja, ...) and not its weights.
+The CLI stages those few files under the output (`<out>/_prepare/base/`: the processing role may read
+and write there) and they are an input every instance gets whole (FullyReplicated); a ProcessingInput
+of the base's own prefix would copy its weights, tens of GB, onto every instance.
+
 Why the training image: it already carries the entrypoint, numpy, s3torchconnector (S3 without boto3)
 and the trainstack core, and is the image the deployment builds and pins; a second image would be a
 second build, registry and pin to keep in step with the trainer's shard format. It adds `tokenizers`
@@ -37,6 +44,15 @@ ENTRYPOINT = ["python", "-m", "trainer.prepare"]
 MAX_INPUTS = 10
 MAX_ARGUMENT_CHARS = 256
 JOB_NAME_MAX = 63
+CHAT_BASE_INPUT = "base"  # --format chat: the base's tokenizer files, at /opt/ml/processing/input/base
+CHAT_BASE_STAGING = "_prepare/base/"  # where the CLI stages them, under the output prefix
+# What trainer.prepare.chat reads of a base folder (the template, the special tokens, the tokenizer).
+CHAT_BASE_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+)
 
 
 def job_name_prefix(team: str, recipe: str) -> str:
@@ -65,12 +81,23 @@ def create_processing_job_request(
     validation_fraction: float = 0.005,
     shard_tokens: int | None = None,
     eos_token: str | None = None,
+    fmt: str = "text",
+    seq_len: int | None = None,
 ) -> dict[str, Any]:
+    """`fmt` "chat": `tokenizer` is the S3 prefix the base's tokenizer files are staged under (module
+    doc) and `seq_len` the training sequence length; `text_field` and `eos_token` do not apply."""
     inputs, arguments = [], []
     for i, source in enumerate(sources):
         local = f"{INPUT_ROOT}/src{i}"
         inputs.append(_input(f"src{i}", source, local, "ShardedByS3Key"))
         arguments.append(f"{local}={source}")  # names each file by its S3 URI (markers, manifest)
+    if fmt == "chat":
+        base = f"{INPUT_ROOT}/{CHAT_BASE_INPUT}"
+        inputs.append(_input(CHAT_BASE_INPUT, tokenizer.rstrip("/") + "/", base, "FullyReplicated"))
+        arguments = ["--format", "chat", *arguments, "--tokenizer", base, "--out", out]
+        arguments += ["--seq-len", str(seq_len), "--validation-fraction", repr(validation_fraction)]
+        arguments += ["--no-finalize"] + (["--shard-tokens", str(shard_tokens)] if shard_tokens else [])
+        return _request(job_name, role_arn, image_uri, inputs, arguments, plan, region, kms_key_arn, tags)
     tokenizer_argument = tokenizer
     if tokenizer.startswith("s3://"):
         prefix, _, name = tokenizer.rpartition("/")
@@ -82,6 +109,10 @@ def create_processing_job_request(
         arguments += ["--shard-tokens", str(shard_tokens)]
     if eos_token:
         arguments += ["--eos-token", eos_token]
+    return _request(job_name, role_arn, image_uri, inputs, arguments, plan, region, kms_key_arn, tags)
+
+
+def _request(job_name, role_arn, image_uri, inputs, arguments, plan, region, kms_key_arn, tags) -> dict:
     cluster: dict[str, Any] = {
         "InstanceCount": plan.instance_count,
         "InstanceType": plan.instance.name,

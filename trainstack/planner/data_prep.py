@@ -11,6 +11,11 @@ figure is a range (low, mid, high), and only as good as three constants:
   a 2-core sandbox with a byte-level BPE tokenizer trained there, docs/benchmarks.md "Data
   preparation"), discounted to 0.6 of a core per vCPU (two hyperthreads share a core). Real tokenizers
   with larger vocabularies and other text run at other rates.
+- CHAT_TOKENS_PER_PROCESS_S: conversations (`--format chat`) run one process per instance (no worker
+  pool yet): rendering through the chat template and tokenizing with offsets, measured at 100-120K
+  tokens/s for 650-token conversations on this project's 2 shared cores (docs/sft.md), as (0.5, 1, 1.5)
+  x 110K. So a chat job takes small instances (ml.c5.xlarge) and scales by instance count, which
+  ShardedByS3Key can only do over several input files.
 - Instance prices: EC2 on-demand rates (us-east-1) times 1.2, the usual SageMaker premium; SageMaker
   Processing prices were not looked up. Override with `--usd-per-instance-hour`.
 
@@ -36,6 +41,7 @@ TOKENS_PER_BYTE = {
 # One worker per vCPU: bench/data_prepare.py's tokens/s per core on the sandbox, x 0.6 per vCPU.
 MEASURED_TOKENS_PER_CORE_S = 3.6e5
 TOKENS_PER_VCPU_S = tuple(MEASURED_TOKENS_PER_CORE_S * 0.6 * f for f in (0.5, 1.0, 1.5))
+CHAT_TOKENS_PER_PROCESS_S = tuple(1.1e5 * f for f in (0.5, 1.0, 1.5))
 START_MINUTES = (6.0, 10.0, 15.0)
 DOWNLOAD_GBPS = (0.5, 1.0, 2.0)  # GB/s of S3 -> instance volume in File mode
 MAX_INSTANCES = 100  # CreateProcessingJob ClusterConfig.InstanceCount: 1-100 (botocore's model)
@@ -68,9 +74,11 @@ PROCESSING_INSTANCES = {
         ProcessingInstance("ml.c5.9xlarge", 36, 72, *_priced(1.53, "c5.9xlarge")),
         ProcessingInstance("ml.m5.24xlarge", 96, 384, *_priced(4.608, "m5.24xlarge")),
         ProcessingInstance("ml.c6i.32xlarge", 128, 256, *_priced(5.44, "c6i.32xlarge")),
+        ProcessingInstance("ml.c5.xlarge", 4, 8, *_priced(0.17, "c5.xlarge")),
     )
 }
 DEFAULT_INSTANCE = "ml.c5.18xlarge"
+CHAT_INSTANCE = "ml.c5.xlarge"  # one process per instance: its other vCPUs serve S3 and the OS
 
 
 @dataclass(frozen=True)
@@ -84,11 +92,13 @@ class PreparePlan:
     hours: tuple[float, float, float]
     usd: tuple[float, float, float]
     max_runtime_s: int  # the job's StoppingCondition: twice the high estimate, within SageMaker's 9 days
+    workers: int = 0  # processes per instance (0: one per vCPU, the text path's pool)
 
     def describe(self) -> str:
         lo, mid, hi = self.hours
         return (
-            f"{self.instance_count} x {self.instance.name} ({self.instance.vcpus} workers each), "
+            f"{self.instance_count} x {self.instance.name} ({self.workers or self.instance.vcpus} "
+            f"worker{'s' if (self.workers or self.instance.vcpus) != 1 else ''} each), "
             f"{self.volume_gb} GB volume each; {self.files} files, {data_size(self.input_bytes)} in; "
             f"about {_count(self.tokens[1])} tokens ({_count(self.tokens[0])}-{_count(self.tokens[2])}); "
             f"{mid:.1f} h ({lo:.1f}-{hi:.1f}); {self.usd[1]:,.0f} USD "
@@ -123,9 +133,11 @@ def plan_prepare(
     instance_count: int | None = None,
     usd_per_instance_hour: float | None = None,
     target_hours: float = TARGET_HOURS,
+    chat: bool = False,
 ) -> PreparePlan:
-    """The Processing job for inputs of these sizes (bytes per format of `format_of`)."""
-    instance = PROCESSING_INSTANCES[instance_type or DEFAULT_INSTANCE]
+    """The Processing job for inputs of these sizes (bytes per format of `format_of`); `chat`:
+    conversations, one process per instance (CHAT_TOKENS_PER_PROCESS_S)."""
+    instance = PROCESSING_INSTANCES[instance_type or (CHAT_INSTANCE if chat else DEFAULT_INSTANCE)]
     if usd_per_instance_hour is not None:
         instance = ProcessingInstance(
             instance.name, instance.vcpus, instance.memory_gib, usd_per_instance_hour, "given"
@@ -134,7 +146,7 @@ def plan_prepare(
     tokens = tuple(
         sum(size * TOKENS_PER_BYTE[fmt][k] for fmt, size in bytes_by_format.items()) for k in range(3)
     )
-    rate = [r * instance.vcpus for r in TOKENS_PER_VCPU_S]  # tokens/s of one instance
+    rate = list(CHAT_TOKENS_PER_PROCESS_S) if chat else [r * instance.vcpus for r in TOKENS_PER_VCPU_S]
     if instance_count is None:
         one_instance_h = tokens[1] / rate[1] / 3600
         instance_count = math.ceil(one_instance_h / target_hours)
@@ -152,7 +164,8 @@ def plan_prepare(
     )
     usd = tuple(h * instance_count * instance.usd_per_hour for h in hours)
     runtime = min(9 * 24 * 3600, max(3600, math.ceil(hours[2] * 2 * 3600)))
-    return PreparePlan(instance, instance_count, volume, total, files, tokens, hours, usd, runtime)
+    workers = 1 if chat else 0
+    return PreparePlan(instance, instance_count, volume, total, files, tokens, hours, usd, runtime, workers)
 
 
 def plan_for_tokens(tokens: float, fmt: str = "jsonl", file_gb: float = 1.0, **kwargs) -> PreparePlan:

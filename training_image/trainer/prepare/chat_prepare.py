@@ -16,8 +16,15 @@ root manifest.json is written last. Conversations are held out for validation by
 (trainer.prepare.inputs.in_validation), into `validation/`, with their masks: validation is a masked
 loss on held-out conversations.
 
-Not yet here (docs/sft.md): a process pool (files are processed one after another in this process), a
-SageMaker Processing run, and a base folder in S3.
+On SageMaker Processing (trainstack.aws.processing), each instance runs this with its share of the
+files (`LOCAL=URI` sources name each file by its S3 URI) and `--no-finalize`: it writes its files'
+shards, masks and markers and no index (it sees only its share, so neither the other-corpus check nor
+the indexes are its to do); `trainstack data prepare` then runs it once more here, every file done,
+which checks the markers and writes the indexes and manifests.
+
+Not yet here (docs/sft.md): a process pool (files are processed one after another in this process: on
+Processing, one file at a time per instance), and a base folder in S3 (the CLI stages its tokenizer files
+for a Processing job).
 """
 
 from __future__ import annotations
@@ -215,9 +222,11 @@ def prepare_chat(
     validation_fraction: float = DEFAULT_VALIDATION_FRACTION,
     shard_tokens: int = DEFAULT_SHARD_TOKENS,
     overwrite: bool = False,
+    finalize: bool = True,
 ) -> dict:
     """Prepare the conversations of `sources` into `out` (`overwrite`: replace a local dataset of other
-    files there, as for text); returns the root manifest."""
+    files there, as for text); returns the root manifest, or without `finalize` (a Processing instance:
+    module doc) a summary of the files it processed."""
     if seq_len < 2:
         raise TrainstackError(f"--seq-len {seq_len}: expected at least 2 tokens")
     if not 0 <= validation_fraction < 1:
@@ -248,10 +257,13 @@ def prepare_chat(
             "shard_tokens": shard_tokens,
         }
         check_output(store, settings)
-        # Files finished earlier that are not among these inputs: another corpus, refused as for text.
-        done = other_corpus(store, done_markers(store), units, overwrite)
+        # Files finished earlier that are not among these inputs: another corpus, refused as for text (an
+        # instance of a Processing job sees only its share of the files: the finalize checks it).
+        done = done_markers(store)
+        if finalize:
+            done = other_corpus(store, done, units, overwrite)
         pending = [u for u in units if done.get(u.uri, {}).get("size") != u.size]
-        if pending:
+        if pending and finalize:
             store.discard(MANIFEST_FILE)  # unfinished until the indexes are rewritten (as pipeline.prepare)
         print(
             f"prepare: {len(units)} conversation files, {len(units) - len(pending)} already done; template "
@@ -270,6 +282,8 @@ def prepare_chat(
                         file=sys.stderr,
                         flush=True,
                     )
+        if not finalize:
+            return {"files": len(units), "processed": len(pending)}
         return write_chat_indexes(store, chat, settings, [u.uri for u in units])
 
 
@@ -427,6 +441,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--overwrite", action="store_true", help="replace a local dataset of other files in --out"
     )
+    parser.add_argument(
+        "--no-finalize",
+        action="store_true",
+        help="write this run's files only, no index (a Processing job's instance; the CLI finalizes)",
+    )
     return parser
 
 
@@ -441,6 +460,7 @@ def main(argv: list[str] | None = None) -> int:
             validation_fraction=args.validation_fraction,
             shard_tokens=args.shard_tokens,
             overwrite=args.overwrite,
+            finalize=not args.no_finalize,
         )
     except TrainstackError as exc:  # one line, also the job's ExitMessage (trainer.runtime.failure)
         from trainer.runtime.failure import report_failure
@@ -452,5 +472,11 @@ def main(argv: list[str] | None = None) -> int:
             "interrupted: files finished so far are kept; rerun the same command to resume", file=sys.stderr
         )
         return 130
+    if args.no_finalize:
+        print(
+            f"processed {manifest['processed']} of {manifest['files']} files "
+            "(no index written: --no-finalize)"
+        )
+        return 0
     print(summary(manifest, args.out))
     return 0
