@@ -115,3 +115,31 @@ def test_a_base_the_job_cannot_reach_is_noted_by_plan_and_skipped_for_the_emulat
     assert launched.exit_code == 2
     assert launched.output.startswith("error: stack Trainstack-platform-30b-fp8-Launcher is not deployed")
     assert no_jobs(emulator)
+
+
+def test_launch_refuses_a_dataset_whose_validation_split_prepare_left_empty(emulator, tmp_path):
+    """`data prepare` at its default fraction held out none of a small corpus; a recipe that validates
+    on it would end job 1 at step 0, so launch refuses it first, naming the field and the fraction."""
+    from trainer.prepare.pipeline import prepare
+
+    corpus = tmp_path / "docs.jsonl"
+    corpus.write_text("".join(json.dumps({"text": f"document {i} " * 8}) + "\n" for i in range(40)))
+    prepare([str(corpus)], "bytes", str(tmp_path / "prepared"), workers=1)  # default fraction, 0.005
+    s3 = emulator.client("s3")
+    for path in (tmp_path / "prepared").rglob("*"):
+        if path.is_file():
+            s3.upload_file(str(path), BUCKET, f"corpus/{path.relative_to(tmp_path / 'prepared')}")
+    recipe = tmp_path / "validates.yaml"
+    recipe.write_text(
+        f"name: validates\nextends: 1b-bf16\ndata: {{train_s3_uri: s3://{BUCKET}/corpus/}}\n"
+        "validation: {every_steps: 5, batches: 1}\ntraining: {seq_len: 64, micro_batch: 1, global_batch: 8, "
+        "steps: 10}\n"
+    )
+    launched = cli(emulator, "launch", str(recipe))
+    assert launched.exit_code == 2, launched.output
+    assert len(launched.output.strip().splitlines()) == 1
+    assert launched.output.startswith(
+        f"error: validation: data.train_s3_uri: s3://{BUCKET}/corpus/manifest.json: the validation split "
+        "holds no document (--validation-fraction 0.005 held out none"
+    )
+    assert no_jobs(emulator)

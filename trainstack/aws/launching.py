@@ -98,6 +98,7 @@ def start_run(
 
     from trainstack.aws import request
     from trainstack.aws.base_model import check_for_launch
+    from trainstack.aws.dataset_check import check_datasets
     from trainstack.aws.registry import read_run
     from trainstack.aws.run_access import caller, deployed, execution_name, registration_won, winner_line
     from trainstack.aws.session import explain
@@ -106,6 +107,9 @@ def start_run(
     # The base model is read where the job would read it (this S3, never the instance) before any job
     # exists: a recipe whose shape differs from it would fail every job of the run at step 0.
     check_for_launch(run_recipe, aws.client("s3"), emulator)
+    # So are the prepared datasets' manifests: an empty held-out split, another tokenizer's shards or a
+    # text set under sft would end job 1 at step 0 (trainstack.aws.dataset_check).
+    check_datasets(run_recipe, aws.client("s3"))
     stacks = deployed(aws, naming.stack_prefix(deployed_recipe, team), hint)
     deployed_hash, local_hash = stacks.launcher.get("RecipeHash"), naming.recipe_hash(deployed_recipe)
     if deployed_hash != local_hash:
