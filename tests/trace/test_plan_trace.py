@@ -89,3 +89,28 @@ def test_launch_refuses_a_recipe_whose_cached_trace_does_not_fit(first, cache, m
     refusal = trace.trace_refusal(recipe)
     assert refusal is not None and "does not fit by its trace" in refusal and "of 80" in refusal
     assert trace.trace_refusal(resolve(TINY, overrides=["training.micro_batch=1"]).recipe) is None  # untraced
+
+
+def test_a_cached_trace_whose_gemm_flops_differ_re_times_the_plans_time_and_cost(first, cache):
+    """The counted FLOPs are used, not only printed: a cached report whose GEMM FLOPs are 20% above the
+    time model's re-times the plan (step time, tokens/s, hours, cost) that `plan --trace` prints."""
+    plain = cli("plan", TINY, "--json", "-q", cache=cache)
+    assert plain.returncode in (0, 1), plain.stderr[-3000:]  # 1: the refusal test's oversized report
+    (path,) = cache.glob("*.json")
+    original = path.read_text()
+    report = json.loads(original)
+    flops = report["flops"]
+    flops["model"] += round(0.2 * (flops["model"] - flops["attention"]))
+    path.write_text(json.dumps(report))
+    try:
+        done = cli("plan", TINY, "--trace", "--json", "-q", cache=cache)
+    finally:
+        path.write_text(original)
+    assert done.returncode in (0, 1), done.stderr[-3000:]
+    before, after = json.loads(plain.stdout), json.loads(done.stdout)
+    counted = after["memory"]["traced"]["counted_flops"]
+    assert counted["by_kind"]["GEMMs"]["used"] == "counted" and counted["time"] == "counted"
+    assert after["throughput"]["step_time_s"] == pytest.approx(counted["step_time_s"])
+    assert after["throughput"]["step_time_s"] > before["throughput"]["step_time_s"]
+    assert after["throughput"]["tokens_per_sec_per_gpu"] < before["throughput"]["tokens_per_sec_per_gpu"]
+    assert after["cost"]["total_usd"] > before["cost"]["total_usd"]

@@ -185,11 +185,18 @@ def plan(recipe: Recipe) -> Plan:
     return found
 
 
-def _plan(recipe: Recipe) -> Plan:
+def plan_with_throughput(recipe: Recipe, thr: ThroughputPlan) -> Plan:
+    """plan(recipe) with its throughput given: a traced step's counted FLOPs re-time it
+    (trainstack.planner.traced.throughput_with_counted_flops), and the run, time and cost follow. Not kept
+    with the plans above (the recipe alone no longer decides it)."""
+    return _plan(recipe, thr)
+
+
+def _plan(recipe: Recipe, thr: ThroughputPlan | None = None) -> Plan:
     inst = recipe.instance
     parts = recipe_memory(recipe)
     mem = memory_plan(parts, inst.gpu)
-    thr = recipe_throughput(recipe)
+    thr = thr or recipe_throughput(recipe)
     low_tps = thr.tokens_per_sec_per_gpu_range[0]
     slow_step = thr.step_time_s * thr.tokens_per_sec_per_gpu / low_tps
     validation = plan_validation(recipe, thr)
