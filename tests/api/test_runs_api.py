@@ -183,7 +183,7 @@ class _Clients:
     """SageMaker, Step Functions and S3 as stop, resume and export ask them, recording what they did."""
 
     def __init__(self, job_status: str = "InProgress") -> None:
-        self.job_status, self.calls = job_status, []
+        self.job_status, self.calls, self.metrics = job_status, [], []
         self.where, self.local, self.region = "the local emulator (http://localhost:5)", True, "us-east-1"
 
     def client(self, service: str) -> _Clients:
@@ -197,6 +197,7 @@ class _Clients:
             "TrainingJobStatus": self.job_status,
             "SecondaryStatus": "Training",
             "ResourceConfig": {"KeepAlivePeriodInSeconds": 1800},
+            "FinalMetricDataList": self.metrics,
         }
 
     def stop_training_job(self, **kwargs) -> None:
@@ -354,11 +355,20 @@ def test_wait_for_run_follows_the_registry_to_the_runs_end(deployment, monkeypat
     ended = api.wait_for_run(RUN, local=True, on_progress=lines.append)
     assert ended.state == "completed" and ended.succeeded and ended.step == 30
     assert lines == [
-        f"run {RUN}: running, job {RUN}-1, step 0 of 30",
-        f"run {RUN}: running, job {RUN}-1, step 10 of 30",
-        f"run {RUN}: completed, job {RUN}-2, step 30 of 30",
+        f"run {RUN}: running, job {RUN}-1 InProgress, step 0 of 30",
+        f"run {RUN}: running, job {RUN}-1 InProgress, step 10 of 30",
+        f"run {RUN}: completed, job {RUN}-2 InProgress, step 30 of 30",
         f"run {RUN} completed: its steps are done",
     ]
+    # The step and loss SageMaker reports for the current job, where it has them.
+    deployment.clients.metrics = [
+        {"MetricName": "train:step", "Value": 12.0},
+        {"MetricName": "train:loss", "Value": 3.25},
+    ]
+    records = iter([_record(step=0, steps=30), _record(state="completed", why="done", step=30, steps=30)])
+    lines.clear()
+    api.wait_for_run(RUN, local=True, on_progress=lines.append)
+    assert lines[0] == f"run {RUN}: running, job {RUN}-1 InProgress, step 12 of 30, loss 3.25"
     assert json.loads(ended.to_json())["state"] == "completed"
 
     monkeypatch.setattr("trainstack.aws.registry.read_run", lambda ddb, table, run: _record(step=3, steps=30))
@@ -371,15 +381,9 @@ def test_launch_wait_returns_the_runs_final_state(monkeypatch, no_aws):
     """launch(wait=True): the run started (as `launch` starts it), then followed to its end."""
     from trainstack.aws import launching
 
-    clients = _Clients()
-    monkeypatch.setattr(
-        "trainstack.aws.session.Aws",
-        lambda local: SimpleNamespace(
-            client=lambda service: SimpleNamespace(meta=SimpleNamespace(endpoint_url="http://localhost:5")),
-            where="the local emulator (http://localhost:5)",
-            local=True,
-        ),
-    )
+    clients = _Clients(job_status="Failed")
+    clients.meta = SimpleNamespace(endpoint_url="http://localhost:5")  # the emulator's S3, as launch reads it
+    monkeypatch.setattr("trainstack.aws.session.Aws", lambda local: clients)
     started = launching.Started(
         run="ts-platform-tiny-cpu--cap",
         job="ts-platform-tiny-cpu--cap-1",

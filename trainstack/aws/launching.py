@@ -335,27 +335,32 @@ def wait_for_end(
 ) -> Any:
     """Follow run `run` in its registry until the supervisor has recorded its end (completed, stopped or
     failed: no job of it starts by itself after these); the registry's record of it (trainstack.aws
-    .registry.Run). Each change of state, job or reported step is one line to `echo`. StillRunning
+    .registry.Run). Each change of state, job, job status or step is one line to `echo` (the step and
+    loss SageMaker reports for the current job where it has any, else the registry's). StillRunning
     (exit 1) when `timeout_s` passes first; the run is not touched."""
     from botocore.exceptions import BotoCoreError, ClientError
 
     from trainstack.aws.registry import read_run
     from trainstack.aws.session import explain
 
-    dynamodb = aws.client("dynamodb")
+    dynamodb, sagemaker = aws.client("dynamodb"), aws.client("sagemaker")
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     said = None
     while True:
         try:
             record = read_run(dynamodb, table, run)
+            if record is None:
+                raise TrainstackError(f"run {run} is not in its registry ({table}) any more")
+            status, metrics = _job_now(sagemaker, record.current_job)
         except (ClientError, BotoCoreError) as error:
             raise TrainstackError(
                 f"lost contact with {aws.where} while waiting for run {run}: {explain(error)}"
             ) from None
-        if record is None:
-            raise TrainstackError(f"run {run} is not in its registry ({table}) any more")
+        step = max(record.step, int(metrics.get("train:step", 0)))
+        loss = metrics.get("train:loss")
         line = (
-            f"run {run}: {record.state}, job {record.current_job}, step {record.step:,} of {record.steps:,}"
+            f"run {run}: {record.state}, job {record.current_job} {status}, step {step:,} of {record.steps:,}"
+            + (f", loss {loss:.4g}" if loss is not None else "")
         )
         if line != said:
             echo(line)
@@ -366,6 +371,21 @@ def wait_for_end(
         if deadline is not None and time.monotonic() >= deadline:
             raise StillRunning(
                 f"run {run} is still {record.state} after {timeout_s:.0f} s (job {record.current_job}, step "
-                f"{record.step:,} of {record.steps:,}); it goes on: follow it with `trainstack runs`"
+                f"{step:,} of {record.steps:,}); it goes on: follow it with `trainstack runs`"
             )
         time.sleep(poll_s if deadline is None else max(0.0, min(poll_s, deadline - time.monotonic())))
+
+
+def _job_now(sagemaker: Any, job: str) -> tuple[str, dict[str, float]]:
+    """(the job's status as SageMaker reports it, or `not created yet`; its newest metrics by name:
+    FinalMetricDataList, the values of the recipe's metric definitions SageMaker holds for the job)."""
+    from botocore.exceptions import ClientError
+
+    try:
+        described = sagemaker.describe_training_job(TrainingJobName=job)
+    except ClientError as error:
+        if error.response.get("Error", {}).get("Code") in ("ValidationException", "ResourceNotFound"):
+            return "not created yet", {}
+        raise
+    metrics = {m["MetricName"]: m["Value"] for m in described.get("FinalMetricDataList", [])}
+    return described["TrainingJobStatus"], metrics
