@@ -374,6 +374,12 @@ def other_corpus(store, done: dict[str, dict], units: list[Unit], overwrite: boo
             f"--out {store.uri}: holds a dataset prepared from other files ({foreign[0]}{more}, not among "
             "the inputs given); give another --out, or --overwrite to replace it"
         )
+    delete_dataset(store, "of other files")
+    return {}
+
+
+def delete_dataset(store, what: str) -> None:
+    """--overwrite: delete what an earlier preparation wrote under a local output (DATASET_PARTS only)."""
     if isinstance(store, S3Store):
         raise TrainstackError(
             f"--overwrite: {store.uri} is in S3, where this preparation deletes nothing; empty it first "
@@ -387,12 +393,13 @@ def other_corpus(store, done: dict[str, dict], units: list[Unit], overwrite: boo
             shutil.rmtree(path)
         elif path.is_file():
             path.unlink()
-    print(f"prepare: --overwrite: deleted the dataset of other files in {store.uri}", file=sys.stderr)
-    return {}
+    print(f"prepare: --overwrite: deleted the dataset {what} in {store.uri}", file=sys.stderr)
 
 
-def check_output(store, config: dict) -> None:
-    """Refuse an output that holds another dataset; record this one's settings on first use."""
+def check_output(store, config: dict, overwrite: bool = False) -> bool:
+    """Refuse an output that holds another dataset; record this one's settings on first use. With
+    `overwrite`, a dataset prepared with other settings is deleted instead (local outputs): True then,
+    and nothing done before is kept."""
     recorded = store.read(CONFIG_KEY)
     if recorded is None:
         held = [k for k in store.list() if k in (INDEX_FILE, MANIFEST_FILE) or k.endswith((".bin", ".idx"))]
@@ -402,7 +409,7 @@ def check_output(store, config: dict) -> None:
                 "give an empty prefix"
             )
         store.write(CONFIG_KEY, json.dumps(config, indent=1).encode())
-        return
+        return False
     try:
         before = json.loads(recorded)
     except json.JSONDecodeError:
@@ -410,13 +417,20 @@ def check_output(store, config: dict) -> None:
     if before != config and not store.list(DONE_PREFIX):
         # Nothing was finished under the old settings (a first run that stopped on bad input): start over.
         store.write(CONFIG_KEY, json.dumps(config, indent=1).encode())
-        return
+        return False
     for key, value in config.items():
-        if before.get(key) != value:
-            raise TrainstackError(
-                f"--out {store.uri}: already holds a dataset prepared with {key} {before.get(key)!r}, not "
-                f"{value!r}; give another prefix (or the same settings, to resume it)"
-            )
+        if before.get(key) == value:
+            continue
+        if overwrite:
+            delete_dataset(store, f"prepared with {key} {before.get(key)!r}")
+            store.write(CONFIG_KEY, json.dumps(config, indent=1).encode())
+            return True
+        raise TrainstackError(
+            f"--out {store.uri}: already holds a dataset prepared with {key} {before.get(key)!r}, not "
+            f"{value!r}; give another prefix, --overwrite to replace it (a local one), or the same "
+            "settings to resume it"
+        )
+    return False
 
 
 def done_markers(store) -> dict[str, dict]:
@@ -524,7 +538,8 @@ def prepare(
             "validation_fraction": validation_fraction,
             "shard_tokens": shard_tokens,
         }
-        check_output(store, config)
+        if check_output(store, config, overwrite and finalize):
+            done, pending = {}, units  # the dataset of other settings is gone: every file again
         if pending and finalize:
             # The output is about to change: until its indexes are rewritten it must read as unfinished
             # (the trainer refuses a prepared output without its root manifest), not as the old dataset.
@@ -726,6 +741,20 @@ def summary(manifest: dict, out: str) -> str:
     )
 
 
+def empty_validation_warning(manifest: dict) -> str | None:
+    """The line said when a held-out split was asked for and none came out: the split is by a hash of
+    each document, so a small corpus at a small fraction holds out none, and a recipe that validates on
+    it is refused at launch (trainstack.aws.dataset_check), or by the trainer at step 0."""
+    held = manifest.get("validation")
+    if held is None or held["documents"]:
+        return None
+    return (
+        f"prepare: warning: --validation-fraction {held['fraction']} held out no document (the share is by "
+        "a hash of each); a recipe with validation cannot use this dataset: rerun with a larger fraction "
+        "(and --overwrite, or another --out), or train without validation"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -756,6 +785,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"processed {result['processed']} of {result['files']} files (no index written: --no-finalize)")
     else:
         print(summary(result, args.out))
+        if (warning := empty_validation_warning(result)) is not None:
+            print(warning, file=sys.stderr)
     return 0
 
 
