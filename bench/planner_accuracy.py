@@ -60,6 +60,7 @@ from trainstack.planner import (  # noqa: E402
     throughput,
 )
 from trainstack.planner import calibration as calibration_module  # noqa: E402
+from trainstack.planner.trainer_memory import LOSS_BYTES  # noqa: E402
 from trainstack.recipes.hardware import INSTANCES  # noqa: E402
 from trainstack.recipes.schema import ModelShape  # noqa: E402
 
@@ -152,6 +153,23 @@ def predict_tps(case: dict, cal: Calibration, limits: bool = False) -> float:
     ).tokens_per_sec_per_gpu
 
 
+# torchtitan's loss: `cross_entropy(pred.flatten(0, 1).float(), labels)` over the whole micro-batch's
+# logits. Eager (torchtitan 9dec370, 2024-12-26, the H100 runs: train.py leaves it uncompiled, "compiling
+# loss function causes CUDA errors, turning off for now") it holds what our chunked loss holds per logit
+# (trainer_memory.LOSS_BYTES: the FP32 log-softmax and the FP32 gradients). From torchtitan e10cb94
+# ("Move output .float() to loss fn and compile it if compiling") it is compiled with the model, as at
+# e7c0cae (2025-06-13, the H200 runs: torchtitan/components/loss.py, build_cross_entropy_loss): Inductor
+# fuses the upcast, log-softmax and its backward, so the BF16 logits and their BF16 gradient are what is
+# held (4 bytes per logit; estimate: the fused kernels materialise no FP32 copy).
+COMPILED_LOSS_SOURCES = ("benchmarks/llama3-8b_h200_202506_trainy-whitefiber.md",)
+COMPILED_LOSS_BYTES = 4
+
+
+def loss_bytes_per_logit(case: dict) -> float:
+    compiled = case.get("compile") and any(s in case.get("source", "") for s in COMPILED_LOSS_SOURCES)
+    return COMPILED_LOSS_BYTES if compiled else LOSS_BYTES
+
+
 def predict_memory(case: dict) -> dict:
     instance = INSTANCES[GPU_TO_INSTANCE[case["gpu"]]]
     k = knobs(case)
@@ -166,6 +184,7 @@ def predict_memory(case: dict) -> dict:
         instance.gpu,
         loss_chunk_tokens=k["micro_batch"] * k["seq_len"],
         grad_accum=accumulation,
+        loss_bytes_per_logit=loss_bytes_per_logit(case),
         **k,
     )
     mem = memory_plan(parts, instance.gpu)

@@ -154,12 +154,15 @@ def memory_breakdown(
     policy: ActivationPolicy,
     loss_chunk_tokens: int,
     grad_accum: int = 2,
+    loss_bytes_per_logit: float = LOSS_BYTES,
 ) -> dict[str, float]:
     """Per-GPU memory components in GiB at the step's peak, which falls at one of three moments (the
     traced step's, trainer_memory): the chunked loss's backward, the last block's backward, or block
     0's backward. Each moment's transient terms are its own; the largest moment is the peak.
     `grad_accum` 1: no gradient exists at the peak (the previous step's were freed, this step's are
-    not reduced yet); more: the earlier micro-steps' FP32 gradient shards are held."""
+    not reduced yet); more: the earlier micro-steps' FP32 gradient shards are held.
+    `loss_bytes_per_logit`: our trainer's eager chunked loss (LOSS_BYTES); another trainer's loss (the
+    calibration bench's published runs) may hold other bytes per logit."""
     n = m.total_params
     # FSDP shards over shard_group x cp ranks: the CP ranks of a sequence hold the same weights
     # (training_image/trainer/distributed/context_parallel.py, as torchtitan's dp_shard_cp).
@@ -188,7 +191,7 @@ def memory_breakdown(
 
     chunk = min(loss_chunk_tokens, tokens)
     # One chunk's logits at a time (vocabulary split across TP ranks) plus the final hidden states.
-    logits = LOSS_BYTES * chunk * m.vocab / tp + FINAL_HIDDEN_BYTES * tokens * m.hidden
+    logits = loss_bytes_per_logit * chunk * m.vocab / tp + FINAL_HIDDEN_BYTES * tokens * m.hidden
     if fsdp_ranks == 1:  # unsharded: the BF16 copies are still made for compute, but nothing is gathered
         unsharded = (m.params_per_layer * m.layers + m.embedding_params) * BF16 / tp
         flight = {"loss": unsharded, "top": unsharded, "bottom": unsharded}

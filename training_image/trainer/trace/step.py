@@ -370,10 +370,10 @@ def peak_categories(tracker: FSDPMemTracker) -> tuple[int, dict[str, int], dict[
 
 def notes_for(recipe: Recipe, layout: Layout | None = None) -> list[str]:
     notes = ["traced on fake CPU tensors with the GPU run's dtypes, pure-PyTorch block, eager"]
-    if layout is not None and layout.replicas > 1:
+    if layout is not None and layout.replicas > 1 and layout.grad_accum > 1:
         notes.append(
-            "HSDP: all-reduced on every traced micro-step (FSDP2's deferred all-reduce fails under the "
-            "tracker); FSDP2 holds each unit's FP32 all-reduce input until backward ends (AllReduceState)"
+            "HSDP: the all-reduce across replicas deferred to the step's last micro-step, as trained "
+            "(the deferred gradient shard counted as a gradient)"
         )
     if recipe.precision.dtype == "fp8":
         notes.append(
