@@ -134,3 +134,27 @@ def test_a_kind_off_by_more_than_two_percent_re_times_the_plan_and_its_cost(reci
     assert again.throughput.tokens_per_sec_per_gpu == pytest.approx(tps, rel=1e-6)
     assert again.throughput.mfu == counted["mfu"]
     assert again.run.hours > planned.run.hours and again.cost.total_usd > planned.cost.total_usd
+
+
+def test_tunes_traced_candidate_is_re_timed_by_its_counted_flops(recipe):
+    """`tune` traces each candidate before any job: its planned step time, hours and cost (which set
+    the job's budget and step window) follow the counted FLOPs where they differ by over 2%."""
+    from trainstack.tuning.candidates import Candidate, Planned
+    from trainstack.tuning.trace import counted_candidate
+
+    thr = recipe_throughput(recipe)
+    own = Candidate(
+        "c0", (), "the recipe", Planned(thr.step_time_s, thr.tokens_per_sec_per_gpu, 1.0, 10.0, 100.0), True
+    )
+    tokens = 1000
+    gemms = (thr.flops_by_kind["block GEMMs"] + thr.flops_by_kind["output head"]) * tokens
+    attention = time_model_flops(thr)["attention"] * tokens
+    as_timed = {"flops": {"model": round(gemms + attention), "attention": round(attention), "tokens": tokens}}
+    assert counted_candidate(own, recipe, as_timed) is own
+    more = {"flops": {**as_timed["flops"], "model": round(1.1 * gemms + attention)}}
+    again = counted_candidate(own, recipe, more)
+    scale = again.planned.step_time_s / own.planned.step_time_s
+    assert scale > 1.0
+    assert again.planned.usd == pytest.approx(100.0 * scale) and again.planned.hours == pytest.approx(
+        10.0 * scale
+    )

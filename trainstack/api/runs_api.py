@@ -779,7 +779,7 @@ def _traced_candidates(
     from trainstack.planner import recipe_memory
     from trainstack.planner.traced import traced_memory
     from trainstack.tuning.candidates import apply
-    from trainstack.tuning.trace import run_trace
+    from trainstack.tuning.trace import counted_candidate, run_trace
 
     kept, traced = [], {}
     for candidate in candidates:
@@ -800,6 +800,7 @@ def _traced_candidates(
             cached=outcome.cached,
         )
         traced[candidate.name] = memory
+        candidate = counted_candidate(candidate, recipe, outcome.report)  # re-timed by its counted FLOPs
         say(f"  {candidate.name}: {memory.verdict}" + (" (cached)" if memory.cached else ""))
         if memory.fits:
             kept.append(candidate)

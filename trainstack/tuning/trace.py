@@ -186,3 +186,28 @@ def trace_refusal(recipe: Recipe) -> str | None:
         f"{recipe.name} does not fit by its trace: {traced.verdict} "
         f"(trainstack plan {recipe.name} --trace shows where; change the layout)"
     )
+
+
+def counted_candidate(candidate, recipe: Recipe, report: dict):
+    """A tuning candidate (trainstack.tuning.candidates.Candidate) whose planned step time, tokens/s,
+    hours and cost follow its traced step's counted FLOPs where they differ from the planner's by more
+    than 2% (trainstack.planner.traced.counted_flops); the candidate itself otherwise. The tuning
+    run's job budget and step windows are then those of the work the step runs."""
+    from dataclasses import replace
+
+    from trainstack.planner import recipe_throughput
+    from trainstack.planner.traced import counted_flops
+
+    counted = counted_flops(report, recipe_throughput(recipe))
+    if not counted or counted["time"] != "counted":
+        return candidate
+    scale = counted["time_scale"]
+    p = candidate.planned
+    planned = replace(
+        p,
+        step_time_s=p.step_time_s * scale,
+        tokens_per_s=p.tokens_per_s / scale,
+        hours=p.hours * scale,
+        usd=p.usd * scale,
+    )
+    return replace(candidate, planned=planned)
