@@ -217,3 +217,20 @@ def test_sft_export_without_a_chat_template_is_refused_in_one_line(transformers,
         export(recipe, str(checkpoint), str(tmp_path / "hf"))
     assert "\n" not in str(caught.value)
     assert not (tmp_path / "hf" / "export.json").exists()  # not complete: no record written
+
+
+def test_sft_export_of_a_base_without_a_chat_template_names_the_base_not_a_copy(
+    transformers, world_of_one, tmp_path
+):
+    base = _chat_base(tmp_path / "base", transformers)
+    config = json.loads((base / "tokenizer_config.json").read_text())
+    del config["chat_template"]
+    (base / "tokenizer_config.json").write_text(json.dumps(config))
+    recipe = _sft_recipe(base)
+    checkpoint = _checkpoint_of_base(recipe, base, tmp_path / "ck")
+    with pytest.raises(TrainstackError) as caught:
+        export(recipe, str(checkpoint), str(tmp_path / "hf"))
+    message = str(caught.value)
+    assert f"{base}/tokenizer_config.json: chat_template: missing" in message, message
+    assert "trainstack-tokenizer-" not in message and "\n" not in message
+    assert not (tmp_path / "hf" / "export.json").exists()

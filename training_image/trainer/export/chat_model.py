@@ -96,20 +96,28 @@ def export_generation_config(
     return out
 
 
-def chat_end_of_turn(tokenizer_dir: Path | None, vocab: int) -> tuple[int, str] | None:
+def chat_end_of_turn(tokenizer_dir: Path | None, vocab: int, source: str | None = None) -> tuple[int, str]:
     """The end-of-turn token for a fine-tuned (sft) export, checked against the model's vocabulary;
     one TrainstackError line when the shipped tokenizer cannot say (a chat model that never stops is
-    not an export to hand anyone)."""
+    not an export to hand anyone). `tokenizer_dir`: the local copy of the files shipped from `source`."""
     if tokenizer_dir is None:
         raise TrainstackError(
             "export: a fine-tuned (training.objective sft) model needs its tokenizer files with the chat "
             "template, and none were shipped: pass --tokenizer (or set export.tokenizer) to the base "
             "model's folder"
         )
-    found = end_of_turn(tokenizer_dir)
+    source = source or str(tokenizer_dir)
+    try:
+        found = end_of_turn(tokenizer_dir)
+    except TrainstackError as error:  # no template, no tokenizer.json: named as shipped, not the copy's path
+        detail = str(error).replace(str(tokenizer_dir), source.rstrip("/"))
+        raise TrainstackError(
+            f"export: a fine-tuned (training.objective sft) model ships its chat template, and the tokenizer "
+            f"files from {source} cannot give one: {detail}"
+        ) from None
     if found is None:
         raise TrainstackError(
-            f"export: the chat template shipped from {tokenizer_dir} ends an assistant reply with no special "
+            f"export: the chat template shipped from {source} ends an assistant reply with no special "
             "token: generation would not stop at the end of a turn (give a template that ends each reply "
             "with one, such as <|im_end|> or <|eot_id|>)"
         )

@@ -549,8 +549,8 @@ def _export(recipe, checkpoint, out, step, dtype, tokenizer, max_shard_gb, bos_t
         # the shipped chat template joins generation_config.json's eos_token_id.
         turn_end = None
         if recipe.training.objective == "sft":
-            found = chat_end_of_turn(tokenizer_dir if shipped else None, recipe.model.vocab)
-            turn_end = found[0] if found else None
+            found = chat_end_of_turn(tokenizer_dir if shipped else None, recipe.model.vocab, shipped)
+            turn_end = found[0]
     finally:
         shutil.rmtree(tokenizer_dir, ignore_errors=True)
     generation = export_generation_config(config, _base_generation(base_folder), turn_end)
