@@ -191,3 +191,24 @@ def test_plan_refuses_a_pretraining_set_in_one_line_naming_the_data_channel(s3):
     result = _plan_json()
     assert result.exit_code == 2
     assert "data.train_s3_uri: " in result.output and "not a chat dataset" in result.output
+
+
+def test_plan_notes_a_chat_template_the_export_would_ship_other_than_the_sets(s3, chat_set):
+    s3.put_object(Bucket=BUCKET, Key=PREFIX + "manifest.json", Body=(chat_set / "manifest.json").read_bytes())
+    base = ("--set", f"model.init_from=s3://{BUCKET}/base/")
+    config = {"eos_token": "<|im_end|>", "chat_template": TEMPLATE}
+    s3.put_object(Bucket=BUCKET, Key="base/tokenizer_config.json", Body=json.dumps(config).encode())
+    same = _plan_json(*base[1:])
+    assert same.exit_code == 0, same.output
+    template = json.loads(same.stdout)["fine_tuning"]["template"]
+    assert template["compared"] and template["same"]  # the set was prepared with this folder's template
+    # chat_template.jinja wins over tokenizer_config.json's, as transformers reads them: another format
+    s3.put_object(Bucket=BUCKET, Key="base/chat_template.jinja", Body=TEMPLATE.replace("\n", " ").encode())
+    other = _plan_json(*base[1:])
+    assert other.exit_code == 0, other.output
+    assert not json.loads(other.stdout)["fine_tuning"]["template"]["same"]
+    args = ["plan", "8b-sft", "-q", "--set", f"data.train_s3_uri={URI}", *base]
+    text = CliRunner(env={"COLUMNS": "400"}).invoke(app, [*args, "--set", f"training.seq_len={SEQ_LEN}"])
+    shown = " ".join(text.stdout.split())  # the plan's lines are wrapped at its width
+    assert "the set was rendered with another chat template" in shown
+    assert f"than the one the export ships from model.init_from s3://{BUCKET}/base/" in shown

@@ -8,14 +8,21 @@ prepared yet) leaves the epochs unpriced in one line and the rest of the plan st
 not a chat set's refuses the plan in one line (the trainer would refuse it at step 0, after the nodes
 are paid for).
 
+The set was rendered with one chat template (the manifest's `chat.template_sha256`); the export ships the
+template of `export.tokenizer`, else of the base (`model.init_from`). When they differ the model learns
+one format and is served with another: `plan` says so in a note (read as the set's template was chosen:
+chat_template.jinja, else tokenizer_config.json's `chat_template`, as trainer.prepare.chat.find_template).
+
     read_manifest(uri, s3)               -> (manifest, where), or TrainstackError / ManifestUnreadable
     fine_tuning_for_plan(recipe, plan, local) -> (the `fine_tuning` JSON block, the lines to print)
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from trainstack.errors import TrainstackError
@@ -70,6 +77,85 @@ def read_manifest(uri: str, s3: Any | None) -> tuple[dict[str, Any], str]:
         ) from None
 
 
+TEMPLATE_FILE, CONFIG_FILE = "chat_template.jinja", "tokenizer_config.json"
+# Some tokenizer_config.json files list every added token (a few MB); a folder's template file is small.
+MAX_TOKENIZER_CONFIG_BYTES = 32 * 2**20
+
+
+def template_source(read: Any) -> str | None:
+    """The chat template of a tokenizer folder (`read(name)`: the file's bytes or None), picked as
+    transformers and trainer.prepare.chat.find_template pick it; None when it has none."""
+    raw = read(TEMPLATE_FILE)
+    if raw is not None:
+        return raw.decode("utf-8")
+    raw = read(CONFIG_FILE)
+    if raw is None:
+        return None
+    template = json.loads(raw).get("chat_template")
+    if isinstance(template, list):  # named templates: [{name, template}, ...], `default` used
+        template = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}.get("default")
+    return template if isinstance(template, str) and template.strip() else None
+
+
+def _folder_reader(location: str, s3: Any | None) -> Any:
+    """read(name) for a local folder or an s3:// prefix (None where a file is absent)."""
+    if not location.startswith("s3://"):
+        folder = Path(location)
+        return lambda name: (folder / name).read_bytes() if (folder / name).is_file() else None
+    if s3 is None:
+        raise ManifestUnreadable(f"{location}: cannot be read without AWS access")
+    from botocore.exceptions import ClientError
+
+    bucket, _, prefix = location.removeprefix("s3://").partition("/")
+    prefix = prefix.rstrip("/") + "/" if prefix.strip("/") else ""
+
+    def read(name: str) -> bytes | None:
+        try:
+            ranged = f"bytes=0-{MAX_TOKENIZER_CONFIG_BYTES}"
+            return s3.get_object(Bucket=bucket, Key=prefix + name, Range=ranged)["Body"].read()
+        except ClientError as error:
+            if error.response.get("Error", {}).get("Code", "") in ("NoSuchKey", "404"):
+                return None
+            raise
+
+    return read
+
+
+def template_note(
+    recipe: Recipe, manifest: dict[str, Any], s3: Any | None
+) -> tuple[dict[str, Any], str | None]:
+    """(the `template` block of `fine_tuning`, a note line when the export would ship another chat
+    template than the set was rendered with, or none). A folder that cannot be read is not compared."""
+    expected = (manifest.get("chat") or {}).get("template_sha256")
+    location = recipe.export.tokenizer or recipe.model.init_from
+    block: dict[str, Any] = {"set_sha256": expected, "shipped_from": location, "shipped_sha256": None}
+    if not isinstance(expected, str) or location is None:
+        return {**block, "compared": False}, None
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    try:
+        source = template_source(_folder_reader(location, s3))
+    except (ManifestUnreadable, BotoCoreError, ClientError, OSError, ValueError, UnicodeDecodeError):
+        return {**block, "compared": False}, None
+    field = "export.tokenizer" if recipe.export.tokenizer else "model.init_from"
+    if source is None:
+        return {**block, "compared": True, "same": False}, (
+            f"fine-tuning note: {field} {location} has no chat template: the export ships the template of "
+            "that folder, and an sft export without one is refused (set export.tokenizer to the folder the "
+            "set was prepared with)"
+        )
+    shipped = hashlib.sha256(source.encode("utf-8")).hexdigest()
+    block = {**block, "shipped_sha256": shipped, "compared": True, "same": shipped == expected}
+    if shipped == expected:
+        return block, None
+    return block, (
+        f"fine-tuning note: the set was rendered with another chat template (sha256 {expected[:12]}...) than "
+        f"the one the export ships from {field} {location} ({shipped[:12]}...): the model would learn one "
+        "format and be served with another; prepare the set with that folder, or set export.tokenizer to "
+        "the folder it was prepared with"
+    )
+
+
 def _s3(local: bool, environ: Mapping[str, str] | None = None) -> tuple[Any | None, str | None]:
     """An S3 client (the emulator's with --local), or None and why there is none."""
     from botocore.exceptions import BotoCoreError
@@ -108,4 +194,6 @@ def fine_tuning_for_plan(
         )
     except ManifestProblem as problem:
         raise TrainstackError(f"{WHAT}: {problem}") from None
-    return {**figures.to_dict(), "priced": True}, summary_lines(figures, recipe)
+    template, note = template_note(recipe, manifest, s3)
+    lines = summary_lines(figures, recipe) + ([note] if note else [])
+    return {**figures.to_dict(), "priced": True, "template": template}, lines
