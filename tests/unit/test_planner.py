@@ -90,18 +90,18 @@ def test_unsharded_layers_in_flight_at_the_loss_backward():
 
 
 def test_a_block_backward_peak_holds_its_units_and_its_working_set():
-    # Full recompute and a one-token loss chunk on the 2-block shape: block 0's backward is the peak.
-    # It holds block 0's BF16 parameters, block 1's FP32 reduce-scatter input, the embedding's BF16
-    # all-gather (prefetched for the last backward), block 0's checkpointed input, and the block
-    # rebuilt with fc1's output gradient (4 x ffn bytes per token).
+    # Full recompute and a one-token loss chunk on the 2-block shape: the last block's backward is the
+    # peak. It holds this block and the next in BF16, the FP32 reduce-scatter input of the unit above
+    # (the untied [norm, output] head unit, 1000 x 64 + 64, larger than a block here; FSDP2 keeps it
+    # until this block's reduce-scatter), every block's checkpointed input, and the block rebuilt with
+    # fc1's output gradient (4 x ffn bytes per token).
     tokens = 4 * 32
     m = tiny_memory(micro_batch=4, loss_chunk_tokens=1, policy=ActivationPolicy("full", 1.0))
-    assert m["unsharded layers in flight"] == pytest.approx(TINY_PPL * (2 + 4) + 1000 * 64 * 2)
-    assert m["activations (saved)"] == pytest.approx(2 * 64 * tokens)
-    # ... and the MLP's BF16 weight gradients (fc1 2 x 128 x 64, fc2 128 x 64)
-    ffn_grads = 2 * 3 * 128 * 64
+    assert m["unsharded layers in flight"] == pytest.approx(TINY_PPL * (2 + 2) + (1000 * 64 + 64) * 4)
+    assert m["activations (saved)"] == pytest.approx(2 * 2 * 64 * tokens)
+    # ... and fc2's BF16 weight gradient (128 x 64): an upper block's backward peaks before fc1's is made
     assert m["activations (backward working set)"] == pytest.approx(
-        (TINY_BLOCK_BYTES + 4 * 128) * tokens + ffn_grads
+        (TINY_BLOCK_BYTES + 4 * 128) * tokens + 2 * 128 * 64
     )
     assert m["logits and loss"] == 0
 
@@ -146,9 +146,9 @@ def test_the_peak_is_one_moment_not_the_sum_of_the_loss_and_a_block_backward():
     tokens = 64 * 32
     m = tiny_memory(micro_batch=64, loss_chunk_tokens=1)
     assert m["logits and loss"] == 0
-    assert m["activations (backward working set)"] == pytest.approx(4 * 128 * tokens + 2 * 3 * 128 * 64)
-    # this block and the next in BF16, the block above's FP32 reduce-scatter input
-    assert m["unsharded layers in flight"] == pytest.approx(TINY_PPL * (2 + 2 + 4))
+    assert m["activations (backward working set)"] == pytest.approx(4 * 128 * tokens + 2 * 128 * 64)
+    # this block and the next in BF16, the FP32 reduce-scatter input of the head unit above
+    assert m["unsharded layers in flight"] == pytest.approx(TINY_PPL * (2 + 2) + (1000 * 64 + 64) * 4)
 
 
 def test_tensor_and_context_parallel_divide_activations():

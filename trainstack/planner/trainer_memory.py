@@ -206,6 +206,11 @@ def ffn_weight_gradient_bytes(m: ModelShape) -> int:
     return BF16 * 3 * m.ffn * m.hidden
 
 
+def fc1_weight_gradient_bytes(m: ModelShape) -> int:
+    """fc1's (the fused gate and up projections, 2f x h) share of `ffn_weight_gradient_bytes`."""
+    return BF16 * 2 * m.ffn * m.hidden
+
+
 def loss_backward_in_flight_bytes(m: ModelShape) -> int:
     """Unsharded bytes at the loss's backward: head matrix BF16 parameters + BF16 gradient, and the last
     block's BF16 parameters."""
@@ -213,14 +218,21 @@ def loss_backward_in_flight_bytes(m: ModelShape) -> int:
 
 
 def top_block_backward_in_flight_bytes(m: ModelShape) -> int:
-    """Unsharded bytes while an upper block runs backward (the last but one, with every other block's
-    activations still saved): its BF16 parameters, the next one's (prefetched), and the FP32
-    reduce-scatter input of the block above, which FSDP2 frees only at this block's reduce-scatter:
-    2 + 2 + 4 bytes per block parameter (traced: 64B blocks at FSDP 64). Tied, also the shared
-    matrix's BF16 gradient, which the [embedding, norm, output] unit reduces only after the
-    embedding's backward at the very end (its parameters are resharded after the head's backward)."""
-    tied_gradient = m.vocab * m.hidden * BF16 if m.tied_embeddings else 0
-    return BLOCKS_IN_FLIGHT * m.params_per_layer * BF16 + m.params_per_layer * FP32 + tied_gradient
+    """Unsharded bytes while an upper block runs backward (every other block's activations still
+    saved): its BF16 parameters, the next one's (prefetched), and the FP32 reduce-scatter input of the
+    unit above, which FSDP2 keeps until this block's reduce-scatter (`reduce_scatter_states`, at most
+    `reduce_scatter_max_input_buffers` = 1 in flight): 2 + 2 + 4 bytes per block parameter at the
+    last but one block (traced: 64B blocks at FSDP 64); at the last block the unit above is the
+    untied [norm, output], 4 bytes per head parameter (traced: 8B at 4 blocks with full checkpointing,
+    1.96 GiB of it). Whichever is larger. Tied, the unit above the last block is [embedding, norm,
+    output], which reduces and reshards only after the embedding's backward at the very end, so the
+    block above counts, and the shared matrix is held unsharded in BF16 with its BF16 gradient
+    (traced: 3B at 4 blocks, 0.73 GiB of each; torch's stock tracker, which runs a grouped unit's
+    hooks per module, had resharded the parameters after the head's backward)."""
+    tied = m.vocab * m.hidden * (BF16 + BF16) if m.tied_embeddings else 0
+    head_unit = 0 if m.tied_embeddings else m.vocab * m.hidden + m.hidden
+    above = max(m.params_per_layer, head_unit)
+    return BLOCKS_IN_FLIGHT * m.params_per_layer * BF16 + above * FP32 + tied
 
 
 def bottom_block_backward_in_flight_bytes(m: ModelShape) -> int:
