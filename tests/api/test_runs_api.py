@@ -336,6 +336,58 @@ def test_export_json_is_the_api_export_to_json(deployment):
     )
 
 
+def _export_job_goes(deployment, monkeypatch, statuses: list[str], execution: str = "RUNNING") -> None:
+    """The export job the Export execution creates: absent, then each of `statuses` at each look."""
+    seen = iter(statuses)
+    clients = deployment.clients
+    monkeypatch.setattr("trainstack.aws.run_control.EXPORT_POLL_S", 0.0)
+
+    def describe_training_job(TrainingJobName: str) -> dict:  # noqa: N803 (boto3's spelling)
+        status = next(seen, statuses[-1])
+        if status == "absent":
+            raise ClientError({"Error": {"Code": "ValidationException", "Message": "no"}}, "Describe")
+        ended = {"FailureReason": "AlgorithmError: out of memory"} if status == "Failed" else {}
+        secondary = "Training" if status == "InProgress" else status  # as SageMaker pairs them
+        return {"TrainingJobStatus": status, "SecondaryStatus": secondary, **ended}
+
+    clients.describe_training_job = describe_training_job
+    clients.describe_execution = lambda executionArn: {"status": execution}  # noqa: N803
+
+
+def test_export_wait_follows_the_job_to_its_end_and_exits_1_on_a_failure(deployment, monkeypatch):
+    _export_job_goes(deployment, monkeypatch, ["absent", "InProgress", "InProgress", "Completed"])
+    said: list[str] = []
+    done = api.export(RUN, local=True, wait=True, on_progress=said.append)
+    assert done.succeeded and done.status == "Completed" and done.folder.endswith("/step-7/")
+    assert [line.split(" / ")[0].split(" (")[0] for line in said] == [
+        f"export job {RUN}-X1: being created",
+        f"export job {RUN}-X1: InProgress",
+        f"export job {RUN}-X1: Completed",
+    ]
+    assert json.loads(done.to_json())["status"] == "Completed"
+    _export_job_goes(deployment, monkeypatch, ["InProgress", "Failed"])
+    failed = cli("export", RUN, "--local", "--wait")
+    assert failed.code == 1
+    assert failed.out.splitlines()[-1] == f"export job {RUN}-X1: Failed: AlgorithmError: out of memory"
+    _export_job_goes(deployment, monkeypatch, ["Failed"])
+    as_json = cli("export", RUN, "--local", "--wait", "--json")
+    assert as_json.code == 1 and json.loads(as_json.out)["failure_reason"] == "AlgorithmError: out of memory"
+
+
+def test_export_wait_says_when_the_job_was_never_created_or_time_ran_out(deployment, monkeypatch):
+    _export_job_goes(deployment, monkeypatch, ["absent"], execution="FAILED")
+    with pytest.raises(
+        TrainstackError, match=f"export job {RUN}-X1 was never created: its Export execution failed"
+    ):
+        api.export(RUN, local=True, wait=True)
+    _export_job_goes(deployment, monkeypatch, ["InProgress"])
+    late = cli("export", RUN, "--local", "--wait", "--timeout", "1")
+    assert (
+        late.code == 1
+        and f"export job {RUN}-X1 has not ended after 1 s (InProgress / Training); it goes on" in late.err
+    )
+
+
 # --- waiting for a run's end ---------------------------------------------------------------------------
 
 

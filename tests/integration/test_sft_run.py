@@ -167,3 +167,20 @@ def test_a_whole_sft_run_prepares_trains_completes_and_exports_a_chat_model_that
         text = tokenizer.decode(reply)
         # a number, then the end of its turn: generation stopped there, not at max_new_tokens
         assert re.fullmatch(r"\d{1,2}<\|im_end\|>", text), (a, b, text)
+
+    # A user's own export of an earlier checkpoint, waited for as a pipeline step waits: `--wait` follows
+    # the job the Export state machine creates until it ends, `--json` says how it ended, exit 0 when it
+    # completed, and the folder of that step is in the bucket.
+    earlier = STEPS - 40  # checkpoints every 40 steps, the last 2 kept
+    waited = ("--wait", "--timeout", "280")  # within cloud.cli's 300 s
+    exported = cloud.cli("export", run, "--step", str(earlier), *waited, "--local", "--json")
+    assert exported.returncode == 0, exported.stdout + exported.stderr
+    ended = json.loads(exported.stdout)
+    assert ended == {
+        "run": run, "job": f"{run}-X2", "execution": ended["execution"], "status": "Completed",
+        "failure_reason": None,
+    }  # fmt: skip
+    assert f"export job {run}-X2: Completed" in exported.stderr  # the progress lines, on stderr
+    earlier_prefix = f"exports/platform/{RECIPE_NAME}/chat/step-{earlier}/"
+    written = {o["Key"] for o in s3.list_objects_v2(Bucket=bucket, Prefix=earlier_prefix)["Contents"]}
+    assert {f"{earlier_prefix}config.json", f"{earlier_prefix}generation_config.json"} <= written

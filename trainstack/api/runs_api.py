@@ -178,7 +178,23 @@ class ResumeResult(LaunchResult):
 
 @dataclass(frozen=True)
 class ExportResult(RunAction):
-    """An export started: `job` is the export job the Export state machine creates."""
+    """An export started: `job` is the export job the Export state machine creates, `folder` the Hugging
+    Face folder it writes. With `wait=True`, `status` is how the job ended (Completed, Failed, Stopped)
+    and `failure_reason` SageMaker's reason for a failure; `to_json()` then adds both."""
+
+    folder: str | None = None
+    status: str | None = None
+    failure_reason: str | None = None
+
+    @property
+    def succeeded(self) -> bool:
+        return self.status == "Completed"
+
+    def to_document(self) -> dict[str, Any]:
+        document = super().to_document()
+        if self.status is not None:  # waited for: what a pipeline step decides on
+            document |= {"status": self.status, "failure_reason": self.failure_reason}
+        return document
 
 
 @dataclass(frozen=True)
@@ -540,16 +556,31 @@ def resume(
 
 
 def export(
-    run: str, *, step: int | None = None, local: bool = False, region: str | None = None
+    run: str,
+    *,
+    step: int | None = None,
+    local: bool = False,
+    region: str | None = None,
+    wait: bool = False,
+    timeout: float | None = None,
+    on_progress: OnProgress = None,
 ) -> ExportResult:
     """Export run `run`'s checkpoint of `step` (default: the newest complete one) as a Hugging Face folder
     (safetensors, config.json, tokenizer) in S3 (`trainstack export`): one CPU job sized to stream the
     largest tensor. Refused in one line before any job starts: a step that is not a complete checkpoint
-    (the complete ones are listed), a run with none, a run whose earlier export still runs."""
-    from trainstack.aws.run_control import export_run
+    (the complete ones are listed), a run with none, a run whose earlier export still runs.
+    `wait=True` returns when the export job has ended (`status`, `failure_reason`; `succeeded`), or
+    raises StillRunning (exit 1) after `timeout` seconds; `on_progress` gets a line per change of the
+    job's status. The export is never stopped by a wait that ends."""
+    from trainstack.aws.run_control import export_run, wait_for_export
 
-    acted = export_run(_aws(local, region), run, step)
-    return ExportResult(acted.run, acted.job, acted.execution, acted.lines)
+    aws = _aws(local, region)
+    acted = export_run(aws, run, step)
+    started = ExportResult(acted.run, acted.job, acted.execution, acted.lines, folder=acted.output)
+    if not wait or acted.job is None or acted.execution is None:
+        return started
+    ended = wait_for_export(aws, acted.execution, acted.job, timeout, lambda line: report(on_progress, line))
+    return replace(started, status=ended["TrainingJobStatus"], failure_reason=ended.get("FailureReason"))
 
 
 # --- tune ----------------------------------------------------------------------------------------------

@@ -47,6 +47,7 @@ class Acted:
     job: str | None
     execution: str | None
     lines: tuple[str, ...]
+    output: str | None = None  # export: the folder its job writes
 
 
 class NotConfirmed(TrainstackError):
@@ -389,16 +390,78 @@ def export_run(aws: Any, run: str, step: int | None = None) -> Acted:
             f"could not start the export of run {run} in {aws.where}: {explain(error)}"
         ) from None
     job = export_job_name(run, index)
+    folder = f"{record.checkpoint_uri.replace('/checkpoints/', '/exports/', 1)}step-{step}/"
     size = (
         f"{planned.instance_type} ({planned.memory_gib:.0f} GiB for a peak of about {planned.peak_gb:.0f} GB)"
     )
     lines = (
         f"exporting run {run} (step {step}) as job {job}",
         f"  {size}, about {planned.hours * 60:.0f} min, {planned.usd:.2f} USD ({planned.source})",
-        f"  to {record.checkpoint_uri.replace('/checkpoints/', '/exports/', 1)}step-{step}/",
+        f"  to {folder}",
         f"execution: {started['executionArn']}",
     )
-    return Acted(run, job, started["executionArn"], lines)
+    return Acted(run, job, started["executionArn"], lines, folder)
+
+
+EXPORT_POLL_S = 10.0  # an export runs minutes to hours; DescribeTrainingJob's rate limit is generous
+
+
+def wait_for_export(
+    aws: Any,
+    execution_arn: str,
+    job: str,
+    timeout_s: float | None = None,
+    echo: Callable[[str], None] = lambda line: None,
+    poll_s: float = EXPORT_POLL_S,
+) -> dict[str, Any]:
+    """Follow an export until its job has ended: the Export execution until SageMaker has the job (the
+    state machine creates it), then the job until Completed, Failed or Stopped; DescribeTrainingJob's
+    answer for it. Each change of status or secondary status is one line to `echo`. One line when the
+    execution ended without creating the job; StillRunning (exit 1) when `timeout_s` passes first (the
+    export goes on, untouched)."""
+    import time
+
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    from trainstack.aws.launching import StillRunning
+    from trainstack.aws.session import explain
+
+    sfn, sagemaker = aws.client("stepfunctions"), aws.client("sagemaker")
+    started = time.monotonic()
+    said = None
+    while True:
+        try:
+            described = sagemaker.describe_training_job(TrainingJobName=job)
+        except ClientError as error:
+            if error.response.get("Error", {}).get("Code") not in ("ValidationException", "ResourceNotFound"):
+                raise TrainstackError(f"could not read export job {job}: {explain(error)}") from None
+            described = None
+        except BotoCoreError as error:
+            raise TrainstackError(f"could not read export job {job}: {explain(error)}") from None
+        if described is None:
+            execution = sfn.describe_execution(executionArn=execution_arn)
+            if execution["status"] != "RUNNING":
+                cause = f"{execution.get('error', '')} {execution.get('cause', '')}".strip()
+                raise TrainstackError(
+                    f"export job {job} was never created: its Export execution {execution['status'].lower()}"
+                    + (f" ({cause[:300]})" if cause else "")
+                )
+            note = "being created"
+        else:
+            note = described["TrainingJobStatus"]
+            if described.get("SecondaryStatus") not in (None, "", described["TrainingJobStatus"]):
+                note += f" / {described['SecondaryStatus']}"
+        if note != said:
+            echo(f"export job {job}: {note} ({time.monotonic() - started:.0f} s)")
+            said = note
+        if described is not None and described["TrainingJobStatus"] in ENDED_JOB:
+            return described
+        if timeout_s is not None and time.monotonic() - started >= timeout_s:
+            raise StillRunning(
+                f"export job {job} has not ended after {timeout_s:.0f} s ({note}); it goes on: follow it "
+                "with `trainstack runs`"
+            )
+        time.sleep(poll_s)
 
 
 EXPORT_RUNNING = ("InProgress", "Stopping")

@@ -27,6 +27,17 @@ def export(
         int | None,
         typer.Option("--step", min=1, help="The checkpoint to export (default: the newest complete one)."),
     ] = None,
+    wait: Annotated[
+        bool,
+        typer.Option(
+            "--wait",
+            help="Wait for the export job to end, showing its status; exit 1 unless it completed.",
+        ),
+    ] = False,
+    timeout: Annotated[
+        float | None,
+        typer.Option("--timeout", min=1, help="With --wait: stop waiting after this many seconds (exit 1)."),
+    ] = None,
     local: LocalOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
@@ -40,15 +51,32 @@ def export(
     complete ones are listed), a run with none, and a run whose earlier export is still running (two
     exports of one run would write one folder).
 
-    Exit status 0 when the export was started, 2 when RUN is unknown, has used its 9 exports, is refused
-    as above, or AWS refuses.
+    With --wait the command follows the export job until it ends (a line per change of status, on
+    stderr) and prints how it ended; --json then adds {status, failure_reason}.
+
+    Exit status 0 when the export was started (with --wait: when it completed), 1 with --wait when the
+    job failed or was stopped, or --timeout passed first (the export goes on), 2 when RUN is unknown, has
+    used its 9 exports, is refused as above, or AWS refuses.
 
     Examples:
 
       trainstack export ts-nlp-8b-fp8--lr-sweep-1
 
       trainstack export ts-platform-30b-fp8--7eca0ce4-rtpb8y7 --step 20000 --local
+
+      trainstack export ts-nlp-8b-fp8--lr-sweep-1 --wait --timeout 7200
     """
     from trainstack.api.runs_api import export as start_export
 
-    answer(start_export(run, step=step, local=local), as_json)
+    def progress(line: str) -> None:
+        typer.echo(line, err=True)
+
+    result = start_export(run, step=step, local=local, wait=wait, timeout=timeout, on_progress=progress)
+    answer(result, as_json)
+    if result.status is None:
+        return
+    if not as_json:
+        why = f": {result.failure_reason}" if result.failure_reason else ""
+        typer.echo(f"export job {result.job}: {result.status}{why}")
+    if not result.succeeded:
+        raise typer.Exit(1)
