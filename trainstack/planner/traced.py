@@ -186,6 +186,8 @@ def counted_flops(report: dict, throughput) -> dict:
     split = flops.get("attention") is not None  # a report without it cannot tell GEMMs from attention
     comparable = {"GEMMs": split, "attention": split}
     comparable["recompute"] = throughput.backend == "pytorch"
+    why = {"GEMMs": "no attention count", "attention": "no attention count"}
+    why["recompute"] = "Transformer Engine's checkpoint is not traced"
     by_kind, seconds = {}, dict(throughput.seconds_by_kind or {})
     for kind, kinds in TIMED_KINDS.items():
         ratio = counted[kind] / planned[kind] if planned[kind] else 1.0
@@ -194,7 +196,7 @@ def counted_flops(report: dict, throughput) -> dict:
             "counted_per_token": round(counted[kind]),
             "time_model_per_token": round(planned[kind]),
             "difference": round(ratio - 1, 4),
-            "used": "counted" if use else ("time model" if comparable[kind] else "time model (not traced)"),
+            "used": "counted" if use else ("time model" if comparable[kind] else f"time model ({why[kind]})"),
         }
         if use:
             for name in kinds:
@@ -306,6 +308,6 @@ def counted_flops_lines(counted: dict) -> list[str]:
             f"{counted['tokens_per_sec_per_gpu']:,.0f} tokens/s per GPU"
         )
     else:
-        timing = "the plan's time model runs these FLOPs (within 2%): its time stands"
+        timing = "the traced kinds agree within 2%: the plan's time stands"
     lines.append(f"time model's FLOPs per token: {kinds}; {timing}")
     return lines
