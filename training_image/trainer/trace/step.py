@@ -95,7 +95,10 @@ class _PeakTracker(FSDPMemTracker):
     post-backward, runs once per module call: after the norm and after every chunk of the chunked
     loss. Each post-backward then reduce-scatters part of the unit's gradient, and under HSDP with
     the all-reduce deferred (`set_requires_all_reduce(False)`, every micro-step but the last) the
-    norm's partial reduce output is added to the head's and the step fails on the shape. Here a
+    norm's partial reduce output is added to the head's and the step fails on the shape; without
+    HSDP the step runs, but the head unit is reduced and resharded early, so an upper block's
+    backward was traced without the head unit's FP32 reduce-scatter input (1.96 GiB for 8B) or,
+    tied, the shared matrix that FSDP2 keeps unsharded until the end. Here a
     grouped unit keeps FSDP2's own group hooks, with the tracker's snapshots inside them, and its
     backward methods are wrapped once. tests/trace/test_trace_hsdp.py pins that the tracked step is
     then the untracked one (same parameters after two steps, real gloo ranks at 2 x 2 HSDP) and that
