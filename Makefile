@@ -33,10 +33,10 @@ setup: $(VENV)/.stamp node_modules/.stamp ## create .venv, install Python deps a
 
 # Two tiers (tests/conftest.py): every test module is marked `fast` or `slow`, and one with neither stops
 # the run. `make test` is the fast tier, for waiting on while working; `make test-all` is what CI runs.
-test: setup ## the fast tier, about 6 min: unit, contract, CDK gates, trainer at 1-2 ranks, one whole run
+test: setup ## the fast tier, about 8 min: unit, contract, CDK gates, trainer at 1-2 ranks, one whole run
 	$(BIN)/pytest -n 2 --dist loadgroup -m "not slow" tests
 
-test-all: setup ## every test, about 26 min: the fast tier, the docs walkthrough, all whole runs and fault suites
+test-all: setup ## every test, about 27 min: the fast tier, the docs walkthrough, all whole runs and fault suites
 	$(BIN)/pytest -n 2 --dist loadgroup tests
 
 lint: setup ## ruff (lint and format), hadolint, actionlint
