@@ -153,3 +153,18 @@ def test_region_reads_that_region_instead_of_aws_region(aws):
     found = api.logs("30b-fp8", region="eu-west-1")
     assert found.job == name and "eu-west-1" in found.where
     assert [r["job"] for r in api.status("30b-fp8", region="eu-west-1").to_document()["runs"]] == [name]
+
+
+def test_a_base_plan_cannot_read_is_a_warning_to_the_caller_not_a_line_on_stderr(monkeypatch, capsys):
+    """A notebook's plan of a fine-tune whose base sits in S3, without AWS configured: the plan stands, and
+    the note that the base was not checked reaches on_warning (the command prints it on stderr)."""
+    for name in ("AWS_ENDPOINT_URL", "AWS_REGION", "AWS_DEFAULT_REGION", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", "/dev/null")
+    warned: list[str] = []
+    planned = api.plan("8b-sft", on_warning=warned.append)
+    assert planned.fits
+    assert any(line.startswith("note: model.init_from: s3://") and "not checked" in line for line in warned)
+    assert "not checked" not in capsys.readouterr().err
+    result = CliRunner().invoke(app, ["plan", "8b-sft", "-q"])
+    assert result.exit_code == 0 and "note: model.init_from: s3://" in result.stderr

@@ -30,6 +30,11 @@ def _environ(region: str | None) -> dict[str, str] | None:
     return None if region is None else {**os.environ, "AWS_REGION": region}
 
 
+def _noted(on_warning: OnProgress) -> tuple:
+    """check_for_plan's `note` argument: the caller's on_warning, or nothing (its default, stderr)."""
+    return () if on_warning is None else (on_warning,)
+
+
 @dataclass(frozen=True)
 class PlanResult(Result):
     """A recipe's plan, with what tuning runs measured for its layout and, from `trace`, the traced
@@ -84,16 +89,17 @@ class PlanResult(Result):
                 words += ["--set", item]
         return shlex.join(words)
 
-    def enforce(self) -> None:
+    def enforce(self, on_warning: OnProgress = None) -> None:
         """The refusals `plan` prints after the plan itself (exit 2): over a team's budget cap, a request
-        AWS would refuse, a base model (model.init_from) whose config.json differs from the shape."""
+        AWS would refuse, a base model (model.init_from) whose config.json differs from the shape. A
+        base that cannot be read here is a note to `on_warning` (default: stderr, as the command)."""
         from trainstack.aws import request_check
         from trainstack.aws.base_model import check_for_plan
         from trainstack.planner import budget
 
         budget.enforce(self.resolved, self.plan)
         request_check.enforce(self.resolved)
-        check_for_plan(self.recipe, self.local, _environ(self.region))
+        check_for_plan(self.recipe, self.local, _environ(self.region), *_noted(on_warning))
 
 
 @dataclass(frozen=True)
@@ -115,7 +121,7 @@ class CompareResult(Result):
     def to_document(self) -> list[dict[str, Any]]:
         return [row.to_dict() for row in self.rows]
 
-    def enforce(self) -> None:
+    def enforce(self, on_warning: OnProgress = None) -> None:
         """As PlanResult.enforce (`plan --compare` refuses the same recipes after its table)."""
         from trainstack.aws import request_check
         from trainstack.aws.base_model import check_for_plan
@@ -123,7 +129,7 @@ class CompareResult(Result):
 
         budget.enforce(self.resolved, self.plan)
         request_check.enforce(self.resolved)
-        check_for_plan(self.resolved.recipe, self.local, _environ(self.region))
+        check_for_plan(self.resolved.recipe, self.local, _environ(self.region), *_noted(on_warning))
 
 
 def _resolve_and_plan(
@@ -190,7 +196,7 @@ def plan(
         fine_tuning_lines=tuple(fine_tuning_lines),
     )
     if enforce:
-        result.enforce()
+        result.enforce(on_warning)
     return result
 
 
@@ -244,7 +250,7 @@ def trace(
         counted = counted_plan(result.recipe, result.plan, document["counted_flops"])
         found = _replace(result, plan=counted, traced=document, trace_lines=lines)
     if enforce:
-        found.enforce()
+        found.enforce(on_warning)
     return found
 
 
@@ -304,7 +310,7 @@ def compare(
     rows = tuple(compare_rows(resolved.recipe, planned))
     result = CompareResult(resolved, planned, rows, warnings, local, region)
     if enforce:
-        result.enforce()
+        result.enforce(on_warning)
     return result
 
 

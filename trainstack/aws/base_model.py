@@ -17,7 +17,7 @@ naming the field, the recipe's value and the base's.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from trainstack.errors import TrainstackError
@@ -132,13 +132,23 @@ def check_for_launch(recipe: Recipe, s3: Any, local: bool) -> None:
     check_init_from(recipe, s3)
 
 
-def check_for_plan(recipe: Recipe, local: bool, environ: Mapping[str, str] | None = None) -> None:
-    """`plan`'s check: a local folder always; an s3:// base through the emulator's S3 with --local, else
-    through AWS when this machine has access. A plan needs no AWS: a base that cannot be read here (no
-    access, another account's bucket, not uploaded yet) is noted on stderr and the plan stands (`launch`
-    refuses it); a base that differs from the recipe refuses the plan (exit 2)."""
+def _to_stderr(line: str) -> None:
     import sys
 
+    print(line, file=sys.stderr)
+
+
+def check_for_plan(
+    recipe: Recipe,
+    local: bool,
+    environ: Mapping[str, str] | None = None,
+    note: Callable[[str], None] = _to_stderr,
+) -> None:
+    """`plan`'s check: a local folder always; an s3:// base through the emulator's S3 with --local, else
+    through AWS when this machine has access. A plan needs no AWS: a base that cannot be read here (no
+    access, another account's bucket, not uploaded yet) is a `note` (the command's stderr; the API's
+    on_warning) and the plan stands (`launch` refuses it); a base that differs from the recipe refuses
+    the plan (exit 2)."""
     init_from = recipe.model.init_from
     if not init_from or (local and trains_a_stand_in(recipe)):
         return
@@ -151,11 +161,11 @@ def check_for_plan(recipe: Recipe, local: bool, environ: Mapping[str, str] | Non
         try:
             s3 = Aws(local=local, environ=environ).client("s3")  # environ: trainstack.api's region=
         except (TrainstackError, BotoCoreError) as error:  # no AWS configuration: nothing to read it with
-            print(f"note: {WHAT}: {init_from}: not checked ({' '.join(str(error).split())})", file=sys.stderr)
+            note(f"note: {WHAT}: {init_from}: not checked ({' '.join(str(error).split())})")
             return
     try:
         config, where = read_base_config(init_from, s3)
     except TrainstackError as error:
-        print(f"note: {error}; not checked (`launch` refuses a base it cannot read)", file=sys.stderr)
+        note(f"note: {error}; not checked (`launch` refuses a base it cannot read)")
         return
     _refuse(base_problem(recipe.model, config, where))
