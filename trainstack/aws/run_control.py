@@ -403,6 +403,22 @@ def export_run(aws: Any, run: str, step: int | None = None) -> Acted:
     return Acted(run, job, started["executionArn"], lines, folder)
 
 
+def _described(sagemaker: Any, job: str) -> dict[str, Any] | None:
+    """DescribeTrainingJob's answer for `job`, or None while it does not exist."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    from trainstack.aws.session import explain
+
+    try:
+        return sagemaker.describe_training_job(TrainingJobName=job)
+    except ClientError as error:
+        if error.response.get("Error", {}).get("Code") not in ("ValidationException", "ResourceNotFound"):
+            raise TrainstackError(f"could not read export job {job}: {explain(error)}") from None
+        return None
+    except BotoCoreError as error:
+        raise TrainstackError(f"could not read export job {job}: {explain(error)}") from None
+
+
 EXPORT_POLL_S = 10.0  # an export runs minutes to hours; DescribeTrainingJob's rate limit is generous
 
 
@@ -421,31 +437,26 @@ def wait_for_export(
     export goes on, untouched)."""
     import time
 
-    from botocore.exceptions import BotoCoreError, ClientError
-
     from trainstack.aws.launching import StillRunning
-    from trainstack.aws.session import explain
 
     sfn, sagemaker = aws.client("stepfunctions"), aws.client("sagemaker")
     started = time.monotonic()
     said = None
     while True:
-        try:
-            described = sagemaker.describe_training_job(TrainingJobName=job)
-        except ClientError as error:
-            if error.response.get("Error", {}).get("Code") not in ("ValidationException", "ResourceNotFound"):
-                raise TrainstackError(f"could not read export job {job}: {explain(error)}") from None
-            described = None
-        except BotoCoreError as error:
-            raise TrainstackError(f"could not read export job {job}: {explain(error)}") from None
+        described = _described(sagemaker, job)
         if described is None:
             execution = sfn.describe_execution(executionArn=execution_arn)
             if execution["status"] != "RUNNING":
+                # The execution may have created the job since it was looked for: look once more.
+                described = _described(sagemaker, job)
+            if described is None and execution["status"] != "RUNNING":
                 cause = f"{execution.get('error', '')} {execution.get('cause', '')}".strip()
                 raise TrainstackError(
                     f"export job {job} was never created: its Export execution {execution['status'].lower()}"
                     + (f" ({cause[:300]})" if cause else "")
+                    + "; `trainstack runs` lists the run's exports and why one failed"
                 )
+        if described is None:
             note = "being created"
         else:
             note = described["TrainingJobStatus"]

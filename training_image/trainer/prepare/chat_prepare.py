@@ -36,6 +36,7 @@ import json
 import sys
 import tempfile
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 import numpy as np
@@ -238,7 +239,10 @@ def prepare_chat(
 
     identity = tokenizer_identity(chat.tokenizer_path)
     store = open_store(out)
-    with writer_lock(out):  # one writer per output on this machine, as for text (pipeline.writer_lock)
+    # One writer per output on this machine, as for text (pipeline.writer_lock); not for a Processing
+    # instance's share (--no-finalize): each instance writes only its own files, and the emulator runs
+    # a job's instances on one machine, where one lock for all would refuse every instance but one.
+    with writer_lock(out) if finalize else nullcontext():
         units = list_units(sources, out)
         if not units:
             raise TrainstackError(f"{' '.join(sources)}: no JSONL files found")

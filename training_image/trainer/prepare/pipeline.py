@@ -14,7 +14,8 @@ documents go to shards `shards/<file>-<id>-NNNNN.bin` (+ `.idx`), those held out
 what the file gave. A rerun skips every file with a marker (so an interrupted preparation resumes; a file
 whose size changed is redone), then writes `index.json` and `manifest.json` for each split from the
 markers, the root manifest last: a prefix without it is visibly unfinished. `--no-finalize` (each
-instance of a Processing job) leaves that to the run that sees every marker.
+instance of a Processing job) leaves that to the run that sees every marker, and takes no writer lock:
+each instance writes only its share's files, and the emulator runs a job's instances on one machine.
 
 Settings that change what is written (tokenizer, text field, validation fraction, shard size) are kept
 in `_prepare/config.json`; an output that holds a dataset made otherwise, or any other dataset, is refused.
@@ -502,7 +503,8 @@ def prepare(
         raise TrainstackError(f"--workers {workers}: expected at least 1 (default: one per core)")
     store = open_store(out)
     with tempfile.TemporaryDirectory(prefix="trainstack-prepare-") as scratch, ExitStack() as stack:
-        stack.enter_context(writer_lock(out))  # before anything under `out` is read or written
+        if finalize:  # before anything under `out` is read or written (module doc: --no-finalize)
+            stack.enter_context(writer_lock(out))
         local_tokenizer = _tokenizer_file(tokenizer, Path(scratch))
         units = list_units(sources, out)
         if not units:
